@@ -1,0 +1,23 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint install
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/specscope run --mode linear_spec "What is 12 + 30?"
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+	$(VENV)/bin/ruff check .
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy backend/model/checkpoint.py backend/engine/engine.py backend/tracing.py

@@ -1,0 +1,104 @@
+"""The engine: validate a request, run it through the scheduler, return or stream its trace."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from backend.engine.modes import get_mode, param_specs
+from backend.engine.params import ParamError, validate
+from backend.engine.request import Request
+from backend.engine.runtime import Runtime
+from backend.engine.scheduler import Scheduler, worst_case_slots
+from backend.model.checkpoint import LoadedModel, load_checkpoint
+from backend.tracing import NULL_TRACER, RecordingTracer, Tracer, new_run_id
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    mode: str
+    status: str
+    output_ids: list[int]
+    text: str
+    metrics: dict[str, Any]
+    error: str | None = None
+
+
+class Engine:
+    """Owns the model runtime, the KV pool and the scheduler."""
+
+    def __init__(self, loaded: LoadedModel | None = None, num_slots: int = 16384,
+                 tiers: list[tuple[int, int]] | None = None, check_invariants: bool = False):
+        self.rt = Runtime(loaded or load_checkpoint(), num_slots)
+        self.scheduler = Scheduler(self.rt, tiers, check_invariants)
+
+    @property
+    def model_name(self) -> str:
+        return self.rt.loaded.name
+
+    def encode_prompt(self, prompt: str, raw: bool) -> list[int]:
+        tok = self.rt.tokenizer
+        if not raw and tok.chat_template:
+            prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tok(prompt, add_special_tokens=False)["input_ids"]
+
+    def new_request(self, prompt: str, mode: str, params: dict[str, Any] | None = None,
+                    tracer: Tracer = NULL_TRACER, cancel: threading.Event | None = None) -> Request:
+        """A validated request (ParamError names the bad parameter); emits run_start when tracing."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ParamError("prompt is empty")
+        m = get_mode(mode)
+        checked = validate(param_specs(m), params)
+        m.check(checked, self.rt)
+        ids = self.encode_prompt(prompt, checked["raw"])
+        ctx = self.rt.context
+        if len(ids) >= ctx:
+            raise ParamError(f"prompt is {len(ids)} tokens; the model's context is {ctx}")
+        room = ctx - len(ids) - m.extra_positions(checked)
+        if checked["max_new_tokens"] > room:
+            raise ParamError(f"max_new_tokens {checked['max_new_tokens']} does not fit: prompt {len(ids)} "
+                             f"tokens + block leaves room for {max(room, 0)} in context {ctx}")
+        req = Request(rid=tracer.run_id or new_run_id(), prompt_ids=ids, mode=m, params=checked,
+                      eos_id=self.rt.eos_id, tracer=tracer, cancel=cancel or threading.Event())
+        if worst_case_slots(req) > self.rt.pool.num_slots:
+            raise ParamError(f"request needs up to {worst_case_slots(req)} KV slots; the pool has "
+                             f"{self.rt.pool.num_slots}")
+        if tracer.enabled:
+            tok = self.rt.tokenizer
+            tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
+                                      "prompt": prompt, "prompt_ids": ids,
+                                      "pieces": [tok.decode([i]) for i in ids]})
+        return req
+
+    def result(self, req: Request) -> RunResult:
+        s = self.scheduler
+        return RunResult(req.rid, req.mode.name, req.status, s.output_ids(req), s.output_text(req),
+                         s.metrics(req), req.error)
+
+    def run(self, reqs: list[Request]) -> list[RunResult]:
+        """Run several requests together (continuous batching) until all finish."""
+        for r in reqs:
+            self.scheduler.add(r)
+        while not all(r.finished for r in reqs):
+            self.scheduler.step()
+        return [self.result(r) for r in reqs]
+
+    def generate(self, prompt: str, mode: str, params: dict[str, Any] | None = None,
+                 tracer: Tracer = NULL_TRACER, cancel: threading.Event | None = None) -> RunResult:
+        return self.run([self.new_request(prompt, mode, params, tracer, cancel)])[0]
+
+    def stream(self, prompt: str, mode: str, params: dict[str, Any] | None = None,
+               cancel: threading.Event | None = None) -> Iterator[dict[str, Any]]:
+        """Trace events of one run as they happen (between rounds)."""
+        pending: list[dict[str, Any]] = []
+        req = self.new_request(prompt, mode, params, RecordingTracer(sink=pending.append), cancel)
+        self.scheduler.add(req)
+        while True:
+            yield from pending
+            pending.clear()
+            if req.finished:
+                return
+            self.scheduler.step()

@@ -1,0 +1,37 @@
+"""`ar`: causal one-token decode with a KV cache. NFE = decode forwards (the prefill is not counted)."""
+from __future__ import annotations
+
+import torch
+
+from backend.engine.modes import register
+from backend.engine.modes.base import Mode, RoundResult, RoundView
+from backend.engine.request import Request
+from backend.engine.runtime import Runtime
+
+
+@register
+class AR(Mode):
+    name = "ar"
+    summary = "causal 1-token decode with KV cache (the baseline)"
+    nfe_note = "one forward per token; prefill not counted"
+    needs_mask = False
+    batchable = True
+
+    def extra_positions(self, params: dict) -> int:
+        return 1
+
+    def round(self, req: Request, rt: Runtime) -> RoundResult:
+        return self.round_batch([req], rt)[0]
+
+    def round_batch(self, reqs: list[Request], rt: Runtime) -> list[RoundResult]:
+        """Feed each request's last token (writing its KV) and take the next one."""
+        starts = [r.cached for r in reqs]
+        slots = [rt.alloc(r, [s]) for r, s in zip(reqs, starts, strict=True)]
+        ids = torch.tensor([[r.tokens[-1]] for r in reqs])
+        logits = rt.forward(reqs, ids, starts, "causal", kind="decode", write=slots)
+        results = []
+        for r, row, s, start in zip(reqs, logits, slots, starts, strict=True):
+            tok, prob = rt.pick(r, row[0])
+            view = RoundView(start + 1, [int(tok)], ["accepted"], [float(prob)]) if r.tracer.enabled else None
+            results.append(RoundResult([int(tok)], 1, commit=s, view=view))
+        return results

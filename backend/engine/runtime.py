@@ -1,0 +1,108 @@
+"""The model runner: the only place that builds tensors for a forward, allocates slots and records phases."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from backend.engine.kv import KVPool
+from backend.engine.request import Request
+from backend.engine.sampling import pick
+from backend.model.checkpoint import LoadedModel
+from backend.model.transformer import KVContext
+from backend.tracing import KVEvent, Phase
+
+
+class Runtime:
+    def __init__(self, loaded: LoadedModel, num_slots: int):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.mask_id = loaded.mask_token_id
+        self.eos_id = loaded.eos_token_id
+        self.context = self.model.cfg.max_position_embeddings
+        param = next(self.model.parameters())
+        self.device = param.device
+        self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
+
+    # -- slots ---------------------------------------------------------------------------------------
+    def alloc(self, req: Request, positions: Sequence[int]) -> list[int]:
+        slots = self.pool.alloc(req.rid, len(positions))
+        if req.tracer.enabled:
+            req.tracer.kv(KVEvent("alloc", slots, list(positions), req.round))
+        return slots
+
+    def commit(self, req: Request, slots: list[int]) -> None:
+        """Append freshly written slots to the committed prefix, in position order."""
+        positions = list(range(req.cached, req.cached + len(slots)))
+        req.slots.extend(slots)
+        if req.tracer.enabled and slots:
+            req.tracer.kv(KVEvent("commit", slots, positions, req.round))
+
+    def release(self, req: Request, slots: list[int], positions: list[int], reason: str) -> None:
+        if not slots:
+            return
+        self.pool.free(req.rid, slots)
+        if req.tracer.enabled:
+            req.tracer.kv(KVEvent("free", slots, positions, req.round, reason))
+
+    def release_all(self, req: Request, reason: str) -> None:
+        """Free every slot the request still holds (committed or not): finish, cancel and error paths."""
+        owned = self.pool.owned_by(req.rid)
+        committed = set(req.slots)
+        self.release(req, [s for s in req.slots if s in owned], list(range(len(req.slots))), reason)
+        stray = [s for s in owned if s not in committed]
+        self.release(req, stray, [-1] * len(stray), reason)
+        req.slots = []
+
+    # -- forwards ------------------------------------------------------------------------------------
+    def forward(self, reqs: list[Request], ids: Tensor, start: Sequence[int], attn: str, *,
+                kind: str, write: list[list[int]] | None = None, lora: bool = False,
+                kv_op: str = "write", mask: Tensor | None = None) -> Tensor:
+        """Logits [R, Q, V] of query rows ids [R, Q]; row r sits at positions start[r].. and attends to
+        reqs[r]'s committed prefix. `write` gives each row's slots (None = read-only forward).
+        One call is one forward on the critical path: +1 NFE for each distinct request (not for prefill)."""
+        t0 = time.perf_counter()
+        rows, q = ids.shape
+        positions = torch.tensor(start, device=self.device)[:, None] + torch.arange(q, device=self.device)
+        kv = self._context(reqs, write)
+        with torch.inference_mode():
+            logits = self.model(ids.to(self.device), positions, attn=attn, kv=kv, mask=mask, lora=lora)
+        ms = (time.perf_counter() - t0) * 1000
+        for req in {id(r): r for r in reqs}.values():
+            if kind != "prefill":
+                req.nfe += 1
+            req.phases.append(Phase(kind, attn, lora, q, round(ms, 3)))
+        if write is not None:
+            for req, slots, s in zip(reqs, write, start, strict=True):
+                if req.tracer.enabled:
+                    req.tracer.kv(KVEvent(kv_op, slots, list(range(s, s + q)), req.round))
+        return logits
+
+    def _context(self, reqs: list[Request], write: list[list[int]] | None) -> KVContext:
+        lengths = [r.cached for r in reqs]
+        width = max(lengths)
+        prefix = torch.zeros(len(reqs), width, dtype=torch.long)
+        for i, r in enumerate(reqs):
+            prefix[i, :lengths[i]] = torch.tensor(r.slots, dtype=torch.long)
+        valid = None
+        if min(lengths) != width:
+            valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+            valid = valid.to(self.device)
+        write_t = None if write is None else torch.tensor(write, dtype=torch.long, device=self.device)
+        return KVContext(self.pool.memory, prefix.to(self.device), valid, write_t)
+
+    def pick(self, req: Request, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """The request's sampling rule on logits [..., V]: tokens and their probabilities."""
+        return pick(logits, req.temperature, req.generator, self.mask_id)
+
+    def prefill(self, req: Request) -> int:
+        """Write the prompt's KV (causal) and return the first generated token (not yet in the KV)."""
+        positions = list(range(len(req.prompt_ids)))
+        slots = self.alloc(req, positions)
+        ids = torch.tensor([req.prompt_ids])
+        logits = self.forward([req], ids, [0], "causal", kind="prefill", write=[slots])
+        self.commit(req, slots)
+        return int(self.pick(req, logits[0, -1])[0])

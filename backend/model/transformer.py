@@ -1,0 +1,243 @@
+"""Our decoder (Qwen3/Qwen2/Llama family): paged-KV attention, attention modes, LoRA toggle, layer hooks.
+
+Logit convention: shifted. The logits at position i predict the token at position i+1.
+Module names mirror the HF layout (`layers.{i}.self_attn.q_proj`, ...) so checkpoints map one to one.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from backend.model.config import ModelConfig
+
+AttnMode = Literal["causal", "block", "strict_causal"]
+ATTN_MODES: tuple[str, ...] = ("causal", "block", "strict_causal")
+Hook = Callable[[int, str, Tensor], None]
+"""Called as hook(layer_index, point, tensor) at points hidden_in, q, k, v, attn_out, ffn_out, hidden_out."""
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class LoRALinear(nn.Module):
+    """A linear layer with an optional rank-r adapter that is applied only when a forward asks for it."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, rank: int = 0, alpha: float = 16.0):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        nn.init.normal_(self.weight, std=0.02)
+        self.lora_A: nn.Parameter | None = None
+        self.lora_B: nn.Parameter | None = None
+        self.lora_scale = 0.0
+        if rank:
+            self.add_adapter(rank, alpha)
+
+    def add_adapter(self, rank: int, alpha: float) -> None:
+        self.lora_A = nn.Parameter(torch.randn(rank, self.weight.shape[1]) / rank**0.5)
+        self.lora_B = nn.Parameter(torch.zeros(self.weight.shape[0], rank))
+        self.lora_scale = alpha / rank
+
+    def forward(self, x: Tensor, lora: bool = False) -> Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if lora and self.lora_A is not None:
+            y = y + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.lora_scale
+        return y
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin tables of shape [B, Q, 1, head_dim] for integer positions [B, Q] (HF rotate-half layout)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                            device=positions.device) / head_dim)
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+@dataclass
+class PagedKV:
+    """Slot-addressed K/V memory, one row per slot per layer: k, v [layers, slots, kv_heads, head_dim]."""
+    k: Tensor
+    v: Tensor
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: str | torch.device) -> PagedKV:
+        shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, cfg.head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[1]
+
+
+@dataclass
+class KVContext:
+    """Where one forward reads its prefix K/V from and, unless read-only, writes the chunk's K/V to."""
+    cache: PagedKV
+    prefix_slots: Tensor                # [B, P] slot ids of each row's committed prefix (padded)
+    prefix_valid: Tensor | None = None  # [B, P] bool; None = every prefix entry is real
+    write_slots: Tensor | None = None   # [B, Q]; None = read-only forward
+
+    def gather(self, layer: int) -> tuple[Tensor, Tensor]:
+        return self.cache.k[layer][self.prefix_slots], self.cache.v[layer][self.prefix_slots]
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> None:
+        if self.write_slots is not None:
+            slots = self.write_slots.reshape(-1)
+            self.cache.k[layer].index_copy_(0, slots, k.reshape(-1, *k.shape[2:]))
+            self.cache.v[layer].index_copy_(0, slots, v.reshape(-1, *v.shape[2:]))
+
+
+def chunk_mask(q_len: int, attn: str, device: torch.device) -> Tensor:
+    """[Q, Q] bool mask of a query chunk against itself: token-causal or fully bidirectional."""
+    if attn not in ATTN_MODES:
+        raise ValueError(f"unknown attention mode {attn!r}; expected one of {ATTN_MODES}")
+    if attn == "block":
+        return torch.ones(q_len, q_len, dtype=torch.bool, device=device)
+    return torch.ones(q_len, q_len, dtype=torch.bool, device=device).tril()
+
+
+def build_mask(q_len: int, attn: str, kv: KVContext | None, batch: int, device: torch.device) -> Tensor:
+    """Attention mask [B, 1, Q, P+Q] over [prefix ‖ chunk] for one attention mode."""
+    own = chunk_mask(q_len, attn, device)[None, None].expand(batch, 1, q_len, q_len)
+    if kv is None or kv.prefix_slots.shape[1] == 0:
+        return own
+    p = kv.prefix_slots.shape[1]
+    valid = (kv.prefix_valid if kv.prefix_valid is not None
+             else torch.ones(batch, p, dtype=torch.bool, device=device))
+    return torch.cat([valid[:, None, None, :].expand(batch, 1, q_len, p), own], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        r = cfg.lora_rank
+        lora = {name: r if name in cfg.lora_targets else 0 for name in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        self.q_proj = LoRALinear(cfg.hidden_size, cfg.q_size, cfg.qkv_bias, lora["q_proj"], cfg.lora_alpha)
+        self.k_proj = LoRALinear(cfg.hidden_size, cfg.kv_size, cfg.qkv_bias, lora["k_proj"], cfg.lora_alpha)
+        self.v_proj = LoRALinear(cfg.hidden_size, cfg.kv_size, cfg.qkv_bias, lora["v_proj"], cfg.lora_alpha)
+        self.o_proj = LoRALinear(cfg.q_size, cfg.hidden_size, cfg.o_bias, lora["o_proj"], cfg.lora_alpha)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor, lora: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """Normed input [B, Q, D] -> q [B, Q, H, hd], k and v [B, Q, Hkv, hd], RoPE applied."""
+        b, n, _ = x.shape
+        hd = self.cfg.head_dim
+        q = self.q_proj(x, lora).view(b, n, -1, hd)
+        k = self.k_proj(x, lora).view(b, n, -1, hd)
+        v = self.v_proj(x, lora).view(b, n, -1, hd)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Softmax attention of q [B, Q, H, hd] over k, v [B, K, Hkv, hd] (GQA) -> [B, Q, H*hd]."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2).flatten(2)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        r = cfg.lora_rank
+        lora = {name: r if name in cfg.lora_targets else 0 for name in ("gate_proj", "up_proj", "down_proj")}
+        self.gate_proj = LoRALinear(cfg.hidden_size, cfg.intermediate_size, False, lora["gate_proj"], cfg.lora_alpha)
+        self.up_proj = LoRALinear(cfg.hidden_size, cfg.intermediate_size, False, lora["up_proj"], cfg.lora_alpha)
+        self.down_proj = LoRALinear(cfg.intermediate_size, cfg.hidden_size, False, lora["down_proj"], cfg.lora_alpha)
+
+    def forward(self, x: Tensor, lora: bool = False) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x, lora)) * self.up_proj(x, lora), lora)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def ffn(self, h: Tensor, lora: bool = False) -> Tensor:
+        """FFN branch output (without the residual) for hidden states h."""
+        return self.mlp(self.post_attention_layernorm(h), lora)
+
+    def forward(self, index: int, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
+                kv: KVContext | None, lora: bool, hook: Hook | None) -> Tensor:
+        q, k, v = self.self_attn.qkv(self.input_layernorm(h), cos, sin, lora)
+        if kv is not None:
+            pk, pv = kv.gather(index)
+            kv.write(index, k, v)
+            k, v = torch.cat([pk, k], dim=1), torch.cat([pv, v], dim=1)
+        attn_out = self.self_attn.o_proj(attend(q, k, v, mask), lora)
+        h = h + attn_out
+        ffn_out = self.ffn(h, lora)
+        if hook is not None:
+            for point, t in (("q", q), ("k", k), ("v", v), ("attn_out", attn_out), ("ffn_out", ffn_out)):
+                hook(index, point, t)
+        return h + ffn_out
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        nn.init.normal_(self.embed_tokens.weight, std=0.02)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @property
+    def has_lora(self) -> bool:
+        return any(isinstance(m, LoRALinear) and m.lora_A is not None for m in self.modules())
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Final norm + LM head on hidden states [..., D]."""
+        h = self.norm(h)
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, w)
+
+    def forward(self, ids: Tensor, positions: Tensor, attn: str = "causal", kv: KVContext | None = None,
+                mask: Tensor | None = None, lora: bool = False, hook: Hook | None = None) -> Tensor:
+        """Logits [B, Q, V] for a query chunk ids [B, Q] at positions [B, Q].
+
+        The chunk attends to kv's prefix (if any) and to itself by `attn`; `mask` overrides the mask
+        (a bool [Q, K] or [B, 1, Q, K] over [prefix ‖ chunk], used by training and multi-branch verify).
+        """
+        b, n = ids.shape
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        if mask is None:
+            mask = build_mask(n, attn, kv, b, ids.device)
+        h = self.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            if hook is not None:
+                hook(i, "hidden_in", h)
+            h = layer(i, h, cos, sin, mask, kv, lora, hook)
+            if hook is not None:
+                hook(i, "hidden_out", h)
+        return self.logits(h)

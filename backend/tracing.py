@@ -1,0 +1,130 @@
+"""Trace schema v1: typed events, a null tracer (free when off) and a recording tracer.
+
+Every event is one JSON object {"v": 1, "run_id", "seq", "t_ms", "type", ...payload}; `seq` is dense per run.
+Event types: run_start, round, kv, run_end, error (DESIGN §6). JSON never holds NaN or Infinity.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+EVENT_TYPES = ("run_start", "round", "kv", "run_end", "error")
+STATES = ("prompt", "committed", "mask", "draft", "accepted", "rejected", "bonus", "pending", "padding")
+PHASE_KINDS = ("prefill", "draft", "denoise", "verify", "refresh", "decode")
+KV_OPS = ("alloc", "write", "commit", "free", "refresh")
+FREE_REASONS = ("mask", "rejected", "trim", "finished", "cancelled")
+RUN_STATUSES = ("done", "cancelled", "error")
+
+
+@dataclass
+class Phase:
+    """One model forward inside a round."""
+    kind: str
+    attn: str
+    lora: bool
+    n_query: int
+    ms: float
+
+
+@dataclass
+class RoundEvent:
+    round: int
+    phases: list[Phase]
+    block_start: int
+    tokens: list[int]
+    states: list[str]
+    conf: list[float | None] | None
+    accepted_len: int
+    committed: list[int]
+    nfe: int
+    text_delta: str = ""
+    case: str | None = None
+    pq: list[dict[str, Any]] | None = None
+    branches: list[dict[str, Any]] | None = None
+    fold: list[list[int]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class KVEvent:
+    op: str
+    slots: list[int]
+    positions: list[int]
+    round: int
+    reason: str | None = None
+
+
+def sanitize(value: Any) -> Any:
+    """Replace NaN/Infinity by None, recursively, so the JSON is valid everywhere."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: sanitize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [sanitize(v) for v in value]
+    return value
+
+
+def to_json(event: dict[str, Any]) -> str:
+    return json.dumps(sanitize(event), allow_nan=False, separators=(",", ":"))
+
+
+def new_run_id() -> str:
+    return "r_" + uuid.uuid4().hex[:16]
+
+
+class NullTracer:
+    """Tracing off: modes check `enabled` before building any payload, so nothing is computed."""
+    enabled = False
+    run_id = ""
+
+    def emit(self, type: str, payload: dict[str, Any]) -> None:
+        pass
+
+    def round(self, event: RoundEvent) -> None:
+        pass
+
+    def kv(self, event: KVEvent) -> None:
+        pass
+
+
+NULL_TRACER = NullTracer()
+
+
+class RecordingTracer:
+    """Numbers events densely per run, keeps them, and hands each to an optional sink as it is made."""
+    enabled = True
+
+    def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None):
+        self.run_id = run_id or new_run_id()
+        self.events: list[dict[str, Any]] = []
+        self.sink = sink
+        self._t0 = time.perf_counter()
+
+    def emit(self, type: str, payload: dict[str, Any]) -> None:
+        if type not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {type!r}")
+        event = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": len(self.events),
+                 "t_ms": round((time.perf_counter() - self._t0) * 1000, 3), "type": type,
+                 **sanitize(payload)}
+        self.events.append(event)
+        if self.sink is not None:
+            self.sink(event)
+
+    def round(self, event: RoundEvent) -> None:
+        payload = asdict(event)
+        if not payload["extra"]:
+            del payload["extra"]
+        self.emit("round", payload)
+
+    def kv(self, event: KVEvent) -> None:
+        self.emit("kv", asdict(event))
+
+
+Tracer = NullTracer | RecordingTracer
