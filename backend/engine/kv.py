@@ -57,6 +57,8 @@ class KVPool:
         return slots
 
     def free(self, owner: str, slots: list[int]) -> None:
+        if not slots:
+            return
         if len(set(slots)) != len(slots):
             raise KVError(f"{owner} frees a slot twice in one call: {slots}")
         for s in slots:

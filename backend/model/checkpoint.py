@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from backend.model.config import CheckpointError, ModelConfig
-from backend.model.transformer import Transformer
+from backend.model.transformer import LoRALinear, Transformer
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "tiny"
 LORA_FILE = "lora.safetensors"
@@ -117,10 +117,24 @@ def load_lora(model: Transformer, path: Path) -> None:
     rank, alpha = int(meta.get("rank", 0)), float(meta.get("alpha", 16.0))
     if rank <= 0:
         raise CheckpointError(f"{path}: LoRA file without a positive 'rank' in its metadata")
+    extra = sorted(k for k in tensors if k.rsplit(".", 1)[-1] not in ("lora_A", "lora_B"))
+    if extra:
+        raise CheckpointError(f"{path}: not LoRA weights (only lora_A / lora_B allowed): {extra[:5]}")
     modules = dict(model.named_modules())
-    for name in {k.rsplit(".", 1)[0] for k in tensors}:
-        if name not in modules:
+    targets = sorted({k.rsplit(".", 1)[0] for k in tensors})
+    for name in targets:  # validate everything before touching the model
+        module = modules.get(name)
+        if not isinstance(module, LoRALinear):
             raise CheckpointError(f"{path}: LoRA targets unknown module {name}")
+        out_f, in_f = module.weight.shape
+        for leaf, shape in (("lora_A", (rank, in_f)), ("lora_B", (out_f, rank))):
+            key = f"{name}.{leaf}"
+            if key not in tensors:
+                raise CheckpointError(f"{path}: {key} is missing")
+            if tuple(tensors[key].shape) != shape:
+                raise CheckpointError(f"{path}: {key} has shape {tuple(tensors[key].shape)}, "
+                                      f"rank {rank} implies {shape}")
+    for name in targets:
         modules[name].add_adapter(rank, alpha)
     model.load_state_dict(tensors, strict=False)
 

@@ -68,6 +68,13 @@ def objective_losses(model: Transformer, batch: data.TriBatch) -> dict[str, torc
     return out
 
 
+def truncate_curves(path: Path, step: int) -> None:
+    """Drop logged rows past the resumed step (written after the last save of an interrupted run)."""
+    if path.exists():
+        rows = [line for line in path.open() if json.loads(line)["step"] <= step]
+        path.write_text("".join(rows))
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
     """Linear warm-up, then cosine decay to 10 % of peak at `total`."""
     if step < warmup:
@@ -94,6 +101,7 @@ def train(args: argparse.Namespace) -> None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step = state["step"]
+        truncate_curves(workdir / "curves.jsonl", step)
         print(f"resumed at step {step}", flush=True)
     meta = {"seed": args.seed, "steps": args.steps, "lr": args.lr, "batch": asdict(spec),
             "loss_weights": LOSS_WEIGHTS, "params": sum(p.numel() for p in model.parameters())}

@@ -48,13 +48,14 @@ class LoRALinear(nn.Module):
             self.add_adapter(rank, alpha)
 
     def add_adapter(self, rank: int, alpha: float) -> None:
-        self.lora_A = nn.Parameter(torch.randn(rank, self.weight.shape[1]) / rank**0.5)
-        self.lora_B = nn.Parameter(torch.zeros(self.weight.shape[0], rank))
+        w = self.weight  # the adapter lives where the layer lives (dtype, device), even after model.to(...)
+        self.lora_A = nn.Parameter(torch.randn(rank, w.shape[1], device=w.device).to(w.dtype) / rank**0.5)
+        self.lora_B = nn.Parameter(torch.zeros(w.shape[0], rank, dtype=w.dtype, device=w.device))
         self.lora_scale = alpha / rank
 
     def forward(self, x: Tensor, lora: bool = False) -> Tensor:
         y = F.linear(x, self.weight, self.bias)
-        if lora and self.lora_A is not None:
+        if lora and self.lora_A is not None and self.lora_B is not None:
             y = y + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.lora_scale
         return y
 

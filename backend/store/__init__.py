@@ -1,0 +1,15 @@
+"""Trace storage: runs and events in SQL (SQLite by default), derived rounds and KV intervals, exports."""
+from backend.store.errors import (
+    DocumentError,
+    DuplicateSeqError,
+    RunExistsError,
+    SeqGapError,
+    StoreError,
+    TraceError,
+    UnknownRunError,
+)
+from backend.store.export import export_json, export_perfetto, import_json
+from backend.store.store import Store
+
+__all__ = ["DocumentError", "DuplicateSeqError", "RunExistsError", "SeqGapError", "Store", "StoreError",
+           "TraceError", "UnknownRunError", "export_json", "export_perfetto", "import_json"]

@@ -1,0 +1,37 @@
+"""Engine creation: strict JSON, and for SQLite the WAL / foreign-key / busy-timeout pragmas on every connection."""
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import StaticPool
+
+DEFAULT_URL = "sqlite:///sessions/specscope.db"
+
+
+def set_sqlite_pragmas(dbapi_conn: Any, _record: Any, busy_timeout_ms: int) -> None:
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    cursor.close()
+
+
+def make_engine(url: str = DEFAULT_URL, busy_timeout_ms: int = 5000) -> Engine:
+    """An engine for any SQLAlchemy URL; JSON columns refuse NaN and Infinity."""
+    sa_url = make_url(url)
+    kwargs: dict[str, Any] = {"json_serializer": partial(json.dumps, allow_nan=False, separators=(",", ":"))}
+    sqlite, database = sa_url.get_backend_name() == "sqlite", sa_url.database or ""
+    if sqlite and database in ("", ":memory:"):
+        kwargs |= {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+    elif sqlite:
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(sa_url, **kwargs)
+    if sqlite:
+        event.listen(engine, "connect", partial(set_sqlite_pragmas, busy_timeout_ms=busy_timeout_ms))
+    return engine

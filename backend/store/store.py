@@ -1,0 +1,292 @@
+"""Store: runs and their trace events in any SQLAlchemy database. Writes are batched; reads return plain dicts."""
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend.store.db import DEFAULT_URL, make_engine
+from backend.store.derive import kv_interval_rows, round_rows, run_summary
+from backend.store.errors import RunExistsError, StoreError, TraceError, UnknownRunError
+from backend.store.events import check_envelope, check_seq, check_stream, from_row, to_row
+from backend.store.migrate import upgrade
+from backend.store.models import Base, Comparison, ComparisonRun, Event, KVInterval, Round, Run, utc
+from backend.store.retry import retry_locked
+from backend.tracing import RUN_STATUSES
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+
+def insert_rows(session: Session, model: type[Base], rows: Sequence[Row]) -> None:
+    if rows:
+        session.execute(insert(model), list(rows))
+
+
+class Store:
+    """Opens (creating or upgrading) a database and records runs into it.
+
+    A live run is `begin_run`, `add_events`..., `end_run`; events are buffered and written `batch_size` at a time,
+    each write one transaction, retried while another writer holds the database. `record` does the routing
+    when the store is a RecordingTracer's sink.
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, *, batch_size: int = 64, busy_timeout_ms: int = 5000) -> None:
+        self.engine = make_engine(url, busy_timeout_ms)
+        retry_locked(lambda: upgrade(self.engine))
+        self.batch_size = batch_size
+        self._sessions = sessionmaker(self.engine)
+        self._buffer: list[Row] = []
+        self._next_seq: dict[str, int] = {}  # runs being recorded -> next expected seq
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        self.flush()
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- recording a live run ------------------------------------------------------------------------------------
+
+    def record(self, event: Row) -> None:
+        """Store one event as it is emitted (a RecordingTracer sink)."""
+        if event.get("type") == "run_start":
+            self.begin_run(event)
+        elif event.get("type") == "run_end":
+            self.end_run(event)
+        else:
+            self.add_events([event])
+
+    def begin_run(self, event: Row) -> str:
+        """Create the run (status running) from its run_start event, stored at once; returns the run id."""
+        check_envelope(event)
+        if event["type"] != "run_start":
+            raise TraceError(f"begin_run takes a run_start event, not {event['type']}")
+        run_id = event["run_id"]
+        check_seq(run_id, 0, event["seq"])
+        run = {"run_id": run_id, "created_at": datetime.now(UTC), "mode": event.get("mode") or "",
+               "model": event.get("model"), "params": event.get("params") or {}, "prompt": event.get("prompt") or "",
+               "status": "running", "output": None, "metrics": None, "n_rounds": 0, "n_tokens": 0}
+        with self._lock:
+            if run_id in self._next_seq:
+                raise RunExistsError(f"run {run_id} is already being recorded")
+            self._write(lambda s: self._insert_run(s, run, [event]))
+            self._next_seq[run_id] = 1
+        return run_id
+
+    def add_events(self, events: Iterable[Row]) -> None:
+        """Buffer round, kv and error events of runs being recorded; a seq gap or duplicate raises."""
+        with self._lock:
+            for event in events:
+                self._accept(event, ("round", "kv", "error"))
+            if len(self._buffer) >= self.batch_size:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered events now, in one transaction."""
+        with self._lock:
+            if self._buffer:
+                self._write(self._insert_buffer)
+                self._buffer.clear()
+
+    def end_run(self, event: Row) -> None:
+        """Store run_end, then derive rounds, KV intervals, status and metrics, all in one transaction."""
+        check_envelope(event)
+        if event["type"] == "run_end" and event.get("status") not in RUN_STATUSES:
+            raise TraceError(f"run_end status {event.get('status')!r} is not one of {RUN_STATUSES}")
+        run_id = event["run_id"]
+
+        def finish(session: Session) -> None:
+            self._insert_buffer(session)
+            self._derive(session, run_id, self._load_events(session, run_id))
+
+        with self._lock:
+            self._accept(event, ("run_end",))
+            try:
+                self._write(finish)
+            except BaseException:
+                self._buffer.pop()
+                self._next_seq[run_id] -= 1
+                raise
+            self._buffer.clear()
+            del self._next_seq[run_id]
+
+    def mark_interrupted(self) -> list[str]:
+        """Mark runs left 'running' by a crash (not those this store is recording) as interrupted; call at startup.
+
+        Their stored events are kept and their rounds and KV intervals derived, so they can still be inspected.
+        """
+        def mark(session: Session) -> list[str]:
+            query = select(Run.run_id).where(Run.status == "running", Run.run_id.not_in(live))
+            run_ids = list(session.scalars(query))
+            for run_id in run_ids:
+                self._derive(session, run_id, self._load_events(session, run_id))
+            return run_ids
+
+        with self._lock:
+            live = list(self._next_seq)
+            return self._write(mark)
+
+    def insert_run(self, run: Row, events: Sequence[Row]) -> None:
+        """Store a complete run as exported (run fields kept as given) and derive its rounds and KV intervals."""
+        run_id = run["run_id"]
+        check_stream(run_id, events)
+        row = run | {"created_at": datetime.fromisoformat(run["created_at"])}
+
+        def write(session: Session) -> None:
+            self._insert_run(session, row, events)
+            insert_rows(session, Round, round_rows(run_id, events))
+            insert_rows(session, KVInterval, kv_interval_rows(run_id, events))
+
+        with self._lock:
+            if run_id in self._next_seq:
+                raise RunExistsError(f"run {run_id} is being recorded")
+            self._write(write)
+
+    # -- reading -------------------------------------------------------------------------------------------------
+
+    def list_runs(self, mode: str | None = None, status: str | None = None, limit: int = 50,
+                  offset: int = 0) -> list[Row]:
+        """Runs, newest first, without their events."""
+        query = select(Run).order_by(Run.created_at.desc(), Run.run_id).limit(limit).offset(offset)
+        if mode is not None:
+            query = query.where(Run.mode == mode)
+        if status is not None:
+            query = query.where(Run.status == status)
+        with self._sessions() as session:
+            return [run.as_dict() for run in session.scalars(query)]
+
+    def get_run(self, run_id: str) -> Row | None:
+        with self._sessions() as session:
+            run = session.get(Run, run_id)
+            return run.as_dict() if run else None
+
+    def events(self, run_id: str, since_seq: int = 0) -> list[Row]:
+        """The stored events of a run from `since_seq` on, exactly as emitted, in seq order."""
+        with self._sessions() as session:
+            return self._load_events(session, run_id, since_seq)
+
+    def rounds(self, run_id: str, start: int = 0, stop: int | None = None) -> list[Row]:
+        """The round events with start <= round < stop, in round order."""
+        query = select(Round.payload).where(Round.run_id == run_id, Round.round >= start).order_by(Round.round)
+        if stop is not None:
+            query = query.where(Round.round < stop)
+        with self._sessions() as session:
+            return list(session.scalars(query))
+
+    def kv_intervals(self, run_id: str) -> list[Row]:
+        """KV slot occupancy intervals, by slot then allocation order."""
+        query = (select(KVInterval).where(KVInterval.run_id == run_id)
+                 .order_by(KVInterval.slot, KVInterval.alloc_seq))
+        with self._sessions() as session:
+            return [interval.as_dict() for interval in session.scalars(query)]
+
+    def delete_run(self, run_id: str) -> bool:
+        """Delete a run with its events, derived rows and comparison memberships; False if there was none."""
+        def remove(session: Session) -> bool:
+            if session.get(Run, run_id) is None:
+                return False
+            session.execute(delete(Run).where(Run.run_id == run_id))
+            return True
+
+        with self._lock:
+            if run_id in self._next_seq:
+                raise StoreError(f"run {run_id} is being recorded; end it before deleting it")
+            return self._write(remove)
+
+    # -- comparisons ---------------------------------------------------------------------------------------------
+
+    def create_comparison(self, label: str, prompt: str, run_ids: Sequence[str]) -> str:
+        """Group stored runs of one prompt, in the given order; returns the comparison id."""
+        if not run_ids or len(set(run_ids)) != len(run_ids):
+            raise ValueError("a comparison needs one or more distinct runs")
+        comparison_id = "c_" + uuid.uuid4().hex[:16]
+
+        def write(session: Session) -> None:
+            prompts = dict(session.execute(select(Run.run_id, Run.prompt).where(Run.run_id.in_(run_ids))).all())
+            missing = [r for r in run_ids if r not in prompts]
+            if missing:
+                raise UnknownRunError(f"no such runs: {missing}")
+            others = [r for r in run_ids if prompts[r] != prompt]
+            if others:
+                raise ValueError(f"runs {others} are not on the comparison's prompt")
+            insert_rows(session, Comparison, [{"comparison_id": comparison_id, "label": label, "prompt": prompt,
+                                               "created_at": datetime.now(UTC)}])
+            insert_rows(session, ComparisonRun, [{"comparison_id": comparison_id, "position": i, "run_id": r}
+                                                 for i, r in enumerate(run_ids)])
+
+        self._write(write)
+        return comparison_id
+
+    def get_comparison(self, comparison_id: str) -> Row | None:
+        with self._sessions() as session:
+            comparison = session.get(Comparison, comparison_id)
+            return self._comparison_dict(session, comparison) if comparison else None
+
+    def list_comparisons(self) -> list[Row]:
+        """Comparisons, newest first."""
+        query = select(Comparison).order_by(Comparison.created_at.desc(), Comparison.comparison_id)
+        with self._sessions() as session:
+            return [self._comparison_dict(session, c) for c in session.scalars(query)]
+
+    # -- internals -----------------------------------------------------------------------------------------------
+
+    def _write(self, fn: Callable[[Session], T]) -> T:
+        """Run `fn` in one transaction, retried while the database is locked."""
+        def attempt() -> T:
+            with self._sessions.begin() as session:
+                return fn(session)
+        return retry_locked(attempt)
+
+    def _accept(self, event: Row, types: tuple[str, ...]) -> None:
+        check_envelope(event)
+        if event["type"] not in types:
+            raise TraceError(f"a {event['type']} event does not go here (expected {' or '.join(types)})")
+        run_id = event["run_id"]
+        if run_id not in self._next_seq:
+            raise UnknownRunError(f"run {run_id} is not being recorded (begin_run first)")
+        check_seq(run_id, self._next_seq[run_id], event["seq"])
+        self._buffer.append(event)
+        self._next_seq[run_id] += 1
+
+    def _insert_buffer(self, session: Session) -> None:
+        insert_rows(session, Event, [to_row(e) for e in self._buffer])
+
+    @staticmethod
+    def _insert_run(session: Session, run: Row, events: Sequence[Row]) -> None:
+        try:
+            insert_rows(session, Run, [run])
+        except IntegrityError as exc:
+            raise RunExistsError(f"run {run['run_id']} already exists") from exc
+        insert_rows(session, Event, [to_row(e) for e in events])
+
+    @staticmethod
+    def _derive(session: Session, run_id: str, events: Sequence[Row]) -> None:
+        for model in (Round, KVInterval):
+            session.execute(delete(model).where(model.run_id == run_id))
+        insert_rows(session, Round, round_rows(run_id, events))
+        insert_rows(session, KVInterval, kv_interval_rows(run_id, events))
+        session.execute(update(Run).where(Run.run_id == run_id).values(**run_summary(events)))
+
+    @staticmethod
+    def _load_events(session: Session, run_id: str, since_seq: int = 0) -> list[Row]:
+        query = (select(Event.seq, Event.t_ms, Event.type, Event.payload)
+                 .where(Event.run_id == run_id, Event.seq >= since_seq).order_by(Event.seq))
+        return [from_row(run_id, *row) for row in session.execute(query)]
+
+    @staticmethod
+    def _comparison_dict(session: Session, comparison: Comparison) -> Row:
+        query = (select(ComparisonRun.run_id).where(ComparisonRun.comparison_id == comparison.comparison_id)
+                 .order_by(ComparisonRun.position))
+        return {"comparison_id": comparison.comparison_id, "label": comparison.label, "prompt": comparison.prompt,
+                "created_at": utc(comparison.created_at).isoformat(), "run_ids": list(session.scalars(query))}

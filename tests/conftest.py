@@ -1,0 +1,32 @@
+"""Shared fixtures. TRITON_INTERPRET must be set before any kernel module is imported."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from backend.model.checkpoint import load_checkpoint  # noqa: E402
+from backend.model.tasks import task_set  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    """The shipped tiny checkpoint, fp32."""
+    return load_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def heldout_prompts():
+    """36 held-out task prompts (never seen in training), 7 of each kind, first 36."""
+    return [t.prompt for t in task_set("heldout", 7)][:36]
+
+
+@pytest.fixture
+def engine(loaded):
+    from backend.engine.engine import Engine
+    return Engine(loaded, num_slots=4096, check_invariants=True)

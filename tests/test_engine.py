@@ -1,0 +1,162 @@
+"""Engine behaviour on the shipped model: lossless modes, KV lifecycle, tracing, scheduler, bad input."""
+import pytest
+
+from backend.engine.engine import Engine
+from backend.engine.params import ParamError
+from backend.tracing import RecordingTracer
+
+MODES = ["ar", "block_diffusion", "linear_spec"]
+
+
+def replay_kv(events):
+    """Rebuild slot ownership from a run's kv events; returns (held slots, committed slots) at the end."""
+    held, committed = set(), []
+    for e in events:
+        if e["type"] != "kv":
+            continue
+        if e["op"] == "alloc":
+            assert not held & set(e["slots"]), "slot allocated twice"
+            held |= set(e["slots"])
+        elif e["op"] in ("write", "refresh"):
+            assert set(e["slots"]) <= held, "write to a slot the run does not hold"
+        elif e["op"] == "commit":
+            committed += e["slots"]
+        elif e["op"] == "free":
+            assert set(e["slots"]) <= held
+            held -= set(e["slots"])
+            committed = [s for s in committed if s not in e["slots"]]
+    return held, committed
+
+
+def test_linear_spec_is_token_identical_to_ar(engine, heldout_prompts):
+    assert len(heldout_prompts) >= 30
+    for prompt in heldout_prompts:
+        ar = engine.generate(prompt, "ar", {"max_new_tokens": 32})
+        for block in (4, 16):
+            ls = engine.generate(prompt, "linear_spec", {"max_new_tokens": 32, "block_size": block})
+            assert ls.output_ids == ar.output_ids, (prompt, block)
+            assert ls.status == "done"
+    assert engine.rt.pool.used == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kv_lifecycle_in_trace_and_pool(engine, heldout_prompts, mode):
+    """Every round was checked by the engine (check_invariants); the trace tells the same story."""
+    for prompt in heldout_prompts[::6]:
+        tracer = RecordingTracer()
+        res = engine.generate(prompt, mode, {"max_new_tokens": 40}, tracer=tracer)
+        assert res.status == "done" and res.metrics["kv_leaked"] == 0
+        held, committed = replay_kv(tracer.events)
+        assert not held and not committed
+        assert [e["seq"] for e in tracer.events] == list(range(len(tracer.events)))
+        assert tracer.events[0]["type"] == "run_start" and tracer.events[-1]["type"] == "run_end"
+        rounds = [e for e in tracer.events if e["type"] == "round"]
+        assert sum(len(r["committed"]) for r in rounds) >= len(res.output_ids)
+        assert sum(r["nfe"] for r in rounds) == res.metrics["nfe"]
+    assert engine.rt.pool.used == 0
+
+
+def test_committed_kv_matches_committed_tokens_every_round(engine, heldout_prompts):
+    """Replaying kv events up to each round: committed slots == tokens with KV (emitted minus the seed)."""
+    for mode in MODES:
+        tracer = RecordingTracer()
+        engine.generate(heldout_prompts[3], mode, {"max_new_tokens": 48}, tracer=tracer)
+        prompt_len = len(tracer.events[0]["prompt_ids"])
+        emitted, done = 0, []
+        for i, e in enumerate(tracer.events):
+            if e["type"] == "round":
+                emitted += len(e["committed"])
+                _, committed = replay_kv(tracer.events[:i + 1])
+                done.append((prompt_len + emitted) - len(committed))
+        assert set(done[:-1]) <= {0, 1}, (mode, done)
+
+
+def test_runs_ending_at_eos_mid_block_free_everything(engine, heldout_prompts):
+    ends = []
+    for prompt in heldout_prompts[:12]:
+        res = engine.generate(prompt, "block_diffusion", {"max_new_tokens": 64, "block_size": 32})
+        ends.append(len(res.output_ids) < 64)
+        assert res.metrics["kv_leaked"] == 0
+    assert any(ends), "no run stopped at EOS before max_new_tokens"
+    assert engine.rt.pool.used == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cancel_between_rounds_frees_the_pool(engine, heldout_prompts, mode):
+    events = []
+    for e in engine.stream(heldout_prompts[0], mode, {"max_new_tokens": 64}):
+        events.append(e)
+        if e["type"] == "round" and e["round"] == 2:
+            engine.scheduler.running[0].cancel.set()
+    assert events[-1]["type"] == "run_end" and events[-1]["status"] == "cancelled"
+    frees = [e for e in events if e["type"] == "kv" and e["op"] == "free"]
+    assert frees and frees[-1]["reason"] == "cancelled"
+    assert replay_kv(events) == (set(), [])
+    assert engine.rt.pool.used == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tracing_does_not_change_tokens(engine, heldout_prompts, mode):
+    for prompt in heldout_prompts[:4]:
+        off = engine.generate(prompt, mode, {"max_new_tokens": 32})
+        on = engine.generate(prompt, mode, {"max_new_tokens": 32}, tracer=RecordingTracer())
+        assert off.output_ids == on.output_ids
+
+
+def test_concurrent_requests_in_mixed_modes_match_solo_runs(engine, heldout_prompts):
+    jobs = [(heldout_prompts[i], m) for i, m in enumerate(["ar", "block_diffusion", "linear_spec", "ar"])]
+    params = {"max_new_tokens": 40}
+    solo = [engine.generate(p, m, params).output_ids for p, m in jobs]
+    reqs = [engine.new_request(p, m, params) for p, m in jobs]
+    together = engine.run(reqs)
+    assert [r.output_ids for r in together] == solo
+    assert engine.rt.pool.used == 0
+
+
+def test_block_size_tiers_follow_running_count(loaded, heldout_prompts):
+    eng = Engine(loaded, num_slots=4096, tiers=[(1, 16), (4, 8)], check_invariants=True)
+    tracer = RecordingTracer()
+    eng.generate(heldout_prompts[0], "block_diffusion", {"max_new_tokens": 24}, tracer=tracer)
+    sizes = {len(e["tokens"]) - (e["states"][-1] == "bonus") for e in tracer.events if e["type"] == "round"
+             and e["round"] > 0}
+    assert sizes == {16}
+    tracers = [RecordingTracer() for _ in range(3)]
+    eng.run([eng.new_request(p, "block_diffusion", {"max_new_tokens": 24}, t)
+             for p, t in zip(heldout_prompts, tracers, strict=False)])
+    sizes = {len(e["tokens"]) - (e["states"][-1] == "bonus") for t in tracers for e in t.events
+             if e["type"] == "round" and e["round"] > 0}
+    assert 8 in sizes
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sampling_is_seeded(engine, heldout_prompts, mode):
+    p = {"max_new_tokens": 24, "temperature": 0.8, "seed": 7}
+    a = engine.generate(heldout_prompts[1], mode, p)
+    b = engine.generate(heldout_prompts[1], mode, p)
+    assert a.status == "done" and a.output_ids == b.output_ids
+
+
+@pytest.mark.parametrize("mode,params,needle", [
+    ("nope", {}, "unknown mode 'nope'"),
+    ("block_diffusion", {"block_size": 0}, "block_size"),
+    ("block_diffusion", {"block_size": 5000}, "block_size"),
+    ("block_diffusion", {"threshold": 1.5}, "threshold"),
+    ("block_diffusion", {"threshold": -0.1}, "threshold"),
+    ("linear_spec", {"max_new_tokens": 0}, "max_new_tokens"),
+    ("linear_spec", {"max_new_tokens": 1000}, "max_new_tokens"),
+    ("ar", {"temperature": "hot"}, "temperature"),
+    ("ar", {"bogus": 1}, "bogus"),
+    ("block_diffusion", {"block_size": 32, "sub_block": 5}, "sub_block"),
+])
+def test_bad_parameters_name_the_parameter(engine, mode, params, needle):
+    with pytest.raises(ParamError, match=needle):
+        engine.generate("What is 1 + 2?", mode, params)
+    assert engine.rt.pool.used == 0 and not engine.scheduler.has_work
+
+
+def test_bad_prompts(engine):
+    with pytest.raises(ParamError, match="prompt is empty"):
+        engine.generate("   ", "ar")
+    with pytest.raises(ParamError, match="context"):
+        engine.generate("word " * 2000, "ar")
+    assert engine.rt.pool.used == 0

@@ -1,0 +1,340 @@
+"""Store: events kept exactly, derived rounds and KV intervals, lifecycle, locking, exports and comparisons."""
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import func, select
+
+from backend.store import (
+    DocumentError,
+    DuplicateSeqError,
+    RunExistsError,
+    SeqGapError,
+    Store,
+    TraceError,
+    UnknownRunError,
+    export_json,
+    export_perfetto,
+    import_json,
+    retry,
+)
+from backend.store.models import Base, ComparisonRun, Event, KVInterval, Round
+from backend.tracing import KVEvent, Phase, RecordingTracer, RoundEvent
+
+PROMPT = "What is 12 + 30?"
+N_ROUNDS = 3
+DRAFT_SLOT = 9  # every round drafts one rejected token into slot 9, so the slot is reused
+
+
+def url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store(url(tmp_path / "specscope.db"), batch_size=4) as s:
+        yield s
+
+
+def start(sink: Callable[[dict[str, Any]], None], mode: str = "isd", prompt: str = PROMPT) -> RecordingTracer:
+    tracer = RecordingTracer(sink=sink)
+    tracer.emit("run_start", {"mode": mode, "params": {"n": 2, "alpha": 0.5}, "model": "tiny", "prompt": prompt,
+                              "prompt_ids": [1, 2], "pieces": ["Wh", "at"]})
+    tracer.kv(KVEvent("alloc", [0, 1], [0, 1], 0))
+    tracer.kv(KVEvent("commit", [0, 1], [0, 1], 0))
+    return tracer
+
+
+def play_round(tracer: RecordingTracer, r: int) -> None:
+    """Round r drafts two tokens: the first (slot 2+r, position 2+r) is accepted, the second (slot 9) rejected."""
+    accepted, position = 2 + r, 2 + r
+    tracer.kv(KVEvent("alloc", [accepted, DRAFT_SLOT], [position, position + 1], r))
+    tracer.round(RoundEvent(
+        round=r, phases=[Phase("draft", "block", True, 2, 1.5), Phase("verify", "causal", False, 2, 2.5)],
+        block_start=position, tokens=[100 + r, 200 + r], states=["accepted", "rejected"], conf=[0.9, float("nan")],
+        accepted_len=1, committed=[100 + r], nfe=2, text_delta=f"t{r}", case="VRC"[r % 3],
+        pq=[{"p": 0.9, "q": 0.8, "accepted": True}]))
+    tracer.kv(KVEvent("commit", [accepted], [position], r))
+    tracer.kv(KVEvent("free", [DRAFT_SLOT], [position + 1], r, "rejected"))
+
+
+def finish(tracer: RecordingTracer, status: str = "done") -> None:
+    tracer.kv(KVEvent("free", [0, 1, 2, 3, 4], [0, 1, 2, 3, 4], N_ROUNDS - 1, "finished"))
+    tracer.emit("run_end", {"status": status, "output_ids": [100, 101, 102], "text": "t0t1t2",
+                            "metrics": {"nfe": 6, "tokens": 3, "tpf": 0.5, "wall_ms": 1.0, "tok_per_s": 3000.0,
+                                        "accept_len_mean": 1.0, "accept_hist": {"1": 3}, "fold_ratio": None,
+                                        "kv_peak": 6, "kv_leaked": 0}})
+
+
+def record_run(store: Store, mode: str = "isd", status: str = "done", prompt: str = PROMPT) -> RecordingTracer:
+    tracer = start(store.record, mode, prompt)
+    for r in range(N_ROUNDS):
+        play_round(tracer, r)
+    finish(tracer, status)
+    return tracer
+
+
+def count(store: Store, model: type[Base], run_id: str) -> int:
+    with store.engine.connect() as conn:
+        return conn.scalar(select(func.count()).select_from(model).where(model.run_id == run_id))
+
+
+def test_schema_is_migrated_with_sqlite_pragmas(store: Store) -> None:
+    with store.engine.connect() as conn:
+        context = MigrationContext.configure(conn)
+        assert context.get_current_revision() == "0001"
+        assert compare_metadata(context, Base.metadata) == []
+        pragmas = [conn.exec_driver_sql(f"PRAGMA {name}").scalar() for name in ("journal_mode", "foreign_keys")]
+        assert pragmas == ["wal", 1]
+
+
+def test_in_memory_url() -> None:
+    with Store("sqlite://") as memory:
+        tracer = record_run(memory)
+        assert memory.events(tracer.run_id) == tracer.events
+
+
+def test_stored_events_equal_emitted(store: Store) -> None:
+    tracer = record_run(store)
+    stored = store.events(tracer.run_id)
+    assert [json.dumps(e) for e in stored] == [json.dumps(e) for e in tracer.events]  # same keys, same order
+    assert [e["seq"] for e in stored] == list(range(len(tracer.events)))
+    assert store.events(tracer.run_id, since_seq=5) == tracer.events[5:]
+    assert stored[4]["conf"] == [0.9, None]  # NaN was sanitized by the tracer and stays valid JSON
+
+
+def test_derived_rounds_and_summary(store: Store) -> None:
+    tracer = record_run(store)
+    run = store.get_run(tracer.run_id)
+    assert run is not None
+    assert (run["status"], run["mode"], run["model"], run["prompt"]) == ("done", "isd", "tiny", PROMPT)
+    assert (run["n_rounds"], run["n_tokens"], run["output"]) == (N_ROUNDS, 3, "t0t1t2")
+    assert run["metrics"]["kv_leaked"] == 0 and run["params"] == {"n": 2, "alpha": 0.5}
+    round_events = [e for e in tracer.events if e["type"] == "round"]
+    assert store.rounds(tracer.run_id) == round_events
+    assert store.rounds(tracer.run_id, 1, 2) == round_events[1:2]
+    assert store.rounds(tracer.run_id, start=2) == round_events[2:]
+
+
+def test_kv_intervals(store: Store) -> None:
+    tracer = record_run(store)
+    last = N_ROUNDS - 1
+    expected = [(0, 0, 0, last, "finished"), (1, 1, 0, last, "finished")]
+    expected += [(2 + r, 2 + r, r, last, "finished") for r in range(N_ROUNDS)]
+    expected += [(DRAFT_SLOT, 3 + r, r, r, "rejected") for r in range(N_ROUNDS)]
+    got = [(iv["slot"], iv["position"], iv["alloc_round"], iv["free_round"], iv["end_reason"])
+           for iv in store.kv_intervals(tracer.run_id)]
+    assert got == expected
+
+    leaky = start(store.record)
+    play_round(leaky, 0)
+    leaky.emit("run_end", {"status": "error", "output_ids": [], "text": "", "metrics": {}})
+    open_ = [iv for iv in store.kv_intervals(leaky.run_id) if iv["free_round"] is None]
+    assert [(iv["slot"], iv["end_reason"], iv["free_seq"]) for iv in open_] == [(0, None, None), (1, None, None),
+                                                                                (2, None, None)]
+
+
+def test_list_filter_delete_cascades(store: Store) -> None:
+    a = record_run(store, mode="isd")
+    b = record_run(store, mode="linear_spec", status="cancelled")
+    c = record_run(store, mode="isd")
+    store.create_comparison("isd vs linear", PROMPT, [a.run_id, b.run_id])
+    assert [r["run_id"] for r in store.list_runs()] == [c.run_id, b.run_id, a.run_id]
+    assert [r["run_id"] for r in store.list_runs(mode="isd")] == [c.run_id, a.run_id]
+    assert [r["run_id"] for r in store.list_runs(status="cancelled")] == [b.run_id]
+    assert [r["run_id"] for r in store.list_runs(limit=1, offset=1)] == [b.run_id]
+    assert store.list_runs(mode="isd", status="cancelled") == []
+
+    assert store.delete_run(a.run_id) is True
+    assert store.get_run(a.run_id) is None and store.events(a.run_id) == []
+    for model in (Event, Round, KVInterval, ComparisonRun):
+        assert count(store, model, a.run_id) == 0
+    assert count(store, Event, b.run_id) == len(b.events)
+    comparison = store.list_comparisons()[0]
+    assert comparison["run_ids"] == [b.run_id]
+    assert store.delete_run(a.run_id) is False
+
+
+def test_reopen_keeps_runs_and_marks_interrupted(tmp_path: Path) -> None:
+    db = url(tmp_path / "crash.db")
+    first = Store(db, batch_size=4)
+    done = record_run(first)
+    crashed = start(first.record)
+    play_round(crashed, 0)
+    first.flush()
+    crashed.kv(KVEvent("alloc", [5], [5], 1))  # still buffered when the process "dies": never written
+    first.engine.dispose()
+
+    with Store(db) as second:
+        assert second.get_run(done.run_id)["status"] == "done"
+        assert second.events(done.run_id) == done.events
+        assert second.get_run(crashed.run_id)["status"] == "running"
+        live = start(second.record)
+        assert second.mark_interrupted() == [crashed.run_id]
+        assert second.mark_interrupted() == []
+        assert second.events(crashed.run_id) == crashed.events[:-1]
+        run = second.get_run(crashed.run_id)
+        assert (run["status"], run["n_rounds"], run["metrics"]) == ("interrupted", 1, None)
+        assert [r["round"] for r in second.rounds(crashed.run_id)] == [0]
+        assert second.get_run(live.run_id)["status"] == "running"
+
+
+def test_locked_database_loses_no_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "locked.db"
+    backoffs: list[float] = []
+    monkeypatch.setattr(retry, "sleep", lambda s: (backoffs.append(s), time.sleep(s)))
+    with Store(url(path), batch_size=2, busy_timeout_ms=50) as store:
+        tracer = start(store.record)
+        locked, release = threading.Event(), 0.5
+
+        def hold_write_lock() -> None:
+            conn = sqlite3.connect(path, isolation_level=None)
+            conn.execute("BEGIN IMMEDIATE")
+            locked.set()
+            time.sleep(release)
+            conn.execute("COMMIT")
+            conn.close()
+
+        holder = threading.Thread(target=hold_write_lock)
+        holder.start()
+        locked.wait(5)
+        began = time.perf_counter()
+        for r in range(N_ROUNDS):
+            play_round(tracer, r)
+        finish(tracer)
+        holder.join()
+        assert time.perf_counter() - began >= release * 0.8
+        assert backoffs, "the write should have been retried"
+        assert store.events(tracer.run_id) == tracer.events
+        assert store.get_run(tracer.run_id)["status"] == "done"
+
+
+def test_export_import_round_trip(store: Store, tmp_path: Path) -> None:
+    tracer = record_run(store)
+    data = json.loads(json.dumps(export_json(store, tracer.run_id), allow_nan=False))
+    assert data["schema"] == 1 and data["events"] == tracer.events
+    with Store(url(tmp_path / "fresh.db")) as fresh:
+        assert import_json(fresh, data) == tracer.run_id
+        assert export_json(fresh, tracer.run_id) == data
+        assert fresh.rounds(tracer.run_id) == store.rounds(tracer.run_id)
+        assert fresh.kv_intervals(tracer.run_id) == store.kv_intervals(tracer.run_id)
+        with pytest.raises(RunExistsError):
+            import_json(fresh, data)
+        with pytest.raises(DocumentError):
+            import_json(fresh, {"schema": 2, "run": data["run"], "events": data["events"]})
+        with pytest.raises(DocumentError):
+            import_json(fresh, {"schema": 1, "run": {"run_id": "r_x"}, "events": []})
+        other = json.loads(json.dumps(data).replace(tracer.run_id, "r_other"))
+        del other["events"][3]
+        with pytest.raises(SeqGapError):
+            import_json(fresh, other)
+        assert fresh.get_run("r_other") is None
+    with pytest.raises(UnknownRunError):
+        export_json(store, "r_missing")
+
+
+def assert_nested(slices: list[dict[str, Any]]) -> None:
+    """Slices on one track must nest or be disjoint."""
+    stack: list[int] = []
+    for s in sorted(slices, key=lambda s: (s["ts"], -s["dur"])):
+        while stack and stack[-1] <= s["ts"]:
+            stack.pop()
+        assert not stack or s["ts"] + s["dur"] <= stack[-1], f"{s['name']} overlaps its neighbour"
+        stack.append(s["ts"] + s["dur"])
+
+
+def test_perfetto_structure(store: Store) -> None:
+    tracer = record_run(store)
+    trace = export_perfetto(store, tracer.run_id)
+    json.dumps(trace, allow_nan=False)
+    assert trace["displayTimeUnit"] == "ms"
+    events = trace["traceEvents"]
+    for e in events:
+        assert {"ts", "ph", "pid", "tid", "name"} <= e.keys()
+        assert isinstance(e["ts"], int) and e["ts"] >= 0
+    tracks: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+            tracks[e["pid"], e["tid"]].append(e)
+    for slices in tracks.values():
+        assert_nested(slices)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert set(tracks) <= set(names)
+    assert names[1, 100 + DRAFT_SLOT] == f"KV slot {DRAFT_SLOT}"
+    assert [e["name"] for e in events if e["name"] == "process_name"] == ["process_name"]
+
+    rounds = [e for e in events if e.get("cat") == "round"]
+    phases = [e for e in events if e.get("cat") == "phase"]
+    assert [e["name"] for e in rounds] == [f"round {r}" for r in range(N_ROUNDS)]
+    assert [e["name"] for e in phases] == ["draft", "verify"] * N_ROUNDS
+    for i, phase in enumerate(phases):
+        parent = rounds[i // 2]
+        assert parent["ts"] <= phase["ts"] and phase["ts"] + phase["dur"] <= parent["ts"] + parent["dur"]
+    assert len(tracks[1, 100 + DRAFT_SLOT]) == N_ROUNDS
+
+    counters = [e for e in events if e["ph"] == "C"]
+    assert {e["name"] for e in counters} == {"accepted_len", "kv_slots_in_use"}
+    assert all(math.isfinite(v) for e in counters for v in e["args"].values())
+    in_use = [e["args"]["kv_slots_in_use"] for e in counters if e["name"] == "kv_slots_in_use"]
+    assert max(in_use) == 6 and in_use[-1] == 0  # 2 prompt slots + 3 accepted + 1 draft
+    instants = [e for e in events if e["ph"] == "i"]
+    assert [(e["args"]["round"], e["args"]["indices"]) for e in instants] == [(r, [1]) for r in range(N_ROUNDS)]
+
+
+def test_comparisons_round_trip(store: Store) -> None:
+    a, b = record_run(store, mode="isd"), record_run(store, mode="linear_spec")
+    cid = store.create_comparison("greedy modes", PROMPT, [b.run_id, a.run_id])
+    comparison = store.get_comparison(cid)
+    assert comparison is not None
+    assert (comparison["label"], comparison["prompt"], comparison["run_ids"]) == ("greedy modes", PROMPT,
+                                                                                 [b.run_id, a.run_id])
+    assert store.list_comparisons() == [comparison]
+    assert store.get_comparison("c_missing") is None
+    with pytest.raises(UnknownRunError):
+        store.create_comparison("x", PROMPT, [a.run_id, "r_missing"])
+    with pytest.raises(ValueError, match="prompt"):
+        store.create_comparison("x", "another prompt", [a.run_id])
+    with pytest.raises(ValueError):
+        store.create_comparison("x", PROMPT, [a.run_id, a.run_id])
+
+
+def test_gap_or_duplicate_seq_raises(store: Store) -> None:
+    tracer = start(lambda e: None)
+    store.begin_run(tracer.events[0])
+    store.add_events(tracer.events[1:3])
+    with pytest.raises(DuplicateSeqError):
+        store.add_events([tracer.events[2]])
+    play_round(tracer, 0)
+    with pytest.raises(SeqGapError):
+        store.add_events([tracer.events[4]])
+    with pytest.raises(UnknownRunError):
+        store.add_events([{**tracer.events[3], "run_id": "r_unknown"}])
+    with pytest.raises(TraceError):
+        store.add_events([{**tracer.events[3], "type": "bogus"}])
+    with pytest.raises(TraceError, match="strict JSON"):
+        store.add_events([{**tracer.events[3], "slots": [float("nan")]}])
+    with pytest.raises(SeqGapError):
+        store.begin_run({**tracer.events[0], "run_id": "r_late", "seq": 1})
+    with pytest.raises(RunExistsError):
+        store.begin_run(tracer.events[0])
+    store.add_events(tracer.events[3:])
+    finish(tracer)
+    store.add_events(tracer.events[-2:-1])
+    with pytest.raises(TraceError):
+        store.add_events(tracer.events[-1:])  # run_end goes to end_run
+    store.end_run(tracer.events[-1])
+    assert store.events(tracer.run_id) == tracer.events
+    with pytest.raises(UnknownRunError):
+        store.add_events([{**tracer.events[-2], "seq": len(tracer.events)}])
