@@ -20,4 +20,5 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy backend/model/checkpoint.py backend/engine/engine.py backend/tracing.py
+	$(VENV)/bin/mypy backend/engine backend/tracing.py backend/model/checkpoint.py backend/model/config.py \
+		backend/model/transformer.py backend/bench.py

@@ -5,7 +5,7 @@ from backend.engine.engine import Engine
 from backend.engine.params import ParamError
 from backend.tracing import RecordingTracer
 
-MODES = ["ar", "block_diffusion", "linear_spec"]
+MODES = ["ar", "block_diffusion", "linear_spec", "isd"]
 
 
 def replay_kv(events):

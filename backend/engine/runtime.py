@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -26,6 +26,13 @@ class Runtime:
         param = next(self.model.parameters())
         self.device = param.device
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
+
+    @property
+    def mask(self) -> int:
+        """The mask token id; modes that need it refuse to start (Mode.check) when the model has none."""
+        if self.mask_id is None:
+            raise RuntimeError("this model has no mask token")
+        return self.mask_id
 
     # -- slots ---------------------------------------------------------------------------------------
     def alloc(self, req: Request, positions: Sequence[int]) -> list[int]:
@@ -60,16 +67,18 @@ class Runtime:
     # -- forwards ------------------------------------------------------------------------------------
     def forward(self, reqs: list[Request], ids: Tensor, start: Sequence[int], attn: str, *,
                 kind: str, write: list[list[int]] | None = None, lora: bool = False,
-                kv_op: str = "write", mask: Tensor | None = None) -> Tensor:
+                kv_op: str = "write", mask: Tensor | None = None, model: Callable[..., Tensor] | None = None
+                ) -> Tensor:
         """Logits [R, Q, V] of query rows ids [R, Q]; row r sits at positions start[r].. and attends to
-        reqs[r]'s committed prefix. `write` gives each row's slots (None = read-only forward).
+        reqs[r]'s committed prefix. `write` gives each row's slots (None = read-only forward). `model`
+        replaces the model's own forward (same signature), e.g. SpecFold's folded multi-branch forward.
         One call is one forward on the critical path: +1 NFE for each distinct request (not for prefill)."""
         t0 = time.perf_counter()
         rows, q = ids.shape
         positions = torch.tensor(start, device=self.device)[:, None] + torch.arange(q, device=self.device)
         kv = self._context(reqs, write)
         with torch.inference_mode():
-            logits = self.model(ids.to(self.device), positions, attn=attn, kv=kv, mask=mask, lora=lora)
+            logits = (model or self.model)(ids.to(self.device), positions, attn=attn, kv=kv, mask=mask, lora=lora)
         ms = (time.perf_counter() - t0) * 1000
         for req in {id(r): r for r in reqs}.values():
             if kind != "prefill":

@@ -101,25 +101,26 @@ def tri_stream_mask(t: int, bd_block: int, idlm_block: int) -> Tensor:
     return torch.cat([torch.cat(r, dim=1) for r in rows], dim=0)
 
 
-def task_row(tokenizer, rng: random.Random, t: int) -> list[int]:
-    """Train-split chat tasks packed back to back until T tokens."""
+def task_row(tokenizer, rng: random.Random, t: int, split: str = "train") -> list[int]:
+    """Chat tasks of one split packed back to back until T tokens."""
     ids: list[int] = []
     kinds = list(tasks.GENERATORS)
     while len(ids) < t:
         prompt, answer = tasks.GENERATORS[rng.choice(kinds)](rng)
-        if tasks.split_of(prompt) == "train":
+        if tasks.split_of(prompt) == split:
             ids += tokenizer(chat_text(prompt, answer), add_special_tokens=False)["input_ids"]
     return ids[:t]
 
 
-def make_batch(tokenizer, stream: np.ndarray, spec: BatchSpec, seed: int, step: int, mask_id: int) -> TriBatch:
-    """The batch of one training step, a pure function of (seed, step)."""
+def make_batch(tokenizer, stream: np.ndarray, spec: BatchSpec, seed: int, step: int, mask_id: int,
+               split: str = "train") -> TriBatch:
+    """The batch of one training step, a pure function of (seed, step); `stream` and tasks from `split`."""
     rng = random.Random(f"{seed}:{step}")
     t = spec.seq_len
     rows = []
     for _ in range(spec.batch_size):
         if rng.random() < spec.task_fraction:
-            rows.append(task_row(tokenizer, rng, t))
+            rows.append(task_row(tokenizer, rng, t, split))
         else:
             start = rng.randrange(0, len(stream) - t)
             rows.append(stream[start:start + t].tolist())

@@ -24,6 +24,11 @@ def get_mode(name: str) -> Mode:
     return REGISTRY[name]()
 
 
+def mode_names() -> list[str]:
+    _load_all()
+    return sorted(REGISTRY)
+
+
 def param_specs(mode: Mode) -> tuple[Param, ...]:
     return COMMON_PARAMS + mode.params
 
@@ -31,7 +36,7 @@ def param_specs(mode: Mode) -> tuple[Param, ...]:
 def describe_modes() -> list[dict]:
     """Registry + parameter schema, as served by GET /api/modes."""
     _load_all()
-    return [{"name": name, "summary": cls.summary, "nfe": cls.nfe_note,
+    return [{"name": name, "summary": cls.summary, "nfe": cls.nfe_note, "lossless_vs": cls.lossless_vs,
              "params": [p.schema() for p in param_specs(cls())]} for name, cls in sorted(REGISTRY.items())]
 
 

@@ -47,6 +47,8 @@ class Mode:
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     nfe_note: ClassVar[str] = ""
+    lossless_vs: ClassVar[str | None] = None
+    """The mode whose greedy output this one must reproduce token for token, if any."""
     params: ClassVar[tuple[Param, ...]] = ()
     needs_mask: ClassVar[bool] = True
     batchable: ClassVar[bool] = False

@@ -63,12 +63,22 @@ def unmask_step(block: list[int], guess: list[int], conf: list[float], eligible:
     return chosen
 
 
+def block_logits(req: Request, rt: Runtime, block: list[int], start: int, kind: str,
+                 lora: bool = False) -> torch.Tensor:
+    """Logits [B, V] of one read-only `block`-attention forward of a block state."""
+    return rt.forward([req], torch.tensor([block]), [start], "block", kind=kind, lora=lora)[0]
+
+
+def guesses(req: Request, rt: Runtime, logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    """Per block position i >= 1 the guessed token (from logits[i-1]) and its probability."""
+    ids, probs = rt.pick(req, logits[:-1])
+    return [0] + ids.tolist(), [0.0] + probs.tolist()
+
+
 def denoise(req: Request, rt: Runtime, block: list[int], start: int, kind: str,
             lora: bool = False) -> tuple[list[int], list[float]]:
     """One read-only `block` forward: per position i >= 1, the guess for i and its probability."""
-    logits = rt.forward([req], torch.tensor([block]), [start], "block", kind=kind, lora=lora)[0]
-    ids, probs = rt.pick(req, logits[:-1])
-    return [0] + ids.tolist(), [0.0] + probs.tolist()
+    return guesses(req, rt, block_logits(req, rt, block, start, kind, lora))
 
 
 def finished_prefix(block: list[int], mask_id: int, eos_id: int | None, need: int) -> int | None:
@@ -99,21 +109,25 @@ class BlockDiffusion(Mode):
         st: BlockState = req.state
         size = req.block_size or req.params["block_size"]
         if not st.active:
-            st.start, st.tokens = req.cached, [req.tokens[-1]] + [rt.mask_id] * (size - 1)
+            st.start, st.tokens = req.cached, [req.tokens[-1]] + [rt.mask] * (size - 1)
         block = st.tokens
         before = list(block)
-        guess, conf = denoise(req, rt, block, st.start, "denoise")
+        guess, conf = guesses(req, rt, self.denoise_logits(req, rt, st))
         chosen = unmask_step(block, guess, conf,
-                             candidates(block, rt.mask_id, req.params["sub_block"]), req.params["threshold"])
+                             candidates(block, rt.mask, req.params["sub_block"]), req.params["threshold"])
         need = req.params["max_new_tokens"] - len(req.generated)
-        stop_at = finished_prefix(block, rt.mask_id, req.eos_id, need)
+        stop_at = finished_prefix(block, rt.mask, req.eos_id, need)
         view = self._view(req, rt, before, block, guess, conf, chosen) if req.tracer.enabled else None
         if stop_at is not None:
             st.start = -1
             return RoundResult(block[1:stop_at + 1], len(chosen), view=view)
-        if rt.mask_id in block:
+        if rt.mask in block:
             return RoundResult([], len(chosen), view=view)
         return self._refresh(req, rt, st, len(chosen), view)
+
+    def denoise_logits(self, req: Request, rt: Runtime, st: BlockState) -> torch.Tensor:
+        """Logits of the current block state; multi-branch modes override this (cache, batched verify)."""
+        return block_logits(req, rt, st.tokens, st.start, "denoise")
 
     def _refresh(self, req: Request, rt: Runtime, st: BlockState, accepted: int,
                  view: RoundView | None) -> RoundResult:
@@ -142,7 +156,7 @@ class BlockDiffusion(Mode):
             elif i in chosen:
                 states.append("accepted")
             else:
-                states.append("mask" if tok == rt.mask_id else "committed")
-            shown_conf.append(conf[i] if i and before[i] == rt.mask_id else None)
+                states.append("mask" if tok == rt.mask else "committed")
+            shown_conf.append(conf[i] if i and before[i] == rt.mask else None)
         return RoundView(req.state.start, list(block), states, shown_conf,
                          extra={"guess": guess[1:], "threshold": req.params["threshold"]})

@@ -23,6 +23,7 @@ class LinearSpec(Mode):
     name = "linear_spec"
     summary = "linear self-speculation: bidirectional draft, causal verify, longest prefix + bonus"
     nfe_note = "draft passes + 1 verify per round; prefill not counted"
+    lossless_vs = "ar"
     params = (
         Param("block_size", int, 16, 2, 256, "positions per draft block, seed included"),
         Param("threshold", float, 0.0, 0.0, 1.0, "0: one draft pass fills all masks; >0: iterative"),
@@ -35,12 +36,12 @@ class LinearSpec(Mode):
     def round(self, req: Request, rt: Runtime) -> RoundResult:
         size = req.block_size or req.params["block_size"]
         start = req.cached
-        block = [req.tokens[-1]] + [rt.mask_id] * (size - 1)
+        block = [req.tokens[-1]] + [rt.mask] * (size - 1)
         conf: list[float | None] = [None] * size
         lora = req.params["lora"] and rt.model.has_lora
-        while rt.mask_id in block:
+        while rt.mask in block:
             guess, probs = denoise(req, rt, block, start, "draft", lora)
-            eligible = candidates(block, rt.mask_id, 0)
+            eligible = candidates(block, rt.mask, 0)
             threshold = req.params["threshold"]
             chosen = unmask_step(block, guess, probs, eligible, threshold if threshold > 0 else 0.0)
             for i in chosen:

@@ -1,0 +1,178 @@
+"""`isd`: I-DLM introspective strided decoding, Block-N (blk = 2N-1), one causal forward per round.
+
+Verify round  [pending, spec0 .. spec(N-2), M x (N-1)]: specs are checked left to right against the clean
+logits (greedy: spec == argmax p; T > 0: accept with min(1, p / (alpha q)), correction drawn from
+norm(max(0, p - q))). All accepted (case V): emit the N-1 specs + the clean token, keep the new specs the
+masks drafted. Reject at spec i (case R): emit the i accepted specs + the correction, discard this round's
+drafts; the next round is a cold start on the correction. Cold start (case C) [t0, M x (2N-2)]: emit the
+clean token and keep N-1 new specs. MASK KV never stays: V frees N-1 slots, R frees (N-1-i) + (N-1),
+C frees 2N-2. The pending / t0 token is the last emitted one, whose KV this round writes.
+NFE = one forward per round; prefill not counted.
+
+Deviation from the I-DLM code: at T > 0 the specs are *drawn* from q (I-DLM takes argmax), which makes
+the p/q rule exact speculative sampling; at T = 0 both are argmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from backend.engine.modes import register
+from backend.engine.modes.base import Mode, RoundResult, RoundView, SlotRelease
+from backend.engine.params import Param, ParamError
+from backend.engine.request import Request
+from backend.engine.runtime import Runtime
+
+
+@dataclass
+class ISDState:
+    specs: list[int] = field(default_factory=list)   # drafts awaiting verification (empty: cold start)
+    draft_q: Tensor | None = None                   # [N-1, V] draft distributions of the specs
+    cases: dict[str, int] = field(default_factory=lambda: {"V": 0, "R": 0, "C": 0})
+    accepted_specs: int = 0
+
+
+@dataclass
+class Verdict:
+    accepted: int                 # specs accepted before the first reject (all of them if none)
+    correction: int | None        # replacement token at the first reject
+    pq: list[dict]
+
+
+def verify_specs(specs: list[int], logits: Tensor, draft_q: Tensor, req: Request, rt: Runtime,
+                 alpha: float) -> Verdict:
+    """Left-to-right check of specs against clean logits [K, V] (logits[i] predicts spec i)."""
+    t = req.temperature
+    logits = logits.float().clone()
+    logits[:, rt.mask] = float("-inf")
+    p = torch.softmax(logits / t if t > 0 else logits, dim=-1)
+    pq = []
+    for i, spec in enumerate(specs):
+        p_x, q_x = float(p[i, spec]), float(draft_q[i, spec])
+        if t > 0:
+            ratio = p_x / (alpha * q_x) if alpha * q_x > 0 else float("inf")
+            ok = ratio >= 1 or float(torch.rand((), generator=req.generator)) < ratio
+        else:
+            ok = spec == int(logits[i].argmax())
+        pq.append({"i": i, "token": spec, "p": p_x, "q": q_x, "accepted": ok})
+        if not ok:
+            return Verdict(i, correction(p[i], draft_q[i], req), pq)
+    return Verdict(len(specs), None, pq)
+
+
+def correction(p: Tensor, q: Tensor, req: Request) -> int:
+    """The replacement token: argmax p (greedy) or a draw from norm(max(0, p - q)), falling back to p."""
+    if req.temperature <= 0:
+        return int(p.argmax())
+    residual = (p - q).clamp(min=0)
+    dist = residual if residual.sum() > 0 else p
+    return int(torch.multinomial(dist / dist.sum(), 1, generator=req.generator))
+
+
+@register
+class ISD(Mode):
+    name = "isd"
+    summary = "I-DLM introspective strided decoding: verify N-1 specs and draft N-1 more in one causal pass"
+    nfe_note = "one forward per round; prefill not counted"
+    lossless_vs = "ar"
+    params = (
+        Param("n", int, 4, 2, 8, "Block-N: tokens per all-accept round; blk = 2N-1"),
+        Param("alpha", float, 1.0, 0.0, 10.0, "p/q acceptance slack at T > 0 (1 = exact)"),
+    )
+
+    def check(self, params: dict, rt: Runtime) -> None:
+        if rt.mask_id is None:
+            raise ParamError("this model has no mask token; isd needs one (mask_token_id)")
+
+    def extra_positions(self, params: dict) -> int:
+        return 2 * params["n"]
+
+    def start(self, req: Request, rt: Runtime) -> None:
+        req.state = ISDState()
+
+    def metrics(self, req: Request) -> dict:
+        st: ISDState = req.state
+        verify_rounds = st.cases["V"] + st.cases["R"]
+        return {**{f"case_{k}": v for k, v in st.cases.items()},
+                "mean_accepted_specs": st.accepted_specs / verify_rounds if verify_rounds else None}
+
+    def round(self, req: Request, rt: Runtime) -> RoundResult:
+        st: ISDState = req.state
+        n = req.params["n"]
+        k = n - 1
+        start = req.cached
+        block = [req.tokens[-1]] + (st.specs if st.specs else [rt.mask] * k) + [rt.mask] * k
+        slots = rt.alloc(req, range(start, start + len(block)))
+        logits = rt.forward([req], torch.tensor([block]), [start], "strict_causal", kind="verify",
+                            write=[slots])[0]
+        if not st.specs:
+            return self._cold_start(req, rt, st, logits, slots, start, block)
+        assert st.draft_q is not None, "specs without draft distributions"
+        verdict = verify_specs(st.specs, logits[:k], st.draft_q, req, rt, req.params["alpha"])
+        st.accepted_specs += verdict.accepted
+        if verdict.correction is None:
+            return self._all_accepted(req, rt, st, logits, slots, start, block, verdict)
+        return self._rejected(req, st, slots, start, block, verdict, verdict.correction)
+
+    def _draft(self, req: Request, rt: Runtime, st: ISDState, mask_logits: Tensor) -> None:
+        """New specs and their draft distributions from the logits of N-1 masks."""
+        st.specs = rt.pick(req, mask_logits)[0].tolist()
+        t = req.temperature
+        masked = mask_logits.float().clone()
+        masked[:, rt.mask] = float("-inf")
+        st.draft_q = torch.softmax(masked / t if t > 0 else masked, dim=-1)
+
+    def _cold_start(self, req: Request, rt: Runtime, st: ISDState, logits: Tensor, slots: list[int],
+                    start: int, block: list[int]) -> RoundResult:
+        n = req.params["n"]
+        clean, p_clean = rt.pick(req, logits[0])
+        self._draft(req, rt, st, logits[1:n])
+        st.cases["C"] += 1
+        release = SlotRelease(slots[1:], list(range(start + 1, start + len(block))), "mask")
+        view = None
+        if req.tracer.enabled:
+            tokens = [block[0], int(clean)] + st.specs + [rt.mask] * (len(block) - n)
+            states = ["pending", "bonus"] + ["draft"] * (n - 1) + ["padding"] * (len(block) - n)
+            view = RoundView(start, tokens, states, [None, float(p_clean)] + [None] * (len(tokens) - 2),
+                             case="C", extra={"n": n, "trim": len(block) - 1})
+        return RoundResult([int(clean)], 1, commit=slots[:1], free=[release], view=view)
+
+    def _all_accepted(self, req: Request, rt: Runtime, st: ISDState, logits: Tensor, slots: list[int],
+                      start: int, block: list[int], verdict: Verdict) -> RoundResult:
+        n = req.params["n"]
+        k = n - 1
+        specs = st.specs
+        clean, p_clean = rt.pick(req, logits[k])
+        self._draft(req, rt, st, logits[n:])
+        st.cases["V"] += 1
+        release = SlotRelease(slots[n:], list(range(start + n, start + len(block))), "mask")
+        view = None
+        if req.tracer.enabled:
+            tokens = [block[0]] + specs + [int(clean)] + st.specs
+            states = ["pending"] + ["accepted"] * k + ["bonus"] + ["draft"] * k
+            view = RoundView(start, tokens, states, [None] * k + [None, float(p_clean)] + [None] * k,
+                             case="V", pq=verdict.pq, extra={"n": n, "trim": k})
+        return RoundResult(specs + [int(clean)], n, commit=slots[:n], free=[release], view=view)
+
+    def _rejected(self, req: Request, st: ISDState, slots: list[int], start: int, block: list[int],
+                  verdict: Verdict, fix: int) -> RoundResult:
+        n = req.params["n"]
+        k = n - 1
+        i = verdict.accepted
+        specs = st.specs
+        st.specs, st.draft_q = [], None
+        st.cases["R"] += 1
+        keep = 1 + i
+        rejected = SlotRelease(slots[keep:n], list(range(start + keep, start + n)), "rejected")
+        masks = SlotRelease(slots[n:], list(range(start + n, start + len(block))), "mask")
+        view = None
+        if req.tracer.enabled:
+            tokens = [block[0]] + specs[:i] + [fix] + specs[i + 1:] + [block[-1]] * k
+            states = (["pending"] + ["accepted"] * i + ["bonus"] + ["rejected"] * (k - i - 1)
+                      + ["padding"] * k)
+            view = RoundView(start, tokens, states, None, case="R", pq=verdict.pq,
+                             extra={"n": n, "trim": (k - i) + k, "replaced_draft": specs[i]})
+        return RoundResult(specs[:i] + [fix], i + 1, commit=slots[:keep],
+                           free=[rejected, masks], view=view)

@@ -1,0 +1,91 @@
+"""ISD (I-DLM Block-N): lossless vs ar, per-case KV trim counts, the p/q verification rule."""
+import pytest
+import torch
+
+from backend.engine.modes.isd import correction, verify_specs
+from backend.engine.request import Request
+from backend.tracing import RecordingTracer
+
+
+def test_greedy_isd_is_token_identical_to_ar(engine, heldout_prompts):
+    assert len(heldout_prompts) >= 30
+    for prompt in heldout_prompts:
+        ar = engine.generate(prompt, "ar", {"max_new_tokens": 32})
+        for n in (2, 4, 8) if prompt == heldout_prompts[0] else (4,):
+            res = engine.generate(prompt, "isd", {"max_new_tokens": 32, "n": n})
+            assert res.output_ids == ar.output_ids, (prompt, n)
+    assert engine.rt.pool.used == 0
+
+
+@pytest.mark.parametrize("n", [2, 4, 5])
+def test_trim_counts_follow_the_case_table(engine, heldout_prompts, n):
+    """V frees N-1 mask slots; R at spec i frees (N-1-i) rejected + (N-1) mask; C frees 2N-2 mask."""
+    seen = set()
+    for prompt in heldout_prompts[::3]:
+        tracer = RecordingTracer()
+        engine.generate(prompt, "isd", {"max_new_tokens": 40, "n": n}, tracer=tracer)
+        kv = [e for e in tracer.events if e["type"] == "kv"]
+        for r in (e for e in tracer.events if e["type"] == "round" and e["case"]):
+            frees = [e for e in kv if e["op"] == "free" and e["round"] == r["round"]]
+            count = {reason: sum(len(e["slots"]) for e in frees if e["reason"] == reason)
+                     for reason in ("mask", "rejected")}
+            allocs = sum(len(e["slots"]) for e in kv if e["op"] == "alloc" and e["round"] == r["round"])
+            commits = sum(len(e["slots"]) for e in kv if e["op"] == "commit" and e["round"] == r["round"])
+            assert allocs == 2 * n - 1
+            if r["case"] == "V":
+                assert count == {"mask": n - 1, "rejected": 0} and commits == n
+            elif r["case"] == "C":
+                assert count == {"mask": 2 * n - 2, "rejected": 0} and commits == 1
+            else:
+                i = r["accepted_len"] - 1
+                assert count == {"mask": n - 1, "rejected": n - 1 - i} and commits == 1 + i
+            assert r["extra"]["trim"] == count["mask"] + count["rejected"]
+            assert allocs - commits == r["extra"]["trim"]
+            seen.add(r["case"])
+    assert {"C", "R"} <= seen
+
+
+def _req(temperature: float, seed: int = 0) -> Request:
+    return Request("r", [1], None, {"temperature": temperature, "seed": seed}, None)
+
+
+class _RT:
+    """Just what verify_specs reads from the runtime."""
+    mask_id = 0
+
+
+def test_pq_rule_accepts_when_p_matches_q_and_corrects_from_the_residual():
+    vocab = 6
+    specs = [2, 3]
+    logits = torch.full((2, vocab), -1e4)
+    logits[0, 2] = 0.0                       # p puts all mass on token 2 at spec 0
+    logits[1, 4] = 0.0                       # ... and on token 4 at spec 1
+    q = torch.zeros(2, vocab)
+    q[0, 2] = 1.0                            # q = p at spec 0: always accept
+    q[1, 3], q[1, 4] = 0.5, 0.5              # spec 1 = 3 has p = 0: always reject
+    req = _req(1.0)
+    v = verify_specs(specs, logits, q, req, _RT(), alpha=1.0)
+    assert v.accepted == 1 and [x["accepted"] for x in v.pq] == [True, False]
+    assert v.correction == 4                 # the only token where p - q > 0
+    everything = verify_specs(specs, logits, q, req, _RT(), alpha=0.0)
+    assert everything.accepted == 2 and everything.correction is None
+
+
+def test_greedy_verify_is_argmax_equality():
+    logits = torch.tensor([[0.0, 1.0, 3.0, 2.0], [0.0, 5.0, 1.0, 1.0]])
+    q = torch.full((2, 4), 0.25)
+    v = verify_specs([2, 3], logits, q, _req(0.0), _RT(), alpha=1.0)
+    assert v.accepted == 1 and v.correction == 1
+
+
+def test_correction_falls_back_to_p_when_residual_is_empty():
+    p = torch.tensor([0.0, 0.5, 0.5])
+    req = _req(1.0, seed=3)
+    assert correction(p, p.clone(), req) in (1, 2)
+
+
+def test_sampled_isd_is_seeded_and_frees_kv(engine, heldout_prompts):
+    p = {"max_new_tokens": 24, "temperature": 0.9, "seed": 5, "n": 4}
+    a = engine.generate(heldout_prompts[2], "isd", p)
+    b = engine.generate(heldout_prompts[2], "isd", p)
+    assert a.output_ids == b.output_ids and a.metrics["kv_leaked"] == 0
