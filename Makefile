@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/specscope run --mode linear_spec "What is 12 + 30?"
+	$(VENV)/bin/specscope serve --host 127.0.0.1 --port 7860
 
 test: $(STAMP)
 	$(PY) -m pytest -q

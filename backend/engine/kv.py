@@ -71,6 +71,10 @@ class KVPool:
         if self._held[owner] == 0:
             del self._held[owner]
 
+    def forget(self, owner: str) -> int:
+        """Drop a finished owner's bookkeeping; returns its peak slot count."""
+        return self.peak_by_owner.pop(owner, 0)
+
     def check(self) -> None:
         """Pool invariants: every slot is either free or owned, never both, never twice."""
         free = set(self._free)

@@ -38,6 +38,7 @@ class Request:
     accept_lens: list[int] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
     block_size: int | None = None
+    kv_peak: int = 0
     error: str | None = None
     text: str = ""
     generator: torch.Generator | None = None

@@ -175,6 +175,7 @@ class Scheduler:
     def finish(self, req: Request, status: str) -> None:
         """Free every slot, emit run_end with metrics, mark the request finished."""
         self.rt.release_all(req, FREE_REASON[status])
+        req.kv_peak = self.rt.pool.forget(req.rid)
         req.status = status
         req.t_end = time.perf_counter()
         if req.tracer.enabled:
@@ -192,7 +193,7 @@ class Scheduler:
             "wall_ms": round(wall, 3), "tok_per_s": tokens / wall * 1000 if wall > 0 else None,
             "accept_len_mean": sum(req.accept_lens) / len(req.accept_lens) if req.accept_lens else None,
             "accept_hist": hist, "fold_ratio": None, "rounds": req.round,
-            "kv_peak": self.rt.pool.peak_by_owner.get(req.rid, 0),
+            "kv_peak": req.kv_peak or self.rt.pool.peak_by_owner.get(req.rid, 0),
             "kv_leaked": len(self.rt.pool.owned_by(req.rid)),
             **req.mode.metrics(req),
         }

@@ -28,6 +28,7 @@ class LoadedModel:
     mask_token_id: int | None
     eos_token_id: int | None
     name: str
+    folder: Path | None = None   # where it was loaded from (mode artefacts such as draft_graph.json live here)
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -174,4 +175,4 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
     if mask_id is None and tok.mask_token is not None:
         mask_id = tok.mask_token_id
     eos_id = model.cfg.eos_token_id if model.cfg.eos_token_id is not None else tok.eos_token_id
-    return LoadedModel(model, tok, mask_id, eos_id, folder.name)
+    return LoadedModel(model, tok, mask_id, eos_id, folder.name, folder)

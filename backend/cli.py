@@ -1,0 +1,306 @@
+"""The `specscope` command: serve, run, compare, export, runs, bench, calibrate.
+
+Heavy imports (torch, the model, FastAPI) happen inside the subcommands that need them, so `specscope runs ls`
+and `--help` stay quick.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tqdm import tqdm
+
+from backend.engine.params import ParamError
+from backend.store import Store, StoreError, export_json, export_perfetto
+from backend.store.db import DEFAULT_URL
+from backend.tracing import RecordingTracer
+
+if TYPE_CHECKING:
+    from backend.engine.engine import Engine, RunResult
+
+Event = dict[str, Any]
+NUMBER = re.compile(r"^(-?\d+(\.\d+)?|-)$")
+
+
+class CLIError(Exception):
+    """A user error: printed as `specscope: error: ...`, exit status 2."""
+
+
+# -- shared helpers --------------------------------------------------------------------------------------------------
+
+def parse_params(pairs: Sequence[str], max_new_tokens: int | None) -> dict[str, Any]:
+    """`k=v` pairs; v is read as JSON when it parses (0.9, 4, true), else kept as a string."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CLIError(f"--param takes key=value, got {pair!r}")
+        try:
+            params[key] = json.loads(value)
+        except ValueError:
+            params[key] = value
+    if max_new_tokens is not None:
+        params["max_new_tokens"] = max_new_tokens
+    return params
+
+
+def load_engine(args: argparse.Namespace) -> Engine:
+    from backend.engine.engine import Engine
+    from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+    return Engine(load_checkpoint(args.model or DEFAULT_CHECKPOINT), num_slots=args.slots)
+
+
+def run_traced(engine: Engine, store: Store | None, prompt: str, mode: str, params: dict[str, Any],
+               on_event: Callable[[Event], None] | None = None) -> RunResult:
+    """One traced run, stored as it goes; Ctrl-C cancels it cleanly (stored as cancelled) and re-raises."""
+    sinks = [s for s in (store.record if store else None, on_event) if s is not None]
+
+    def sink(event: Event) -> None:
+        for s in sinks:
+            s(event)
+
+    req = engine.new_request(prompt, mode, params, RecordingTracer(sink=sink))
+    try:
+        return engine.run([req])[0]
+    except KeyboardInterrupt:
+        req.cancel.set()
+        while engine.scheduler.has_work:
+            engine.scheduler.step()
+        raise
+
+
+def fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def metrics_line(res: RunResult) -> str:
+    m = res.metrics
+    return (f"{res.mode} · {res.status} · {m['tokens']} tokens · NFE {m['nfe']} · TPF {fmt(m['tpf'])} · "
+            f"{fmt(m['tok_per_s'], '.1f')} tok/s · mean accepted {fmt(m['accept_len_mean'])} · "
+            f"KV peak {m['kv_peak']} · {m['wall_ms']:.0f} ms")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Plain-text table; columns holding only numbers (or "-") are right-aligned."""
+    cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    numeric = [all(NUMBER.match(row[i]) for row in cells[1:]) for i in range(len(header))]
+    lines = ("  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric, strict=True))
+             for row in cells)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# -- subcommands -----------------------------------------------------------------------------------------------------
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from backend.server import BindError, check_bind, create_app
+    from backend.server.protocol import MAX_MESSAGE_BYTES
+    try:
+        check_bind(args.host, args.token)
+    except BindError as e:
+        raise CLIError(str(e)) from None
+    if args.token:
+        os.environ["SPECSCOPE_TOKEN"] = args.token  # the mounted UI reaches this server with it
+    store = Store(args.db)
+    app = create_app(load_engine(args), store, token=args.token, ui=not args.no_ui,
+                     backend_url=args.backend or f"ws://127.0.0.1:{args.port}")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, ws_max_size=4 * MAX_MESSAGE_BYTES)
+    finally:
+        store.close()
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    params = parse_params(args.param, args.max_new_tokens)
+    engine = load_engine(args)
+    store = None if args.no_store else Store(args.db)
+
+    def show(event: Event) -> None:
+        if event["type"] == "round" and event["text_delta"]:
+            print(event["text_delta"], end="", flush=True)
+
+    try:
+        res = run_traced(engine, store, args.prompt, args.mode, params, show)
+    finally:
+        if store:
+            store.close()
+    print()
+    print(metrics_line(res))
+    print(f"run {res.run_id}" + (f" stored in {args.db}" if store else " (not stored)"))
+    return 0 if res.status == "done" else 1
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from backend.engine.modes import get_mode, param_specs
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes:
+        raise CLIError("--modes names no mode")
+    declared = {m: {p.name for p in param_specs(get_mode(m))} for m in modes}
+    params = parse_params(args.param, args.max_new_tokens)
+    unused = sorted(set(params) - set().union(*declared.values()))
+    if unused:
+        raise CLIError(f"no mode among {modes} takes parameter(s) {unused}")
+    reference = args.reference or modes[0]
+    if reference not in modes:
+        raise CLIError(f"--reference {reference} is not among --modes")
+
+    engine = load_engine(args)
+    with Store(args.db) as store:
+        results = {}
+        for mode in tqdm(modes, desc="compare", unit="mode", file=sys.stderr):
+            mode_params = {k: v for k, v in params.items() if k in declared[mode]}
+            results[mode] = run_traced(engine, store, args.prompt, mode, mode_params)
+        comparison_id = store.create_comparison(args.label or " vs ".join(modes), args.prompt,
+                                                [r.run_id for r in results.values()])
+    ref_ids = results[reference].output_ids
+    rows = [[mode, r.metrics["nfe"], fmt(r.metrics["tpf"]), fmt(r.metrics["tok_per_s"], ".1f"),
+             fmt(r.metrics["accept_len_mean"]), r.metrics["kv_peak"],
+             "(ref)" if mode == reference else ("yes" if r.output_ids == ref_ids else "no"), r.status, r.run_id]
+            for mode, r in results.items()]
+    print(table(["mode", "NFE", "TPF", "tok/s", "mean acc", "KV peak", f"same as {reference}", "status", "run"],
+                rows))
+    print(f"comparison {comparison_id}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        doc = (export_json if args.format == "json" else export_perfetto)(store, args.run_id)
+    text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
+    if args.output == "-":
+        print(text)
+    else:
+        Path(args.output).write_text(text + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def cmd_runs_ls(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        runs = store.list_runs(args.mode, args.status, args.limit)
+    rows = [[r["run_id"], r["created_at"][:19], r["mode"], r["status"], r["n_tokens"], r["n_rounds"],
+             r["prompt"][:40].replace("\n", " ")] for r in runs]
+    print(table(["run", "created (UTC)", "mode", "status", "tokens", "rounds", "prompt"], rows))
+    return 0
+
+
+def cmd_runs_show(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        run = store.get_run(args.run_id)
+    if run is None:
+        raise CLIError(f"no run {args.run_id}")
+    print(json.dumps(run, indent=2, ensure_ascii=False))
+    return 0
+
+
+def cmd_runs_rm(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        if not store.delete_run(args.run_id):
+            raise CLIError(f"no run {args.run_id}")
+    print(f"deleted {args.run_id}")
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------------------------------
+
+# Subcommands owned by other modules: each has add_arguments(parser) and run(args), imported only when used.
+DELEGATED = {"bench": ("backend.bench", "benchmark the modes on held-out prompts"),
+             "calibrate": ("backend.calibrate", "calibrate the spiffy / specfold draft graph")}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and the subparsers of DELEGATED commands (still without their arguments)."""
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL of the store (default {DEFAULT_URL})")
+    model = argparse.ArgumentParser(add_help=False)
+    model.add_argument("--model", help="checkpoint folder (default: the shipped tiny model)")
+    model.add_argument("--slots", type=int, default=16384, help="KV pool size in slots")
+    gen = argparse.ArgumentParser(add_help=False)
+    gen.add_argument("prompt")
+    gen.add_argument("--param", action="append", default=[], metavar="K=V", help="decoding parameter (repeatable)")
+    gen.add_argument("--max-new-tokens", type=int)
+
+    parser = argparse.ArgumentParser(prog="specscope", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", parents=[db, model], help="serve the UI, REST and websockets")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--token", default=os.environ.get("SPECSCOPE_TOKEN"),
+                   help="bearer token required by every request (default $SPECSCOPE_TOKEN)")
+    p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI")
+    p.add_argument("--backend", help="websocket URL the UI talks to (default ws://127.0.0.1:PORT)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("run", parents=[gen, db, model], help="generate once, streaming text; store the run")
+    p.add_argument("--mode", required=True)
+    p.add_argument("--no-store", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("compare", parents=[gen, db, model], help="run several modes on one prompt")
+    p.add_argument("--modes", default="ar,block_diffusion,linear_spec", help="comma-separated")
+    p.add_argument("--reference", help="mode whose output the others are checked against (default: the first)")
+    p.add_argument("--label")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("export", parents=[db], help="write a stored run as JSON or a Perfetto trace")
+    p.add_argument("run_id")
+    p.add_argument("--format", choices=("json", "perfetto"), default="json")
+    p.add_argument("-o", "--output", default="-", help="file (default: stdout)")
+    p.set_defaults(func=cmd_export)
+
+    runs = sub.add_parser("runs", help="list, show or delete stored runs").add_subparsers(dest="runs_command",
+                                                                                          required=True)
+    p = runs.add_parser("ls", parents=[db])
+    p.add_argument("--mode")
+    p.add_argument("--status")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(func=cmd_runs_ls)
+    for name, func in (("show", cmd_runs_show), ("rm", cmd_runs_rm)):
+        p = runs.add_parser(name, parents=[db])
+        p.add_argument("run_id")
+        p.set_defaults(func=func)
+
+    delegated = {name: sub.add_parser(name, add_help=False, help=f"{help} ({module})")
+                 for name, (module, help) in DELEGATED.items()}
+    return parser, delegated
+
+
+def run_delegated(parser: argparse.ArgumentParser, sub: argparse.ArgumentParser, command: str,
+                  argv: Sequence[str] | None) -> int:
+    try:
+        module = importlib.import_module(DELEGATED[command][0])
+    except ImportError as e:
+        raise CLIError(f"{command} is not available: {e}") from None
+    sub.add_argument("-h", "--help", action="help", help="show this help message and exit")
+    module.add_arguments(sub)
+    module.run(parser.parse_args(argv))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from backend.model.config import CheckpointError
+
+    parser, delegated = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    try:
+        if args.command in delegated:
+            return run_delegated(parser, delegated[args.command], args.command, argv)
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return args.func(args)
+    except (CLIError, ParamError, CheckpointError, StoreError) as e:
+        print(f"specscope: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

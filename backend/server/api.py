@@ -1,0 +1,134 @@
+"""REST under /api: health, modes, vocab, runs (list, get, delete, rounds, KV intervals, export), import, comparisons.
+
+Handlers are plain functions, so FastAPI runs their store reads in its thread pool, off the event loop.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from fastapi import APIRouter, Body, HTTPException, Query, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from backend.engine.engine import Engine
+from backend.engine.modes import describe_modes
+from backend.server.worker import Worker
+from backend.store import (
+    DocumentError,
+    RunExistsError,
+    Store,
+    StoreError,
+    TraceError,
+    UnknownRunError,
+    export_json,
+    export_perfetto,
+    import_json,
+)
+
+Row = dict[str, Any]
+
+
+class NewComparison(BaseModel):
+    label: str = Field("", max_length=256)
+    prompt: str
+    run_ids: list[str] = Field(min_length=1)
+
+
+def api_router(engine: Engine, store: Store, worker: Worker) -> APIRouter:
+    router = APIRouter(prefix="/api")
+    tok = engine.rt.tokenizer
+    pieces = [tok.decode([i]) for i in range(len(tok))]  # now, before the worker thread uses the tokenizer
+
+    def run_or_404(run_id: str) -> Row:
+        run = store.get_run(run_id)
+        if run is None:
+            raise HTTPException(404, f"no run {run_id}")
+        return run
+
+    @router.get("/health")
+    def health() -> Row:
+        pool = engine.rt.pool
+        return {"status": "ok", "model": engine.model_name, "active_runs": worker.active,
+                "pool": {"used": pool.used, "slots": pool.num_slots, "peak": pool.peak}}
+
+    @router.get("/modes")
+    def modes() -> list[Row]:
+        return describe_modes()
+
+    @router.get("/vocab")
+    def vocab() -> Row:
+        """Display text of every token id, as run_start's `pieces` shows the prompt's."""
+        return {"model": engine.model_name, "pieces": pieces}
+
+    @router.get("/runs")
+    def list_runs(mode: str | None = None, status: str | None = None, limit: int = Query(50, ge=1, le=1000),
+                  offset: int = Query(0, ge=0)) -> list[Row]:
+        return store.list_runs(mode, status, limit, offset)
+
+    @router.get("/runs/{run_id}")
+    def get_run(run_id: str) -> Row:
+        return run_or_404(run_id)
+
+    @router.delete("/runs/{run_id}", status_code=204)
+    def delete_run(run_id: str) -> Response:
+        try:
+            deleted = store.delete_run(run_id)
+        except StoreError as e:  # still being recorded
+            raise HTTPException(409, str(e)) from None
+        if not deleted:
+            raise HTTPException(404, f"no run {run_id}")
+        return Response(status_code=204)
+
+    @router.get("/runs/{run_id}/rounds")
+    def rounds(run_id: str, start: int = Query(0, ge=0), stop: int | None = Query(None, ge=0)) -> list[Row]:
+        run_or_404(run_id)
+        return store.rounds(run_id, start, stop)
+
+    @router.get("/runs/{run_id}/kv")
+    def kv(run_id: str) -> list[Row]:
+        run_or_404(run_id)
+        return store.kv_intervals(run_id)
+
+    @router.get("/runs/{run_id}/export")
+    def export(run_id: str, format: Literal["json", "perfetto"] = "json") -> JSONResponse:
+        try:
+            doc = export_json(store, run_id) if format == "json" else export_perfetto(store, run_id)
+        except UnknownRunError:
+            raise HTTPException(404, f"no run {run_id}") from None
+        name = re.sub(r"[^\w.-]", "_", run_id) + (".json" if format == "json" else ".perfetto.json")
+        return JSONResponse(doc, headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+    @router.post("/import", status_code=201)
+    def import_run(doc: Any = Body(...)) -> Row:
+        try:
+            return {"run_id": import_json(store, doc)}
+        except RunExistsError as e:
+            raise HTTPException(409, str(e)) from None
+        except (DocumentError, TraceError) as e:
+            raise HTTPException(422, str(e)) from None
+        except (KeyError, TypeError) as e:  # an event without a field its type needs
+            raise HTTPException(422, f"malformed event in the document: {type(e).__name__} {e}") from None
+
+    @router.post("/comparisons", status_code=201)
+    def new_comparison(body: NewComparison) -> Row:
+        try:
+            comparison_id = store.create_comparison(body.label, body.prompt, body.run_ids)
+        except UnknownRunError as e:
+            raise HTTPException(404, str(e)) from None
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from None
+        return store.get_comparison(comparison_id)
+
+    @router.get("/comparisons")
+    def comparisons() -> list[Row]:
+        return store.list_comparisons()
+
+    @router.get("/comparisons/{comparison_id}")
+    def comparison(comparison_id: str) -> Row:
+        found = store.get_comparison(comparison_id)
+        if found is None:
+            raise HTTPException(404, f"no comparison {comparison_id}")
+        return found
+
+    return router

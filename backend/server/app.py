@@ -1,0 +1,72 @@
+"""create_app: the FastAPI app around one engine and one store, with the Gradio UI mounted when installed."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import HTMLResponse
+
+from backend.engine.engine import Engine
+from backend.server.api import api_router
+from backend.server.auth import TokenMiddleware
+from backend.server.generate import GenerateSession
+from backend.server.replay import replay
+from backend.server.worker import Worker
+from backend.store import Store
+
+NO_UI_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>specscope</title></head><body>
+<h1>specscope backend</h1><p>The web UI is not installed or is turned off.
+REST lives under <a href="/api/health">/api</a> (see <a href="/docs">/docs</a>),
+websockets under <code>/ws/generate</code> and <code>/ws/replay/{run_id}</code>.</p>
+</body></html>"""
+
+
+def ui_installed() -> bool:
+    try:
+        return importlib.util.find_spec("app.ui") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool = True,
+               backend_url: str | None = None) -> FastAPI:
+    """The server. Its worker thread starts and stops with the app's lifespan, and startup marks runs a crash left
+    'running' as interrupted. With a token, every route (REST, websockets, UI) needs it."""
+    worker = Worker(engine)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(store.mark_interrupted)
+        worker.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="specscope", lifespan=lifespan)
+    if token:
+        app.add_middleware(TokenMiddleware, token=token)
+    app.include_router(api_router(engine, store, worker))
+
+    @app.websocket("/ws/generate")
+    async def ws_generate(ws: WebSocket) -> None:
+        await ws.accept()
+        await GenerateSession(ws, store, worker).serve()
+
+    @app.websocket("/ws/replay/{run_id}")
+    async def ws_replay(ws: WebSocket, run_id: str) -> None:
+        await ws.accept()
+        await replay(ws, store, run_id)
+
+    if ui and ui_installed():
+        from app.ui import mount_ui
+        return mount_ui(app, backend_url)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def index() -> str:
+        return NO_UI_PAGE
+
+    return app

@@ -1,0 +1,57 @@
+"""A client's bounded event queue: per-round snapshots give way under backpressure, durable events never do."""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+Event = dict[str, Any]
+LOSSY = frozenset({"round"})
+
+
+class SlowClient(Exception):
+    """The client fell so far behind that even its durable events no longer fit."""
+
+
+class Outbox:
+    """Used on the event loop only (the worker thread hands events over with call_soon_threadsafe).
+
+    Past `maxsize` queued events, the oldest queued `round` makes room (a later round supersedes it; the client
+    sees the gap in seq and can fetch the round from /api/runs/{id}/rounds); with no round queued, an incoming
+    round is dropped. run_start, kv, run_end and error are always queued; past `hard_limit` of them `get` raises
+    SlowClient and the connection is closed.
+    """
+
+    def __init__(self, maxsize: int = 256, hard_limit: int = 8192):
+        self.maxsize = maxsize
+        self.hard_limit = hard_limit
+        self.dropped = 0
+        self._items: deque[Event] = deque()
+        self._ready = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, event: Event) -> None:
+        if len(self._items) >= self.maxsize and not self._drop_oldest_round():
+            if event["type"] in LOSSY:
+                self.dropped += 1
+                return
+        self._items.append(event)
+        self._ready.set()
+
+    async def get(self) -> Event:
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        if len(self._items) > self.hard_limit:
+            raise SlowClient(f"client is {len(self._items)} events behind")
+        return self._items.popleft()
+
+    def _drop_oldest_round(self) -> bool:
+        for i, queued in enumerate(self._items):
+            if queued["type"] in LOSSY:
+                del self._items[i]
+                self.dropped += 1
+                return True
+        return False

@@ -1,0 +1,116 @@
+"""The one thread that owns the engine: it validates submissions, admits them and steps the scheduler.
+
+Everything that touches the engine (tokenizer, scheduler, KV pool, model) runs here, never on the event loop.
+Trace events leave through each request's tracer sink, called on this thread.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.engine.engine import Engine
+from backend.engine.request import Request
+from backend.tracing import Tracer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Submission:
+    prompt: str
+    mode: str
+    params: dict[str, Any]
+    tracer: Tracer
+    cancel: threading.Event
+    future: Future[Request] = field(default_factory=Future)
+
+
+class Worker:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.active = 0  # requests waiting or running, as of the last step
+        self._inbox: queue.SimpleQueue[Submission | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="specscope-engine", daemon=True)
+        self._closed = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: Tracer,
+               cancel: threading.Event) -> Future[Request]:
+        """Queue a generation; the future holds the admitted request, or the ParamError that refused it."""
+        if self._closed:
+            raise RuntimeError("the server is shutting down")
+        sub = Submission(prompt, mode, params, tracer, cancel)
+        self._inbox.put(sub)
+        return sub.future
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Cancel every request (each ends as a cancelled run, KV freed), then end the thread."""
+        self._closed = True
+        self._inbox.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        scheduler = self.engine.scheduler
+        stopping = False
+        while not stopping or scheduler.has_work:
+            for sub in self._take(block=not scheduler.has_work and not stopping):
+                if sub is None:
+                    stopping = True
+                    self._cancel_all()
+                else:
+                    self._admit(sub)
+            if scheduler.has_work:
+                self._step()
+
+    def _take(self, block: bool) -> list[Submission | None]:
+        """Everything in the inbox, waiting for the first item if `block`."""
+        items = [self._inbox.get()] if block else []
+        while True:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _admit(self, sub: Submission) -> None:
+        if not sub.future.set_running_or_notify_cancel():
+            return
+        try:
+            req = self.engine.new_request(sub.prompt, sub.mode, sub.params, sub.tracer, sub.cancel)
+        except Exception as e:  # ParamError for bad input; anything else is reported to the submitter too
+            sub.future.set_exception(e)
+            return
+        if self._closed:
+            req.cancel.set()
+        self.engine.scheduler.add(req)
+        sub.future.set_result(req)
+
+    def _cancel_all(self) -> None:
+        scheduler = self.engine.scheduler
+        for req in [*scheduler.waiting, *scheduler.running]:
+            req.cancel.set()
+
+    def _step(self) -> None:
+        scheduler = self.engine.scheduler
+        try:
+            scheduler.step()
+        except Exception:  # the scheduler fails runs itself, so this is a bug in it; keep the server alive
+            log.exception("scheduler step failed; ending every run with an error")
+            self._abandon_all()
+        self.active = len(scheduler.waiting) + len(scheduler.running)
+
+    def _abandon_all(self) -> None:
+        scheduler = self.engine.scheduler
+        for req in [*scheduler.waiting, *scheduler.running]:
+            try:
+                scheduler.finish(req, "error")
+            except Exception:
+                log.exception("could not end run %s cleanly", req.rid)
+        scheduler.waiting.clear()
+        scheduler.running.clear()

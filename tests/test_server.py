@@ -1,0 +1,408 @@
+"""The FastAPI server through TestClient: streaming, storage, replay, export, bad input, cancel, restart, auth."""
+from __future__ import annotations
+
+import asyncio
+import importlib.machinery
+import json
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from backend.server import BindError, check_bind, create_app
+from backend.server.outbox import Outbox, SlowClient
+from backend.server.protocol import MAX_MESSAGE_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
+from backend.store import Store
+
+PROMPT = "What is 12 + 30?"
+Event = dict[str, Any]
+
+
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'specscope.db'}"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store(db_url(tmp_path)) as s:
+        yield s
+
+
+@pytest.fixture
+def client(engine, store) -> Iterator[TestClient]:
+    with TestClient(create_app(engine, store, ui=False)) as c:
+        yield c
+
+
+class StepGate:
+    """Lets the worker run a scheduler step only when the test says so, to make timing deterministic."""
+
+    def __init__(self, scheduler, monkeypatch: pytest.MonkeyPatch):
+        self._allowed = threading.Semaphore(0)
+        self._open = False
+        step = scheduler.step
+
+        def gated_step():
+            if not self._open:
+                self._allowed.acquire()
+            return step()
+
+        monkeypatch.setattr(scheduler, "step", gated_step)
+
+    def allow(self, steps: int = 1) -> None:
+        self._allowed.release(steps)
+
+    def open(self) -> None:
+        self._open = True
+        self._allowed.release()
+
+
+@pytest.fixture
+def gate(client, engine, monkeypatch) -> Iterator[StepGate]:
+    """Set up after `client`, so it opens before the app shuts its worker down."""
+    g = StepGate(engine.scheduler, monkeypatch)
+    yield g
+    g.open()
+
+
+def receive_run(ws) -> list[Event]:
+    """Events up to and including run_end."""
+    events = [ws.receive_json()]
+    while events[-1]["type"] != "run_end":
+        events.append(ws.receive_json())
+    return events
+
+
+def generate(ws, mode: str = "ar", prompt: str = PROMPT, **params: Any) -> list[Event]:
+    ws.send_json({"type": "generate", "prompt": prompt, "mode": mode, "params": {"max_new_tokens": 12, **params}})
+    return receive_run(ws)
+
+
+def assert_one_dense_run(events: list[Event]) -> None:
+    assert events[0]["type"] == "run_start" and events[-1]["type"] == "run_end"
+    assert len({e["run_id"] for e in events}) == 1
+    assert [e["seq"] for e in events] == list(range(len(events)))
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+# -- generation, storage, replay -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["ar", "linear_spec"])
+def test_generate_streams_and_stores_the_same_events(client, store, engine, mode):
+    with client.websocket_connect("/ws/generate") as ws:
+        events = generate(ws, mode)
+    assert_one_dense_run(events)
+    types = {e["type"] for e in events}
+    assert {"round", "kv"} <= types
+    assert events[-1]["status"] == "done" and events[-1]["metrics"]["kv_leaked"] == 0
+    run_id = events[0]["run_id"]
+    assert store.events(run_id) == events
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert run["status"] == "done" and run["mode"] == mode and run["prompt"] == PROMPT
+    rounds = client.get(f"/api/runs/{run_id}/rounds").json()
+    assert rounds == [e for e in events if e["type"] == "round"]
+    assert client.get(f"/api/runs/{run_id}/rounds", params={"start": 1, "stop": 2}).json() == rounds[1:2]
+    assert client.get(f"/api/runs/{run_id}/kv").json()
+    assert engine.rt.pool.used == 0
+
+
+def test_socket_runs_one_generation_after_another(client):
+    with client.websocket_connect("/ws/generate") as ws:
+        first, second = generate(ws, "block_diffusion", block_size=4), generate(ws, "ar", max_new_tokens=8)
+    assert_one_dense_run(first)
+    assert_one_dense_run(second)
+    assert first[0]["run_id"] != second[0]["run_id"]
+
+
+def test_replay_streams_the_stored_events_in_order(client):
+    with client.websocket_connect("/ws/generate") as ws:
+        events = generate(ws, "linear_spec", block_size=4)
+    run_id = events[0]["run_id"]
+    with client.websocket_connect(f"/ws/replay/{run_id}?speed=0") as ws:
+        assert receive_run(ws) == events
+        with pytest.raises(WebSocketDisconnect):
+            ws.receive_json()
+    with client.websocket_connect(f"/ws/replay/{run_id}?speed=0&since_seq=5") as ws:
+        assert receive_run(ws) == events[5:]
+
+
+def test_replay_keeps_recorded_timing_scaled_by_speed(client):
+    with client.websocket_connect("/ws/generate") as ws:
+        events = generate(ws, "ar", max_new_tokens=8)
+    span_s = (events[-1]["t_ms"] - events[0]["t_ms"]) / 1000
+    start = time.monotonic()
+    with client.websocket_connect(f"/ws/replay/{events[0]['run_id']}?speed=2") as ws:
+        assert receive_run(ws) == events
+    assert time.monotonic() - start >= span_s / 2 * 0.9
+
+
+def test_replay_of_an_unknown_run_or_bad_query_sends_one_error(client):
+    for url, code in [("/ws/replay/r_nope", "unknown_run"), ("/ws/replay/r_nope?speed=-1", "bad_query")]:
+        with client.websocket_connect(url) as ws:
+            event = ws.receive_json()
+            assert event["type"] == "error" and event["code"] == code
+            with pytest.raises(WebSocketDisconnect):
+                ws.receive_json()
+
+
+# -- bad input, busy, cancel, disconnect ---------------------------------------------------------------------------
+
+def gen_msg(mode: str = "ar", prompt: str = PROMPT, **params: Any) -> str:
+    return json.dumps({"type": "generate", "prompt": prompt, "mode": mode, "params": params})
+
+
+BAD_INPUT = [
+    ("{not json", "bad_json", "JSON"),
+    ('{"type": "launch"}', "bad_message", "launch"),
+    ('{"type": "generate", "mode": "ar"}', "bad_message", "prompt"),
+    ("x" * (MAX_MESSAGE_BYTES + 1), "too_large", str(MAX_MESSAGE_BYTES)),
+    (gen_msg(prompt="a" * (MAX_PROMPT_CHARS + 1)), "bad_message", "prompt"),
+    (gen_msg(max_new_tokens=MAX_NEW_TOKENS + 1), "bad_message", "max_new_tokens"),
+    (gen_msg(mode="warp_drive"), "bad_params", "warp_drive"),
+    (gen_msg(mode="block_diffusion", block_size=0), "bad_params", "block_size"),
+    (gen_msg(temperature=-1), "bad_params", "temperature"),
+    (gen_msg(top_k=5), "bad_params", "top_k"),
+    (gen_msg(prompt="   "), "bad_params", "prompt"),
+]
+
+
+def test_bad_input_gets_error_events_and_the_socket_stays_usable(client, store):
+    with client.websocket_connect("/ws/generate") as ws:
+        for raw, code, named in BAD_INPUT:
+            ws.send_text(raw)
+            event = ws.receive_json()
+            assert event["type"] == "error" and event["code"] == code, (raw[:80], event)
+            assert named in event["message"], event
+        ws.send_bytes(b"\xff\xfe")
+        assert ws.receive_json()["code"] == "bad_json"
+        ws.send_json({"type": "cancel"})  # nothing to cancel: no reply
+        events = generate(ws, "ar", max_new_tokens=8)
+    assert_one_dense_run(events)
+    assert [r["run_id"] for r in store.list_runs()] == [events[0]["run_id"]]
+
+
+def test_second_generate_while_busy_is_refused_and_cancel_stops_the_run(client, gate, store, engine):
+    with client.websocket_connect("/ws/generate") as ws:
+        ws.send_text(gen_msg(max_new_tokens=64))
+        start = ws.receive_json()
+        assert start["type"] == "run_start"
+        ws.send_text(gen_msg(max_new_tokens=8))
+        busy = ws.receive_json()
+        assert busy["type"] == "error" and busy["code"] == "busy"
+        ws.send_json({"type": "cancel"})
+        gate.open()
+        events = [start, *receive_run(ws)]
+    assert_one_dense_run(events)
+    assert events[-1]["status"] == "cancelled"
+    assert len(events[-1]["output_ids"]) < 64
+    assert store.get_run(start["run_id"])["status"] == "cancelled"
+    assert engine.rt.pool.used == 0
+
+
+def test_disconnect_mid_run_cancels_it_and_frees_its_kv(client, gate, store, engine):
+    with client.websocket_connect("/ws/generate") as ws:
+        ws.send_text(gen_msg(max_new_tokens=64))
+        run_id = ws.receive_json()["run_id"]
+        gate.allow()  # the prefill round
+        while ws.receive_json()["type"] != "round":
+            pass
+        assert engine.rt.pool.used > 0
+    gate.open()
+    wait_for(lambda: store.get_run(run_id)["status"] != "running")
+    run = store.get_run(run_id)
+    assert run["status"] == "cancelled"
+    assert store.events(run_id)[-1]["status"] == "cancelled"
+    assert engine.rt.pool.used == 0
+
+
+# -- backpressure ----------------------------------------------------------------------------------------------------
+
+def event(seq: int, type_: str) -> Event:
+    return {"seq": seq, "type": type_}
+
+
+def test_outbox_drops_only_round_events_for_a_slow_client():
+    stream = [event(0, "run_start"), *(event(s, "kv" if s % 5 == 1 else "round") for s in range(1, 21)),
+              event(21, "run_end")]
+
+    async def drain() -> list[Event]:
+        box = Outbox(maxsize=8)
+        for e in stream:
+            box.put(e)
+        assert box.dropped == len(stream) - 8
+        return [await box.get() for _ in range(len(box))]
+
+    got = asyncio.run(drain())
+    assert [e["seq"] for e in got] == sorted(e["seq"] for e in got)
+    durable = [e for e in stream if e["type"] != "round"]
+    assert [e for e in got if e["type"] != "round"] == durable
+    assert got[-2] == stream[-2]  # the newest round survives
+
+
+def test_outbox_gives_up_on_a_client_too_far_behind():
+    async def scenario() -> None:
+        box = Outbox(maxsize=2, hard_limit=3)
+        for seq in range(5):
+            box.put(event(seq, "kv"))
+        with pytest.raises(SlowClient):
+            await box.get()
+
+    asyncio.run(scenario())
+
+
+# -- REST ------------------------------------------------------------------------------------------------------------
+
+def test_health_modes_and_index(client, engine):
+    health = client.get("/api/health")
+    assert health.status_code == 200
+    body = health.json()
+    assert body["status"] == "ok" and body["model"] == engine.model_name and body["pool"]["used"] == 0
+    modes = {m["name"]: m for m in client.get("/api/modes").json()}
+    assert {"ar", "block_diffusion", "linear_spec"} <= set(modes)
+    params = {name: {p["name"] for p in m["params"]} for name, m in modes.items()}
+    assert "max_new_tokens" in params["ar"]
+    assert {"block_size", "threshold"} <= params["block_diffusion"]
+    assert {"block_size", "lora"} <= params["linear_spec"]
+    pieces = client.get("/api/vocab").json()["pieces"]
+    assert len(pieces) == len(engine.rt.tokenizer) and all(isinstance(p, str) for p in pieces)
+    page = client.get("/")
+    assert page.status_code == 200 and "not installed" in page.text
+
+
+def test_ui_is_mounted_when_installed(engine, store, monkeypatch):
+    mounted = []
+
+    def mount_ui(app, backend_url):
+        mounted.append(backend_url)
+        app.get("/")(lambda: {"ui": "fake"})
+        return app
+
+    fake = types.ModuleType("app.ui")
+    fake.__spec__ = importlib.machinery.ModuleSpec("app.ui", None)
+    fake.mount_ui = mount_ui
+    monkeypatch.setitem(sys.modules, "app.ui", fake)
+    with TestClient(create_app(engine, store, backend_url="ws://127.0.0.1:9")) as c:
+        assert c.get("/").json() == {"ui": "fake"}
+        assert c.get("/api/health").status_code == 200
+    assert mounted == ["ws://127.0.0.1:9"]
+
+
+def test_run_listing_filters_and_unknown_ids(client):
+    with client.websocket_connect("/ws/generate") as ws:
+        ar, bd = generate(ws, "ar", max_new_tokens=8), generate(ws, "block_diffusion", block_size=4)
+    runs = client.get("/api/runs").json()
+    assert [r["run_id"] for r in runs] == [bd[0]["run_id"], ar[0]["run_id"]]
+    assert [r["run_id"] for r in client.get("/api/runs", params={"mode": "ar"}).json()] == [ar[0]["run_id"]]
+    assert client.get("/api/runs", params={"status": "cancelled"}).json() == []
+    assert len(client.get("/api/runs", params={"limit": 1, "offset": 1}).json()) == 1
+    assert client.get("/api/runs", params={"limit": 0}).status_code == 422
+    for path in ("", "/rounds", "/kv", "/export"):
+        assert client.get(f"/api/runs/r_nope{path}").status_code == 404, path
+    assert client.delete("/api/runs/r_nope").status_code == 404
+    assert client.get("/api/comparisons/c_nope").status_code == 404
+    assert client.delete(f"/api/runs/{ar[0]['run_id']}").status_code == 204
+    assert client.get(f"/api/runs/{ar[0]['run_id']}").status_code == 404
+
+
+def strict_json(text: str) -> Any:
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} in JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_export_round_trips_through_import_and_perfetto_is_valid_json(client):
+    with client.websocket_connect("/ws/generate") as ws:
+        events = generate(ws, "linear_spec", block_size=4)
+    run_id = events[0]["run_id"]
+    exported = client.get(f"/api/runs/{run_id}/export")
+    assert exported.status_code == 200 and run_id in exported.headers["content-disposition"]
+    doc = strict_json(exported.text)
+    assert doc["events"] == events
+    assert client.post("/api/import", json=doc).status_code == 409  # the id is taken
+    assert client.delete(f"/api/runs/{run_id}").status_code == 204
+    imported = client.post("/api/import", json=doc)
+    assert imported.status_code == 201 and imported.json() == {"run_id": run_id}
+    assert client.get(f"/api/runs/{run_id}").json() == doc["run"]
+    assert strict_json(client.get(f"/api/runs/{run_id}/export").text) == doc
+    assert client.post("/api/import", json={"schema": 1}).status_code == 422
+
+    trace = strict_json(client.get(f"/api/runs/{run_id}/export", params={"format": "perfetto"}).text)
+    assert trace["traceEvents"] and all("ph" in e for e in trace["traceEvents"])
+    assert client.get(f"/api/runs/{run_id}/export", params={"format": "xml"}).status_code == 422
+
+
+def test_comparisons(client):
+    with client.websocket_connect("/ws/generate") as ws:
+        ids = [generate(ws, mode, max_new_tokens=8)[0]["run_id"] for mode in ("ar", "linear_spec")]
+    made = client.post("/api/comparisons", json={"label": "ar vs ls", "prompt": PROMPT, "run_ids": ids})
+    assert made.status_code == 201
+    comparison = made.json()
+    assert comparison["run_ids"] == ids and comparison["label"] == "ar vs ls"
+    assert client.get(f"/api/comparisons/{comparison['comparison_id']}").json() == comparison
+    assert client.get("/api/comparisons").json() == [comparison]
+    assert client.post("/api/comparisons", json={"prompt": PROMPT, "run_ids": ["r_nope"]}).status_code == 404
+    assert client.post("/api/comparisons", json={"prompt": "other", "run_ids": ids}).status_code == 422
+
+
+# -- restart, auth, bind ---------------------------------------------------------------------------------------------
+
+def test_restart_keeps_completed_runs_and_marks_crashed_ones(engine, tmp_path):
+    with Store(db_url(tmp_path)) as store, TestClient(create_app(engine, store, ui=False)) as c:
+        with c.websocket_connect("/ws/generate") as ws:
+            events = generate(ws, "ar", max_new_tokens=8)
+    crashed = Store(db_url(tmp_path))  # a process that died mid-run: run_start stored, nothing else
+    crashed.record({**events[0], "run_id": "r_crashed"})
+    crashed.engine.dispose()
+
+    with Store(db_url(tmp_path)) as store, TestClient(create_app(engine, store, ui=False)) as c:
+        run = c.get(f"/api/runs/{events[0]['run_id']}").json()
+        assert run["status"] == "done" and run["n_tokens"] == len(events[-1]["output_ids"])
+        assert c.get("/api/runs/r_crashed").json()["status"] == "interrupted"
+        with c.websocket_connect(f"/ws/replay/{events[0]['run_id']}?speed=0") as ws:
+            assert receive_run(ws) == events
+
+
+def test_token_is_required_for_rest_websockets_and_pages(engine, store):
+    with TestClient(create_app(engine, store, token="s3cret", ui=False)) as c:
+        assert c.get("/api/health").status_code == 401
+        assert c.get("/").status_code == 401
+        assert c.get("/api/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/api/health", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        for url in ("/ws/generate", "/ws/replay/r_nope", "/ws/generate?token=wrong"):
+            with c.websocket_connect(url) as ws, pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_json()
+            assert closed.value.code == 4401
+        with c.websocket_connect("/ws/replay/r_nope?token=s3cret") as ws:
+            assert ws.receive_json()["code"] == "unknown_run"
+        with c.websocket_connect("/ws/replay/r_nope", headers={"Authorization": "Bearer s3cret"}) as ws:
+            assert ws.receive_json()["code"] == "unknown_run"
+
+        assert not c.cookies
+        assert c.get("/", params={"token": "s3cret"}).status_code == 200  # a browser's first visit
+        assert c.cookies["specscope_token"] == "s3cret"
+        assert c.get("/api/modes").status_code == 200  # the cookie carries the token from then on
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.7", "example.org", ""])
+def test_check_bind_refuses_exposed_hosts_without_a_token(host):
+    with pytest.raises(BindError, match="token"):
+        check_bind(host, None)
+    check_bind(host, "s3cret")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"])
+def test_check_bind_allows_loopback(host):
+    check_bind(host, None)
