@@ -30,3 +30,12 @@ def heldout_prompts():
 def engine(loaded):
     from backend.engine.engine import Engine
     return Engine(loaded, num_slots=4096, check_invariants=True)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny random models: one intra-op thread is fastest and does not contend with other work."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

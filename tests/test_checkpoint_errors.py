@@ -22,12 +22,7 @@ from backend.model.transformer import Transformer
 CORPUS = ["What is 12 + 30? 42.", "hello world, hello tokens", "the quick brown fox jumps over the lazy dog"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

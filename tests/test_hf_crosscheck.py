@@ -46,13 +46,7 @@ FAMILIES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is fastest and avoids contending with other work on the machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _randomize(model: torch.nn.Module, seed: int) -> None:

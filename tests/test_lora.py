@@ -22,12 +22,7 @@ BASE_CFG = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num
 LORA_CFG = replace(BASE_CFG, lora_rank=RANK, lora_alpha=ALPHA, lora_targets=ALL_TARGETS)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _randomize_lora_b(model: Transformer, seed: int) -> None:
