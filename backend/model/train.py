@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.model import data
-from backend.model.checkpoint import save_checkpoint
+from backend.model.checkpoint import load_model, save_checkpoint
 from backend.model.config import ModelConfig
 from backend.model.tokenizer import MASK, load_tokenizer, train_tokenizer
 from backend.model.transformer import Transformer
@@ -96,6 +96,9 @@ def train(args: argparse.Namespace) -> None:
     spec = data.BatchSpec(seq_len=args.seq, batch_size=args.batch)
     step = 0
     state_path = workdir / "state.pt"
+    if args.init_from and not state_path.exists():
+        model.load_state_dict(load_model(args.init_from).state_dict())
+        print(f"warm start from {args.init_from} (fresh optimizer)", flush=True)
     if state_path.exists():
         state = torch.load(state_path, weights_only=False)
         model.load_state_dict(state["model"])
@@ -103,7 +106,7 @@ def train(args: argparse.Namespace) -> None:
         step = state["step"]
         truncate_curves(workdir / "curves.jsonl", step)
         print(f"resumed at step {step}", flush=True)
-    meta = {"seed": args.seed, "steps": args.steps, "lr": args.lr, "batch": asdict(spec),
+    meta = {"seed": args.seed, "steps": args.steps, "lr": args.lr, "batch": asdict(spec), "init_from": args.init_from,
             "loss_weights": LOSS_WEIGHTS, "params": sum(p.numel() for p in model.parameters())}
     (workdir / "train_args.json").write_text(json.dumps(meta, indent=1))
     curves = (workdir / "curves.jsonl").open("a")
@@ -158,6 +161,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every", type=int, default=20)
+    p.add_argument("--init-from", help="warm-start a new workdir from a checkpoint folder (weights only)")
     p.add_argument("--export", help="write the shipped checkpoint to this folder and exit")
     args = p.parse_args()
     export(args) if args.export else train(args)
