@@ -63,7 +63,7 @@ def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool 
 
     if ui and ui_installed():
         from app.ui import mount_ui
-        return mount_ui(app, backend_url)
+        return mount_ui(app, backend_url, token=token)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> str:

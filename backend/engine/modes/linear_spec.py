@@ -67,6 +67,7 @@ class LinearSpec(Mode):
         if accepted + 1 < size:
             replaced = tokens[accepted + 1]
             tokens[accepted + 1], states[accepted + 1] = bonus, "bonus"
+            conf = conf[:accepted + 1] + [None] + conf[accepted + 2:]
         else:
             tokens.append(bonus)
             states.append("bonus")

@@ -1,0 +1,139 @@
+"""A small client for a specscope backend: REST under /api and the /ws/generate websocket.
+
+Given `ws://host:port` or `http://host:port` (optionally with a path prefix), it reaches the same server over both
+protocols, so the UI can drive a local backend or a remote GPU one. Any connection failure is raised as
+`BackendUnavailable`; a refusal by the backend (HTTP error, `error` event) as `BackendError`.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from websockets.asyncio.client import connect
+from websockets.exceptions import WebSocketException
+
+from app.trace import RunTrace
+
+FINAL_EVENTS = ("run_end", "error")
+
+
+class BackendUnavailable(ConnectionError):
+    """The backend cannot be reached (down, wrong address, connection dropped)."""
+
+
+class BackendError(RuntimeError):
+    """The backend answered with an error."""
+
+
+def base_urls(backend: str) -> tuple[str, str]:
+    """(http base, ws base) of a backend given as ws://, wss://, http:// or https:// host[:port][/prefix]."""
+    parts = urlsplit(backend if "://" in backend else f"ws://{backend}")
+    secure = parts.scheme in ("wss", "https")
+    if parts.scheme not in ("ws", "wss", "http", "https") or not parts.netloc:
+        raise ValueError(f"backend must look like ws://host:port, got {backend!r}")
+    path = parts.path.rstrip("/")
+    return (urlunsplit(("https" if secure else "http", parts.netloc, path, "", "")),
+            urlunsplit(("wss" if secure else "ws", parts.netloc, path, "", "")))
+
+
+class Client:
+    def __init__(self, backend: str, token: str | None = None, timeout: float = 10.0) -> None:
+        self.backend = backend
+        self.http_url, self.ws_url = base_urls(backend)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout = timeout
+
+    # -- REST ---------------------------------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, timeout: float | None = None, **kwargs: Any) -> httpx.Response:
+        try:
+            response = httpx.request(method, self.http_url + path, headers=self.headers,
+                                     timeout=timeout or self.timeout, **kwargs)
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(f"backend unavailable at {self.http_url} ({type(exc).__name__})") from exc
+        if response.status_code >= 400:
+            raise BackendError(f"{method} {path}: HTTP {response.status_code} {detail(response)}")
+        return response
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
+
+    def health(self, timeout: float = 2.0) -> dict[str, Any]:
+        return self.request("GET", "/api/health", timeout=timeout).json()
+
+    def modes(self) -> list[dict[str, Any]]:
+        return self.get("/api/modes")
+
+    def runs(self, mode: str | None = None, status: str | None = None, limit: int = 100,
+             offset: int = 0) -> list[dict[str, Any]]:
+        return self.get("/api/runs", mode=mode, status=status, limit=limit, offset=offset)
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        return self.get(f"/api/runs/{run_id}")
+
+    def rounds(self, run_id: str, start: int = 0, stop: int | None = None) -> list[dict[str, Any]]:
+        return self.get(f"/api/runs/{run_id}/rounds", start=start, stop=stop)
+
+    def kv(self, run_id: str) -> list[dict[str, Any]]:
+        return self.get(f"/api/runs/{run_id}/kv")
+
+    def export(self, run_id: str, fmt: str = "json") -> bytes:
+        return self.request("GET", f"/api/runs/{run_id}/export", params={"format": fmt}).content
+
+    def delete_run(self, run_id: str) -> None:
+        self.request("DELETE", f"/api/runs/{run_id}")
+
+    def comparisons(self) -> list[dict[str, Any]]:
+        return self.get("/api/comparisons")
+
+    def comparison(self, comparison_id: str) -> dict[str, Any]:
+        return self.get(f"/api/comparisons/{comparison_id}")
+
+    def create_comparison(self, label: str, prompt: str, run_ids: list[str]) -> dict[str, Any]:
+        body = {"label": label, "prompt": prompt, "run_ids": run_ids}
+        return self.request("POST", "/api/comparisons", json=body).json()
+
+    def vocab(self) -> tuple[str, list[str]] | None:
+        """(model, display text of every token id) from `GET /api/vocab`, or None if the backend has no vocab."""
+        try:
+            body = self.get("/api/vocab")
+        except BackendError:
+            return None
+        return str(body.get("model", "")), [str(p) for p in body.get("pieces") or []]
+
+    def trace(self, run_id: str) -> RunTrace:
+        """A stored run with all its events and KV intervals."""
+        document = json.loads(self.export(run_id, "json"))
+        return RunTrace.from_events(document["events"], self.kv(run_id))
+
+    # -- websocket ----------------------------------------------------------------------------------------------------
+
+    async def generate(self, prompt: str, mode: str, params: dict[str, Any] | None = None) -> AsyncIterator[dict]:
+        """The trace events of one run, as the backend streams them, ending with run_end or error.
+
+        Closing the iterator early closes the socket, which cancels the run on the backend.
+        """
+        message = {"type": "generate", "prompt": prompt, "mode": mode, "params": params or {}}
+        try:
+            async with connect(self.ws_url + "/ws/generate", additional_headers=self.headers,
+                               open_timeout=self.timeout, max_size=None) as ws:
+                await ws.send(json.dumps(message))
+                async for raw in ws:
+                    event = json.loads(raw)
+                    yield event
+                    if event.get("type") in FINAL_EVENTS:
+                        return
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            raise BackendUnavailable(f"backend unavailable at {self.ws_url} ({type(exc).__name__}: {exc})") from exc
+        raise BackendUnavailable(f"backend at {self.ws_url} closed the stream before run_end")
+
+
+def detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    return str(body.get("detail", body)) if isinstance(body, dict) else str(body)[:200]

@@ -1,0 +1,56 @@
+"""How the UI reaches its backend, plus small caches of loaded runs and vocabularies (shared by all sessions)."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import gradio as gr
+
+from app.client import Client
+from app.trace import Piece, RunTrace, make_piece
+
+
+class Backend:
+    """A fixed backend URL, or (when None) the server that served the page, as seen in each request."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, max_runs: int = 32) -> None:
+        self.url = url
+        self.token = token
+        self.max_runs = max_runs
+        self._runs: OrderedDict[tuple[str, str], RunTrace] = OrderedDict()
+        self._vocabs: dict[str, tuple[str, list[str]] | None] = {}
+        self._lock = threading.Lock()
+
+    def client(self, request: gr.Request | None = None) -> Client:
+        if self.url is None and request is not None:
+            scheme = "wss" if request.url.scheme == "https" else "ws"
+            return Client(f"{scheme}://{request.headers['host']}", self.token)
+        return Client(self.url or "ws://127.0.0.1:7860", self.token)
+
+    def trace(self, client: Client, run_id: str) -> RunTrace:
+        """A stored run (events + KV intervals), fetched once; finished runs do not change."""
+        key = (client.http_url, run_id)
+        with self._lock:
+            if key in self._runs:
+                self._runs.move_to_end(key)
+                return self._runs[key]
+        trace = client.trace(run_id)
+        if trace.status != "running":
+            with self._lock:
+                self._runs[key] = trace
+                while len(self._runs) > self.max_runs:
+                    self._runs.popitem(last=False)
+        return trace
+
+    def forget(self, client: Client, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop((client.http_url, run_id), None)
+
+    def piece(self, client: Client, trace: RunTrace) -> Piece:
+        """Token display for a run: its own recorded pieces, then the backend's vocabulary if the run is of the
+        backend's model."""
+        if client.http_url not in self._vocabs:
+            self._vocabs[client.http_url] = client.vocab()
+        found = self._vocabs[client.http_url]
+        vocab = found[1] if found is not None and found[0] in (trace.model, "") else None
+        return make_piece(vocab, trace.known_pieces)

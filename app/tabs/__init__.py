@@ -1,0 +1,1 @@
+"""The UI tabs, one module each."""

@@ -1,0 +1,102 @@
+"""Runs tab: stored runs filtered by mode and status; open one in the visualizer, delete it, export it."""
+from __future__ import annotations
+
+import html
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from app.client import BackendError, BackendUnavailable
+from app.figures import fmt, warning_html
+from app.session import Backend
+
+ALL = "all"
+STATUSES = [ALL, "running", "done", "cancelled", "error", "interrupted"]
+COLUMNS = ["run id", "created", "mode", "status", "tokens", "rounds", "NFE", "TPF", "prompt"]
+EXPORTS = {"json": ".json", "perfetto": ".perfetto.json"}
+EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
+
+
+@dataclass
+class RunsTab:
+    mode: gr.Dropdown
+    selected: gr.Textbox
+    open_button: gr.Button
+
+
+def table_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
+    rows = []
+    for r in runs:
+        m = r.get("metrics") or {}
+        rows.append([r["run_id"], r["created_at"][:19].replace("T", " "), r["mode"], r["status"], r["n_tokens"],
+                     r["n_rounds"], fmt(m.get("nfe")), fmt(m.get("tpf"), 2), r["prompt"][:80]])
+    return rows
+
+
+def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
+    with gr.Row():
+        mode = gr.Dropdown(label="run mode", choices=[ALL], value=ALL, elem_id="runs-mode", scale=1)
+        status = gr.Dropdown(label="run status", choices=STATUSES, value=ALL, elem_id="runs-status", scale=1)
+        refresh = gr.Button("↻ refresh", elem_id="runs-refresh", scale=0, min_width=100)
+    table = gr.Dataframe(headers=COLUMNS, value=[], interactive=False, wrap=True, elem_id="runs-table",
+                         label="runs (click a row to select it)")
+    with gr.Row():
+        selected = gr.Textbox(label="selected run", interactive=True, elem_id="runs-selected", scale=3)
+        open_button = gr.Button("Open in visualizer", elem_id="runs-open", scale=1)
+        delete = gr.Button("Delete", variant="stop", elem_id="runs-delete", scale=1)
+        export_json = gr.Button("Export JSON", elem_id="runs-export-json", scale=1)
+        export_perfetto = gr.Button("Export Perfetto", elem_id="runs-export-perfetto", scale=1)
+    message = gr.HTML(elem_id="runs-message")
+    download = gr.File(label="download", elem_id="runs-file", interactive=False, visible=False)
+
+    def refresh_table(mode_name: str, state: str, request: gr.Request) -> tuple[Any, str]:
+        try:
+            runs = backend.client(request).runs(None if mode_name == ALL else mode_name,
+                                                None if state == ALL else state, limit=500)
+        except (BackendUnavailable, BackendError) as exc:
+            return gr.skip(), warning_html(exc)
+        return table_rows(runs), f"{len(runs)} runs"
+
+    def select(evt: gr.SelectData) -> str:
+        row = evt.row_value or []
+        return str(row[0]) if row else gr.skip()
+
+    def remove(run_id: str, mode_name: str, state: str, request: gr.Request) -> tuple[Any, str, str]:
+        if not run_id:
+            return gr.skip(), "Select a run first.", gr.skip()
+        client = backend.client(request)
+        try:
+            client.delete_run(run_id)
+        except (BackendUnavailable, BackendError) as exc:
+            return gr.skip(), warning_html(exc), gr.skip()
+        backend.forget(client, run_id)
+        rows, _ = refresh_table(mode_name, state, request)
+        return rows, f"Deleted <code>{html.escape(run_id)}</code>.", ""
+
+    def export(fmt_name: str) -> Any:
+        def run_export(run_id: str, request: gr.Request) -> tuple[Any, str]:
+            if not run_id:
+                return gr.File(visible=False), "Select a run first."
+            try:
+                body = backend.client(request).export(run_id, fmt_name)
+            except (BackendUnavailable, BackendError) as exc:
+                return gr.File(visible=False), warning_html(exc)
+            EXPORT_DIR.mkdir(exist_ok=True)
+            path = EXPORT_DIR / (re.sub(r"[^\w.-]", "_", run_id) + EXPORTS[fmt_name])
+            path.write_bytes(body)
+            note = f"Exported <code>{html.escape(path.name)}</code> ({len(body)} bytes)."
+            return gr.File(str(path), visible=True), note
+        return run_export
+
+    filters = [mode, status]
+    for trigger in (refresh.click, mode.change, status.change, tab.select):
+        trigger(refresh_table, filters, [table, message], concurrency_limit=None)
+    table.select(select, None, selected, concurrency_limit=None)
+    delete.click(remove, [selected, *filters], [table, message, selected], concurrency_limit=None)
+    export_json.click(export("json"), selected, [download, message], concurrency_limit=None)
+    export_perfetto.click(export("perfetto"), selected, [download, message], concurrency_limit=None)
+    return RunsTab(mode=mode, selected=selected, open_button=open_button)

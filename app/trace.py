@@ -1,0 +1,128 @@
+"""A stored or streamed run as the UI sees it: its events split into start, rounds and end (pure data, no I/O)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any
+
+Event = Mapping[str, Any]
+Piece = Callable[[int], str]
+Cell = tuple[int, int, str]  # (position, token id, state)
+
+
+def id_piece(token: int) -> str:
+    """The display of a token whose text is unknown."""
+    return f"#{token}"
+
+
+def make_piece(vocab: Sequence[str] | None, known: Mapping[int, str] | None = None) -> Piece:
+    """Token id -> display text: pieces the trace itself recorded, else the vocabulary, else `#id`."""
+    known = dict(known or {})
+
+    def piece(token: int) -> str:
+        if token in known:
+            return known[token]
+        if vocab is not None and 0 <= token < len(vocab):
+            return vocab[token]
+        return id_piece(token)
+
+    return piece
+
+
+@dataclass
+class RunTrace:
+    """One run's events, ordered; rounds sorted by round number. `kv` holds stored KV intervals, if loaded."""
+    run_id: str
+    mode: str = ""
+    model: str = ""
+    prompt: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_pieces: list[str] = field(default_factory=list)
+    rounds: list[Event] = field(default_factory=list)
+    end: Event | None = None
+    error: str | None = None
+    kv: list[Event] = field(default_factory=list)
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event], kv: Sequence[Event] = ()) -> RunTrace:
+        trace: RunTrace | None = None
+        for event in events:
+            if trace is None:
+                trace = cls(run_id=str(event.get("run_id", "")))
+            trace.add(event)
+        if trace is None:
+            raise ValueError("a run needs at least one event")
+        trace.kv = list(kv)
+        trace.rounds.sort(key=lambda e: e["round"])
+        return trace
+
+    def add(self, event: Event) -> None:
+        """Take one more event of this run (as streamed)."""
+        kind = event.get("type")
+        if kind == "run_start":
+            self.mode, self.model = event.get("mode") or "", event.get("model") or ""
+            self.prompt = event.get("prompt") or ""
+            self.params = dict(event.get("params") or {})
+            self.prompt_ids = list(event.get("prompt_ids") or [])
+            self.prompt_pieces = list(event.get("pieces") or [])
+        elif kind == "round":
+            self.rounds.append(event)
+        elif kind == "run_end":
+            self.end = event
+        elif kind == "error":
+            self.error = f"{event.get('code', 'error')}: {event.get('message', '')}"
+
+    @property
+    def status(self) -> str:
+        if self.end is not None:
+            return str(self.end.get("status"))
+        return "error" if self.error else "running"
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return dict((self.end or {}).get("metrics") or {})
+
+    @property
+    def committed(self) -> list[int]:
+        """Every token committed so far, in order."""
+        return [t for r in self.rounds for t in r.get("committed") or []]
+
+    @property
+    def output_ids(self) -> list[int]:
+        if self.end is not None and self.end.get("output_ids") is not None:
+            return list(self.end["output_ids"])
+        return self.committed
+
+    @property
+    def text(self) -> str:
+        if self.end is not None and self.end.get("text") is not None:
+            return str(self.end["text"])
+        return "".join(r.get("text_delta") or "" for r in self.rounds)
+
+    @property
+    def known_pieces(self) -> dict[int, str]:
+        """Token texts the trace itself shows: the prompt pieces, and round pieces when rounds carry them."""
+        known = dict(zip(self.prompt_ids, self.prompt_pieces, strict=False))
+        for r in self.rounds:
+            known.update(zip(r.get("tokens") or [], r.get("pieces") or [], strict=False))
+        return known
+
+    @property
+    def accepted_lens(self) -> list[int]:
+        return [int(r.get("accepted_len") or 0) for r in self.rounds]
+
+    def progress(self) -> tuple[list[int], list[int]]:
+        """(cumulative NFE, cumulative committed tokens) after each round, starting from (0, 0)."""
+        nfe = list(accumulate((int(r.get("nfe") or 0) for r in self.rounds), initial=0))
+        tokens = list(accumulate((len(r.get("committed") or []) for r in self.rounds), initial=0))
+        return nfe, tokens
+
+    def context(self, index: int) -> list[Cell]:
+        """The sequence before round `index`'s block: prompt then committed tokens, as (pos, id, state)."""
+        block_start = int(self.rounds[index].get("block_start") or 0)
+        before = [t for r in self.rounds[:index] for t in r.get("committed") or []]
+        sequence = (self.prompt_ids + before)[:block_start]
+        n_prompt = len(self.prompt_ids)
+        return [(pos, tok, "prompt" if pos < n_prompt else "committed") for pos, tok in enumerate(sequence)]

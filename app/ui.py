@@ -1,0 +1,112 @@
+"""The Gradio UI (Chat, Visualizer, Compare, Runs), mounted at "/" on the backend's FastAPI app.
+
+The UI talks to the backend only through REST and /ws/generate (app.client), so `backend_url` may point at another
+machine. Without one, each browser request is served by the backend that served the page.
+"""
+from __future__ import annotations
+
+import html
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from fastapi import FastAPI
+
+from app.client import BackendError, BackendUnavailable
+from app.palette import palette_css
+from app.plot import serve_plotly_js
+from app.session import Backend
+from app.tabs.chat import build_chat
+from app.tabs.compare import DEFAULT_MODES, build_compare
+from app.tabs.runs import ALL, build_runs
+from app.tabs.viz import build_viz
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when Blocks are built and served
+
+STATIC = Path(__file__).resolve().parent.parent / "static"
+HEALTH_EVERY_S = 3.0
+SYSTEM_FONTS = [gr.themes.Font("ui-sans-serif"), gr.themes.Font("system-ui"), gr.themes.Font("sans-serif")]
+MONO_FONTS = [gr.themes.Font("ui-monospace"), gr.themes.Font("monospace")]
+
+
+def status_html(health: dict[str, Any] | None, problem: str = "") -> str:
+    """The banner: backend unavailable (with why), or connected with the model and pool usage."""
+    if health is None:
+        return (f'<div class="ss-status ss-status-down" id="ss-down">⚠ {html.escape(problem)} · retrying every '
+                f'{HEALTH_EVERY_S:g} s</div>')
+    pool = health.get("pool") or {}
+    return (f'<div class="ss-status ss-status-up" id="ss-up">● backend connected · model '
+            f'{html.escape(str(health.get("model", "?")))} · active runs {health.get("active_runs", 0)} · '
+            f'KV slots in use {pool.get("used", "?")}/{pool.get("slots", "?")}</div>')
+
+
+def build_ui(backend: Backend) -> gr.Blocks:
+    with gr.Blocks(title="specscope", analytics_enabled=False) as demo:
+        with gr.Row():
+            gr.Markdown("## specscope · self-speculative decoding, round by round")
+        status = gr.HTML(status_html(None, "connecting to the backend…"), elem_id="ss-status")
+        with gr.Tabs() as tabs:
+            with gr.Tab("Chat", id="chat"):
+                chat = build_chat(backend)
+            with gr.Tab("Visualizer", id="viz") as viz_tab:
+                viz = build_viz(backend, viz_tab)
+            with gr.Tab("Compare", id="compare") as compare_tab:
+                compare = build_compare(backend, compare_tab)
+            with gr.Tab("Runs", id="runs") as runs_tab:
+                runs = build_runs(backend, runs_tab)
+        health_timer = gr.Timer(HEALTH_EVERY_S)
+
+        def check(modes: list[dict], request: gr.Request) -> list[Any]:
+            """Health banner; (re)load the mode lists when they are empty (first load, or after an outage)."""
+            client = backend.client(request)
+            try:
+                health = client.health()
+                specs = client.modes() if not modes else None
+            except (BackendUnavailable, BackendError) as exc:
+                return [status_html(None, str(exc))] + [gr.skip()] * 5
+            if specs is None:
+                return [status_html(health)] + [gr.skip()] * 5
+            names = [m["name"] for m in specs]
+            chosen = [m for m in DEFAULT_MODES if m in names] or names[:3]
+            return [status_html(health), specs,
+                    gr.Dropdown(choices=names, value="linear_spec" if "linear_spec" in names else names[0]),
+                    gr.CheckboxGroup(choices=names, value=chosen),
+                    gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
+                    gr.Dropdown(choices=[ALL, *names])]
+
+        def open_run(run_id: str) -> tuple[Any, Any]:
+            return (gr.Tabs(selected="viz"), run_id) if run_id else (gr.skip(), gr.skip())
+
+        checked = [status, chat.modes, chat.mode, compare.modes, compare.reference, runs.mode]
+        demo.load(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
+        health_timer.tick(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
+        for button, source in ((chat.open_button, chat.run_id), (runs.open_button, runs.selected)):
+            button.click(open_run, source, [tabs, viz.run], concurrency_limit=None)
+    return demo
+
+
+def mount_ui(fastapi_app: FastAPI, backend_url: str | None = None, token: str | None = None) -> FastAPI:
+    """Mount the UI at "/" after every other route, so /api and /ws keep answering.
+
+    `backend_url` (ws://host:port) is the backend the UI drives; None means the server it is mounted on.
+    `token` (default $SPECSCOPE_TOKEN) is sent to the backend, and the UI itself then asks for it at a login
+    page (any user name, the token as password), so the UI cannot be used to bypass the backend's token.
+    """
+    token = token or os.environ.get("SPECSCOPE_TOKEN") or None
+    demo = build_ui(Backend(backend_url, token))
+    serve_plotly_js(fastapi_app)
+    css = (STATIC / "specscope.css").read_text() + "\n" + palette_css()
+    head = f"<script>{(STATIC / 'specscope.js').read_text()}</script>"
+    theme = gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)
+    login = {"auth": token_login(token), "auth_message": "Enter the server token as the password."} if token else {}
+    return gr.mount_gradio_app(fastapi_app, demo, path="/", css=css, head=head, theme=theme, footer_links=[],
+                               **login)
+
+
+def token_login(token: str) -> Callable[[str, str], bool]:
+    def check(_user: str, password: str) -> bool:
+        return secrets.compare_digest(password.encode(), token.encode())
+    return check

@@ -1,0 +1,230 @@
+"""Figure builders on synthetic trace events: escaping, state colours, cursors, per-mode panels, comparisons."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from app.figures import (
+    accepted_length_figure,
+    branches_html,
+    comparison_figure,
+    confidence_figure,
+    fold_figure,
+    isd_figure,
+    kv_figure,
+    legend_html,
+    metrics_table_html,
+    run_stats_markdown,
+    show_piece,
+    sparkline,
+    token_diff_html,
+    token_grid_html,
+)
+from app.palette import KV_REASONS, STATES, kv_color, palette_css
+from app.trace import RunTrace, make_piece
+
+PIECES = {1: "Hi", 2: "<script>", 3: " there", 4: "\n", 5: "&amp;", 9: "[M]"}
+piece = make_piece(None, PIECES)
+
+
+def rnd(r: int, block_start: int, tokens: list[int], states: list[str], committed: list[int], nfe: int = 1,
+        **extra: Any) -> dict[str, Any]:
+    return {"v": 1, "run_id": "r_test", "seq": r + 1, "t_ms": 0.0, "type": "round", "round": r,
+            "phases": [{"kind": "verify", "attn": "causal", "lora": False, "n_query": len(tokens), "ms": 1.0}],
+            "block_start": block_start, "tokens": tokens, "states": states, "conf": extra.pop("conf", None),
+            "accepted_len": len(committed), "committed": committed, "nfe": nfe, "text_delta": "", **extra}
+
+
+def run_events(run_id: str = "r_test", mode: str = "linear_spec", output: list[int] | None = None) -> list[dict]:
+    rounds = [
+        rnd(0, 2, [3], ["accepted"], [3], nfe=0),
+        rnd(1, 2, [3, 2, 4, 9], ["committed", "accepted", "bonus", "rejected"], [2, 4], nfe=2,
+            conf=[None, 0.95, 0.4, 0.2], extra={"threshold": 0.9}),
+        rnd(2, 4, [4, 5, 1], ["committed", "accepted", "bonus"], [5, 1], nfe=2, conf=[None, 0.7, None]),
+    ]
+    ids = output if output is not None else [3, 2, 4, 5, 1]
+    start = {"v": 1, "run_id": run_id, "seq": 0, "t_ms": 0.0, "type": "run_start", "mode": mode, "model": "m",
+             "params": {"max_new_tokens": 5}, "prompt": "<b>hi</b>", "prompt_ids": [1, 2], "pieces": ["Hi", "<script>"]}
+    end = {"v": 1, "run_id": run_id, "seq": 9, "t_ms": 1.0, "type": "run_end", "status": "done", "output_ids": ids,
+           "text": "out", "metrics": {"nfe": 4, "tokens": 5, "tpf": 1.25, "tok_per_s": 50.0, "wall_ms": 100.0,
+                                      "accept_len_mean": 2.0, "kv_peak": 8, "kv_leaked": 0}}
+    return [start, *[dict(r, run_id=run_id) for r in rounds], end]
+
+
+@pytest.fixture
+def trace() -> RunTrace:
+    return RunTrace.from_events(run_events())
+
+
+def test_token_grid_escapes_every_token(trace: RunTrace) -> None:
+    grid = token_grid_html(trace.rounds[1], piece, trace.context(1))
+    assert "<script>" not in grid
+    assert "&lt;script&gt;" in grid
+    assert "&amp;amp;" in token_grid_html(trace.rounds[2], piece, trace.context(2)), "an entity is shown as text"
+
+
+def test_token_grid_colours_states_and_dims_context(trace: RunTrace) -> None:
+    grid = token_grid_html(trace.rounds[1], piece, trace.context(1))
+    for state in ("prompt", "committed", "accepted", "bonus", "rejected"):
+        assert f"ss-s-{state}" in grid
+    assert grid.index("ss-s-prompt") < grid.index('class="ss-block"') < grid.index("ss-s-bonus")
+    for state in STATES:
+        assert f".ss-s-{state}{{" in palette_css()
+    assert ".ss-s-prompt, .ss-s-committed { opacity" in open("static/specscope.css").read()
+
+
+def test_token_grid_hover_title_has_round_position_token_confidence(trace: RunTrace) -> None:
+    grid = token_grid_html(trace.rounds[1], piece, trace.context(1))
+    assert "pos 3 · accepted" in grid and "round 1 · branch main" in grid and "confidence 0.950" in grid
+    assert "token &#x27;&lt;script&gt;&#x27; (id 2)" in grid
+
+
+def test_token_grid_pq_in_title() -> None:
+    r = rnd(4, 10, [7, 8, 9], ["pending", "accepted", "rejected"], [8],
+            pq=[{"i": 0, "p": 0.8, "q": 0.6, "accepted": True}, {"i": 1, "p": 0.1, "q": 0.9, "accepted": False}])
+    grid = token_grid_html(r, piece)
+    assert "p 0.800 · q 0.600 · accepted" in grid and "p 0.100 · q 0.900 · rejected" in grid
+
+
+def test_masked_cells_show_mask_label_and_guess() -> None:
+    r = rnd(1, 0, [1, 9, 9], ["committed", "mask", "padding"], [], extra={"guess": [2, 3]})
+    grid = token_grid_html(r, piece)
+    assert grid.count(">[M]<") == 2
+    assert "guess &#x27;&lt;script&gt;&#x27;" in grid and "guess &#x27; there&#x27;" in grid
+
+
+def test_token_grid_cuts_long_context() -> None:
+    context = [(i, 1, "prompt") for i in range(100)]
+    grid = token_grid_html(rnd(0, 100, [1], ["accepted"], [1]), piece, context, max_context=10)
+    assert "… 90 earlier" in grid and grid.count("ss-s-prompt") == 10
+
+
+def test_show_piece_makes_whitespace_visible() -> None:
+    assert show_piece(" a\n") == "␣a⏎"
+    assert show_piece("") == "∅"
+    assert show_piece("x" * 30).endswith("…")
+
+
+def test_context_is_prompt_then_committed(trace: RunTrace) -> None:
+    assert trace.context(0) == [(0, 1, "prompt"), (1, 2, "prompt")]
+    assert trace.context(2) == [(0, 1, "prompt"), (1, 2, "prompt"), (2, 3, "committed"), (3, 2, "committed")]
+
+
+def test_accepted_length_has_cursor(trace: RunTrace) -> None:
+    fig = accepted_length_figure(trace.rounds, current=1)
+    assert list(fig.data[0].y) == [1, 2, 2]
+    cursor = [s for s in fig.layout.shapes if s.x0 == 1 and s.x1 == 1]
+    assert cursor, "a vertical line marks the current round"
+
+
+def test_kv_figure_bars_with_base_coloured_by_reason() -> None:
+    intervals = [{"slot": 0, "position": 0, "alloc_round": 0, "free_round": 3, "end_reason": "finished"},
+                 {"slot": 1, "position": 5, "alloc_round": 1, "free_round": 1, "end_reason": "rejected"},
+                 {"slot": 2, "position": 6, "alloc_round": 2, "free_round": None, "end_reason": None}]
+    fig = kv_figure(intervals, n_rounds=4, current=2)
+    assert fig.layout.xaxis.type != "date"
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {"finished", "rejected", "held"}
+    assert by_name["finished"].orientation == "h" and list(by_name["finished"].base) == [0]
+    assert list(by_name["finished"].x) == [3]
+    assert by_name["rejected"].x[0] > 0, "a slot freed in its own round still shows"
+    assert list(by_name["held"].x) == [2], "a leaked slot runs to the end"
+    assert by_name["rejected"].marker.color == kv_color("rejected") == KV_REASONS["rejected"][0]
+    assert any(s.x0 == 2 for s in fig.layout.shapes)
+
+
+def test_confidence_has_threshold_line(trace: RunTrace) -> None:
+    fig = confidence_figure(trace.rounds[1], piece)
+    assert list(fig.data[0].x) == [3, 4, 5] and list(fig.data[0].y) == [0.95, 0.4, 0.2]
+    assert any(s.y0 == 0.9 for s in fig.layout.shapes)
+    assert not confidence_figure(trace.rounds[2], piece).layout.shapes
+    assert any(s.y0 == 0.5 for s in confidence_figure(trace.rounds[2], piece, threshold=0.5).layout.shapes)
+
+
+def test_isd_figure_cases_and_pq() -> None:
+    rounds = [rnd(0, 0, [1, 9, 9], ["bonus", "draft", "padding"], [1], case="C"),
+              rnd(1, 1, [1, 2, 3], ["pending", "accepted", "bonus"], [2, 3], case="V",
+                  pq=[{"i": 0, "p": 0.9, "q": 0.5, "accepted": True}]),
+              rnd(2, 3, [3, 4, 5], ["pending", "rejected", "bonus"], [5], case="R",
+                  pq=[{"i": 0, "p": 0.1, "q": 0.8, "accepted": False}])]
+    fig = isd_figure(rounds, current=2)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["V"].x) == [1] and list(by_name["R"].x) == [2] and list(by_name["C"].x) == [0]
+    assert list(by_name["p (verifier)"].y) == [0.1] and list(by_name["q (draft)"].y) == [0.8]
+    assert list(by_name["p (verifier)"].text) == ["✗"]
+
+
+def test_branches_and_fold() -> None:
+    r = rnd(3, 5, [1, 9, 9], ["committed", "mask", "mask"], [], branches=[
+        {"id": 1, "parent": 0, "tokens": [1, 2, 9], "cache_hit": True},
+        {"id": 2, "parent": 1, "tokens": [1, 2, 3], "cache_hit": False}], fold=[[4, 1], [3, 0], [2, 2]])
+    html = branches_html(r, piece)
+    assert html.count('class="ss-branch"') == 2 and "cache hit" in html
+    assert "b2 ← 1" in html and "ss-s-draft" in html and "&lt;script&gt;" in html
+    assert branches_html(rnd(0, 0, [1], ["accepted"], [1]), piece) == ""
+    fig = fold_figure(r)
+    assert [list(row) for row in fig.data[0].z] == [[4, 1], [3, 0], [2, 2]]
+    assert list(fig.data[0].x) == ["b0", "b1"]
+
+
+def test_comparison_one_trace_per_run_on_nfe_axis() -> None:
+    a = RunTrace.from_events(run_events("r_a", "ar"))
+    b = RunTrace.from_events(run_events("r_b", "linear_spec"))
+    fig = comparison_figure([a, b])
+    assert len(fig.data) == 2
+    assert list(fig.data[0].x) == [0, 0, 2, 4] and list(fig.data[0].y) == [0, 1, 3, 5]
+    assert fig.layout.xaxis.title.text == "cumulative NFE"
+
+
+def test_metrics_table_badges_and_escaping() -> None:
+    ref = RunTrace.from_events(run_events("r_ref", "ar"))
+    same = RunTrace.from_events(run_events("r_same", "linear_spec"))
+    other = RunTrace.from_events(run_events("r_other", "<i>mode</i>", output=[3, 2]))
+    table = metrics_table_html([ref, same, other], ref)
+    assert table.count("<tr>") == 4
+    assert "reference" in table and "same output as reference" in table and "differs from reference" in table
+    assert "&lt;i&gt;mode&lt;/i&gt;" in table and "<i>mode" not in table
+    assert ">1.25<" in table and ">50.0<" in table
+    claims = {"linear_spec": "ar", "<i>mode</i>": "ar", "spiffy": "block_diffusion"}
+    table = metrics_table_html([ref, same, other], ref, claims)
+    assert "== ar" in table and "≠ ar" in table
+    spiffy = RunTrace.from_events(run_events("r_s", "spiffy"))
+    assert "add block_diffusion to check" in metrics_table_html([spiffy], None, claims)
+
+
+def test_token_diff_marks_insertions_and_deletions() -> None:
+    diff = token_diff_html([1, 2, 3], [1, 3, 5], piece)
+    assert 'ss-eq' in diff and 'ss-del' in diff and 'ss-ins' in diff
+    assert "&lt;script&gt;" in diff and "<script>" not in diff
+    assert token_diff_html([], [], piece).endswith("<i>empty</i></div>")
+
+
+def test_legend_explains_every_colour() -> None:
+    legend = legend_html()
+    for state in STATES:
+        assert f"<b>{state}</b>" in legend
+    for reason in KV_REASONS:
+        assert f"<b>{reason or 'held'}</b>" in legend
+    for case in "VRC":
+        assert f"<b>{case}</b>" in legend
+
+
+def test_stats_line_and_sparkline(trace: RunTrace) -> None:
+    assert sparkline([0, 2, 4]) == "▁▅█" and sparkline([]) == "" and sparkline([1, 1]) == "▄▄"
+    line = run_stats_markdown(trace)
+    assert "TPF 1.25" in line and "NFE 4" in line and "50.0 tok/s" in line and "r_test" in line
+
+
+def test_figures_serialise_without_nan(trace: RunTrace) -> None:
+    for fig in (accepted_length_figure(trace.rounds, 0), confidence_figure(trace.rounds[1], piece),
+                comparison_figure([trace])):
+        json.loads(fig.to_json())
+
+
+def test_piece_fallbacks() -> None:
+    assert make_piece(["a", "b"], {1: "x"})(1) == "x", "a run's own pieces win over the backend's vocab"
+    assert make_piece(["a", "b"], {1: "x"})(0) == "a"
+    assert make_piece(None, {1: "x"})(1) == "x"
+    assert make_piece(None)(7) == "#7"

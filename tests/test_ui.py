@@ -1,0 +1,145 @@
+"""The UI without a browser: the backend client (addresses, outages, a live server) and mounting on FastAPI."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from app.client import BackendError, BackendUnavailable, Client, base_urls
+from app.plot import PLOTLY_ROUTE
+from app.tabs.chat import mode_params, param_component
+from app.ui import mount_ui, status_html
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serving(app: FastAPI, port: int) -> Iterator[None]:
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                                timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_base_urls() -> None:
+    assert base_urls("ws://h:1") == ("http://h:1", "ws://h:1")
+    assert base_urls("https://h/prefix/") == ("https://h/prefix", "wss://h/prefix")
+    assert base_urls("h:2") == ("http://h:2", "ws://h:2")
+    with pytest.raises(ValueError):
+        base_urls("ftp://h")
+
+
+def test_dead_backend_is_unavailable() -> None:
+    client = Client(f"ws://127.0.0.1:{free_port()}", timeout=2)
+    with pytest.raises(BackendUnavailable, match="backend unavailable"):
+        client.health()
+
+    async def drain() -> None:
+        async for _ in client.generate("hi", "ar"):
+            pass
+
+    with pytest.raises(BackendUnavailable, match="backend unavailable"):
+        asyncio.run(drain())
+    assert "refused" in status_html(None, "refused") and "ss-down" in status_html(None, "<x>")
+    assert "&lt;x&gt;" in status_html(None, "<x>")
+
+
+def stub_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/api/health")
+    def health() -> dict:
+        return {"status": "ok", "model": "stub"}
+
+    return app
+
+
+def test_mount_keeps_api_routes() -> None:
+    app = mount_ui(stub_app(), "ws://127.0.0.1:1")
+    with TestClient(app) as http:
+        assert http.get("/api/health").json() == {"status": "ok", "model": "stub"}
+        page = http.get("/")
+        assert page.status_code == 200 and "specscope" in page.text
+        assert http.get("/config").status_code == 200
+        plotly_js = http.get(PLOTLY_ROUTE)
+        assert plotly_js.status_code == 200 and "javascript" in plotly_js.headers["content-type"]
+        assert len(plotly_js.content) > 1_000_000, "the plotly package's own plotly.min.js"
+
+
+def test_param_widgets_and_values() -> None:
+    specs = [{"name": "m", "params": [
+        {"name": "max_new_tokens", "type": "int", "default": 64, "min": 1, "max": 4096, "help": ""},
+        {"name": "seed", "type": "int", "default": 0, "min": 0, "max": 2**31 - 1, "help": ""},
+        {"name": "threshold", "type": "float", "default": 0.9, "min": 0.0, "max": 1.0, "help": ""},
+        {"name": "lora", "type": "bool", "default": True, "min": None, "max": None, "help": ""}]}]
+    kinds = [type(param_component(p, p["name"])).__name__ for p in specs[0]["params"]]
+    assert kinds == ["Slider", "Number", "Slider", "Checkbox"]
+    chosen = {"m": {"max_new_tokens": 16.0, "threshold": 1, "lora": False, "seed": None}}
+    assert mode_params(specs, "m", chosen) == {"max_new_tokens": 16, "threshold": 1.0, "lora": False}
+    assert mode_params(specs, "other", chosen) == {}
+
+
+def test_client_against_live_server(engine, tmp_path) -> None:
+    from backend.server import create_app
+    from backend.store import Store
+
+    port = free_port()
+    app = create_app(engine, Store(f"sqlite:///{tmp_path / 'ui.db'}"), ui=False)
+    client = Client(f"ws://127.0.0.1:{port}")
+
+    async def run(mode: str) -> list[dict]:
+        return [e async for e in client.generate("What is 1 + 2?", mode, {"max_new_tokens": 6})]
+
+    async def bad() -> list[dict]:
+        return [e async for e in client.generate("hi", "no_such_mode")]
+
+    with serving(app, port):
+        assert client.health()["status"] == "ok"
+        assert {"ar", "linear_spec"} <= {m["name"] for m in client.modes()}
+        model, pieces = client.vocab()
+        assert model == engine.model_name and len(pieces) > 100
+        events = asyncio.run(run("ar"))
+        assert events[0]["type"] == "run_start" and events[-1]["type"] == "run_end"
+        run_id = events[-1]["run_id"]
+        trace = client.trace(run_id)
+        assert trace.status == "done" and trace.rounds and trace.kv
+        assert client.runs(mode="ar")[0]["run_id"] == run_id
+        assert client.rounds(run_id, 0, 2)[0]["round"] == 0
+        assert b"traceEvents" in client.export(run_id, "perfetto")
+        other = asyncio.run(run("linear_spec"))[-1]["run_id"]
+        made = client.create_comparison("pair", "What is 1 + 2?", [run_id, other])
+        assert client.comparison(made["comparison_id"])["run_ids"] == [run_id, other]
+        assert asyncio.run(bad())[-1]["type"] == "error"
+        client.delete_run(other)
+        with pytest.raises(BackendError, match="404"):
+            client.run(other)
+
+
+def test_token_protects_the_ui() -> None:
+    app = mount_ui(stub_app(), "ws://127.0.0.1:1", token="s3cret")
+    with TestClient(app) as http:
+        assert http.get("/config").status_code == 401
+        assert http.post("/login", data={"username": "me", "password": "wrong"}).status_code == 400
+        assert http.post("/login", data={"username": "me", "password": "s3cret"}).status_code == 200
+        assert http.get("/config").status_code == 200
