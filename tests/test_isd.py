@@ -51,7 +51,7 @@ def _req(temperature: float, seed: int = 0) -> Request:
 
 class _RT:
     """Just what verify_specs reads from the runtime."""
-    mask_id = 0
+    mask = 0
 
 
 def test_pq_rule_accepts_when_p_matches_q_and_corrects_from_the_residual():

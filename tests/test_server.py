@@ -285,8 +285,8 @@ def test_health_modes_and_index(client, engine):
 def test_ui_is_mounted_when_installed(engine, store, monkeypatch):
     mounted = []
 
-    def mount_ui(app, backend_url):
-        mounted.append(backend_url)
+    def mount_ui(app, backend_url, token=None):
+        mounted.append((backend_url, token))
         app.get("/")(lambda: {"ui": "fake"})
         return app
 
@@ -297,7 +297,7 @@ def test_ui_is_mounted_when_installed(engine, store, monkeypatch):
     with TestClient(create_app(engine, store, backend_url="ws://127.0.0.1:9")) as c:
         assert c.get("/").json() == {"ui": "fake"}
         assert c.get("/api/health").status_code == 200
-    assert mounted == ["ws://127.0.0.1:9"]
+    assert mounted == [("ws://127.0.0.1:9", None)]
 
 
 def test_run_listing_filters_and_unknown_ids(client):
