@@ -56,10 +56,8 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
     nfe = sum(r.metrics["nfe"] for r in runs)
     tokens = sum(r.metrics["tokens"] for r in runs)
     hist: Counter[str] = Counter()
-    extra: Counter[str] = Counter()
     for r in runs:
         hist.update(r.metrics["accept_hist"])
-        extra.update({k: v for k, v in r.metrics.items() if k not in STANDARD and isinstance(v, (int, float))})
     rounds = sum(hist.values())
     correct: Counter[str] = Counter()
     for t, r in zip(tasks, runs, strict=True):
@@ -77,9 +75,19 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
         "tracing_identical": [r.output_ids for r in outputs[True]] == [r.output_ids for r in runs],
         "kv_leaked": sum(r.metrics["kv_leaked"] for r in runs),
         "kv_peak": max(r.metrics["kv_peak"] for r in runs),
-        "mode_metrics": dict(extra),
+        "mode_metrics": mode_metrics(runs),
         "outputs": [r.output_ids for r in runs],
     }
+
+
+def mode_metrics(runs: list[RunResult]) -> dict[str, float]:
+    """Mode-specific metrics over the prompt set: counts are summed, ratios averaged over runs."""
+    values: dict[str, list] = {}
+    for r in runs:
+        for k, v in r.metrics.items():
+            if k not in STANDARD and isinstance(v, (int, float)) and not isinstance(v, bool):
+                values.setdefault(k, []).append(v)
+    return {k: sum(vs) if all(isinstance(v, int) for v in vs) else sum(vs) / len(vs) for k, vs in values.items()}
 
 
 def compare_to_references(rows: dict[str, dict[str, Any]]) -> None:

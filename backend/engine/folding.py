@@ -1,0 +1,172 @@
+"""SpecFold's folded multi-branch forward in PyTorch: the reference twin of the future Triton kernels.
+
+R rows hold R block states of one request (row 0 = the main branch, `parents[i] < i` for the drafts). All
+rows attend `block`-wise to the same read-only prefix and to their own block. Per layer, per draft branch i,
+per position n, the gate on the layer input ρ = ‖H_i[n] − H_par(i)[n]‖₂ / ‖H_par(i)[n]‖₂ decides:
+ρ > δ recomputes the position; ρ ≤ δ folds it. A folded position takes its q/k/v from its *source*, the
+nearest ancestor that recomputed n (fold chains resolve in one hop), and its attention output is the
+source's streaming-softmax state (m, Z, O) corrected exactly for the block keys on which the two branches
+differ: the source's contributions at those keys are removed, the branch's own added. The FFN output is
+folded the same way, by the same relative residual taken on the FFN input (the post-attention residual
+stream). One gate per layer, as in the paper, would reuse FFN outputs whose input attention had changed:
+at δ = 0 that is off by up to 0.7 in the logits of the shipped model; with the second gate δ = 0 folds only
+bit-identical inputs and equals the dense forward up to rounding. QKV projection and FFN run on the
+recomputed rows only, packed; o_proj and the residual adds run on every row: residual streams are never
+folded.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import cast
+
+import torch
+from torch import Tensor
+
+from backend.model.transformer import DecoderLayer, KVContext, Transformer, rope_cos_sin
+
+
+def prefix_scores(q: Tensor, k: Tensor) -> Tensor:
+    """Scaled scores [M, H, P] of queries q [M, H, hd] against the shared prefix keys k [P, Hkv, hd]
+    (grouped-query heads without copying the keys)."""
+    return torch.einsum("mjgd,kjd->mjgk", q.unflatten(1, (k.shape[1], -1)), k).flatten(1, 2) * q.shape[-1] ** -0.5
+
+
+def prefix_weighted(p: Tensor, v: Tensor) -> Tensor:
+    """Σ_k p[m, h, k] v[k] -> [M, H, hd] for weights p [M, H, P] and the shared prefix values v [P, Hkv, hd]."""
+    return torch.einsum("mjgk,kjd->mjgd", p.unflatten(1, (v.shape[1], -1)), v).flatten(1, 2)
+
+
+def swap_keys(m: Tensor, z: Tensor, s_old: Tensor, s_new: Tensor, diff: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Correct a source row's streaming-softmax state (running max m, denominator z [F, H]; output o) for
+    a branch whose block keys differ where diff [F, N] is set. s_old / s_new [F, H, N]: scores of the shared
+    query against the source's and the branch's block keys. The source's contributions at diff are removed
+    and the branch's added: the branch's output is c·o + Σ_n w_old[n]·v_source[n] + Σ_n w_new[n]·v_own[n];
+    returns (c [F, H], w_old, w_new [F, H, N])."""
+    hide = ~diff[:, None, :]
+    e_old = torch.exp(s_old.masked_fill(hide, float("-inf")) - m[..., None])
+    s_new = s_new.masked_fill(hide, float("-inf"))
+    m_new = torch.maximum(m, s_new.amax(-1))
+    scale = torch.exp(m - m_new)
+    e_new = torch.exp(s_new - m_new[..., None])
+    z_new = (z - e_old.sum(-1)) * scale + e_new.sum(-1)
+    return z * scale / z_new, -e_old * (scale / z_new)[..., None], e_new / z_new[..., None]
+
+
+def resolve_sources(recompute: Tensor, parents: list[int]) -> Tensor:
+    """src [R, N]: the nearest ancestor-or-self row that recomputed each position (rows in parents-first
+    order; row 0 recomputes everything)."""
+    if not bool(recompute[0].all()):
+        raise ValueError("the main row (0) must recompute every position")
+    src = torch.empty(recompute.shape, dtype=torch.long, device=recompute.device)
+    src[0] = 0
+    for i in range(1, recompute.shape[0]):
+        src[i] = torch.where(recompute[i], i, src[parents[i]])
+    return src
+
+
+def branch_attention(q: Tensor, k: Tensor, v: Tensor, recompute: Tensor, parents: list[int],
+                     prefix_k: Tensor, prefix_v: Tensor) -> Tensor:
+    """Attention outputs [R, N, H, hd] (float64) of R branches, each over [shared prefix ‖ its own block].
+
+    q [R, N, H, hd] and k, v [R, N, Hkv, hd] are read at recomputed slots only; a folded slot inherits its
+    source's q/k/v. Recomputed rows get their exact state (m, z, o) over the prefix and their own block;
+    a folded row is its source's state with the differing block keys swapped (`swap_keys`). Block-local
+    scores are formed for all row pairs at once (N keys each: cheap); the prefix is scored for recomputed
+    rows only. The state arithmetic runs in float64: removing keys that dominate a row cancels badly in
+    float32 (a float32 kernel should recompute such rows or keep per-key-set partial states)."""
+    r, n = recompute.shape
+    src = resolve_sources(recompute, parents)
+    pos = torch.arange(n, device=q.device)
+    q, k, v = q[src, pos].double(), k[src, pos].double(), v[src, pos].double()
+    prefix_k, prefix_v = prefix_k.double(), prefix_v.double()
+    hkv, p = k.shape[2], prefix_k.shape[0]
+    # s[i, n, h, b, k]: query (i, n) against block key k of branch b
+    s = torch.einsum("rnjgd,bkjd->rnjgbk", q.unflatten(2, (hkv, -1)), k).flatten(2, 3) * q.shape[-1] ** -0.5
+    w = torch.zeros_like(s)
+    ri, rn = recompute.nonzero(as_tuple=True)
+    s_rec = torch.cat([prefix_scores(q[ri, rn], prefix_k), s[ri, rn, :, ri]], dim=-1)
+    m = s_rec.amax(-1)
+    e = torch.exp(s_rec - m[..., None])
+    z = e.sum(-1)
+    e = e / z[..., None]
+    w[ri, rn, :, ri] = e[..., p:]
+    fi, fn = (~recompute).nonzero(as_tuple=True)
+    a = src[fi, fn]
+    row = torch.full((r, n), -1, dtype=torch.long, device=q.device)
+    row[ri, rn] = torch.arange(ri.numel(), device=q.device)
+    j = row[a, fn]
+    c, w_old, w_new = swap_keys(m[j], z[j], s[fi, fn, :, a], s[fi, fn, :, fi], src[fi] != src[a])
+    w[fi, fn, :, a] = w_old
+    w[fi, fn, :, fi] = w_new
+    out = torch.einsum("rnjgbk,bkjd->rnjgd", w.unflatten(2, (hkv, -1)), v).flatten(2, 3)
+    out[ri, rn] += prefix_weighted(e[..., :p], prefix_v)
+    out[fi, fn] += c[..., None] * out[a, fn]
+    return out
+
+
+def fold_gate(h: Tensor, parents: Tensor, delta: float) -> Tensor:
+    """Recompute flags [R, N]: row 0 always; draft row i where ρ = ‖h_i − h_par(i)‖ / ‖h_par(i)‖ > δ."""
+    child, parent = h[1:].float(), h[parents[1:]].float()
+    rho = (child - parent).norm(dim=-1) / parent.norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    flags = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
+    flags[1:] = rho > delta
+    return flags
+
+
+def packed(fn: Callable[[Tensor], Tensor], h: Tensor, recompute: Tensor, parents: list[int]) -> Tensor:
+    """fn (position-wise) on the recomputed rows of h [R, N, D] only; folded rows take their source's."""
+    ri, rn = recompute.nonzero(as_tuple=True)
+    y = fn(h[ri, rn][None])[0]
+    table = y.new_empty(*recompute.shape, *y.shape[1:])
+    table[ri, rn] = y
+    return table[resolve_sources(recompute, parents), torch.arange(h.shape[1], device=h.device)]
+
+
+@dataclass
+class FoldedForward:
+    """Drop-in for Transformer.forward (block attention, read-only prefix) over the rows of one draft
+    graph. After a call, `recomputed[layer][row]` counts the positions whose QKV was recomputed and
+    `ffn_recomputed` those whose FFN was."""
+    model: Transformer
+    parents: list[int]           # parents[0] = -1 (main), parents[i] < i
+    delta: float
+    recomputed: list[list[int]] = field(default_factory=list)
+    ffn_recomputed: list[list[int]] = field(default_factory=list)
+
+    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "block", kv: KVContext | None = None,
+                 mask: Tensor | None = None, lora: bool = False) -> Tensor:
+        if attn != "block" or mask is not None:
+            raise ValueError("the folded forward verifies block states: block attention, no custom mask")
+        model, cfg = self.model, self.model.cfg
+        parents = torch.tensor(self.parents, device=ids.device)
+        cos, sin = rope_cos_sin(positions[:1], cfg.head_dim, cfg.rope_theta)   # rows share positions
+        h = model.embed_tokens(ids)
+        self.recomputed, self.ffn_recomputed = [], []
+        for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
+            rec = fold_gate(h, parents, self.delta)
+            ri, rn = rec.nonzero(as_tuple=True)
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h[ri, rn])[None], cos[:, rn], sin[:, rn], lora)
+            q_t, k_t, v_t = (t.new_zeros(*rec.shape, *t.shape[2:]) for t in (q, k, v))
+            q_t[ri, rn], k_t[ri, rn], v_t[ri, rn] = q[0], k[0], v[0]
+            prefix_k, prefix_v = shared_prefix(kv, index, k)
+            o = branch_attention(q_t, k_t, v_t, rec, self.parents, prefix_k, prefix_v)
+            h = h + layer.self_attn.o_proj(o.flatten(2).to(h.dtype), lora)
+            ffn_rec = fold_gate(h, parents, self.delta)
+            h = h + packed(partial(layer.ffn, lora=lora), h, ffn_rec, self.parents)
+            self.recomputed.append(rec.sum(1).tolist())
+            self.ffn_recomputed.append(ffn_rec.sum(1).tolist())
+        return model.logits(h)
+
+
+def shared_prefix(kv: KVContext | None, layer: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """The prefix K/V [P, Hkv, hd] every row reads (gathered once), empty without a KV context."""
+    if kv is None:
+        empty = like.new_zeros(0, *like.shape[2:])
+        return empty, empty
+    if kv.write_slots is not None or kv.prefix_valid is not None or not bool(
+            (kv.prefix_slots == kv.prefix_slots[:1]).all()):
+        raise ValueError("the folded forward needs one shared, read-only prefix for all rows")
+    slots = kv.prefix_slots[0]
+    return kv.cache.k[layer][slots], kv.cache.v[layer][slots]

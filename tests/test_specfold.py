@@ -1,0 +1,121 @@
+"""SpecFold: the folded attention correction on random tensors, and the folded forward on the shipped model."""
+import pytest
+import torch
+import torch.nn.functional as F
+from test_spiffy import GEN, engine_with_graph, graph_json
+
+from backend.engine.folding import FoldedForward, branch_attention, resolve_sources
+from backend.engine.modes.spiffy import Spiffy
+from backend.tracing import RecordingTracer
+
+
+@pytest.fixture(scope="module")
+def spiffy_engine(loaded, tmp_path_factory):
+    return engine_with_graph(loaded, tmp_path_factory.mktemp("graph"), graph_json())
+
+
+def reference_attention(q, k, v, recompute, parents, prefix_k, prefix_v):
+    """Per branch, per position: SDPA of the inherited query over [prefix ‖ the branch's own block K/V],
+    where every slot takes q/k/v from the nearest ancestor-or-self that recomputed it."""
+    r, n = recompute.shape
+    src = torch.empty(r, n, dtype=torch.long)
+    for i in range(r):
+        for p in range(n):
+            j = i
+            while not recompute[j, p]:
+                j = parents[j]
+            src[i, p] = j
+    pos = torch.arange(n)
+    own_q, own_k, own_v = q[src, pos], k[src, pos], v[src, pos]
+    keys = torch.cat([prefix_k.expand(r, *prefix_k.shape), own_k], dim=1)
+    values = torch.cat([prefix_v.expand(r, *prefix_v.shape), own_v], dim=1)
+    out = F.scaled_dot_product_attention(own_q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                         enable_gqa=True)
+    return out.transpose(1, 2), src
+
+
+CHAIN = [-1, 0, 1, 2, 3]             # depth 4: at density 0 every fold chain runs back to the main row
+TREE = [-1, 0, 0, 1, 3, 2, 5, 0]     # siblings, and chains of depth 3
+
+
+@pytest.mark.parametrize("parents", [CHAIN, TREE])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("prefix", [0, 9])
+@pytest.mark.parametrize("density", [0.0, 0.3, 1.0])
+def test_folded_attention_equals_exact_attention_over_own_kv(parents, heads, kv_heads, prefix, density):
+    g = torch.Generator().manual_seed(hash((len(parents), heads, kv_heads, prefix, density)) % 2**31)
+    r, n, hd = len(parents), 7, 16
+    q = torch.randn(r, n, heads, hd, generator=g) * 2
+    k = torch.randn(r, n, kv_heads, hd, generator=g) * 2
+    v = torch.randn(r, n, kv_heads, hd, generator=g)
+    pk, pv = torch.randn(prefix, kv_heads, hd, generator=g), torch.randn(prefix, kv_heads, hd, generator=g)
+    recompute = torch.rand(r, n, generator=g) < density
+    recompute[0] = True
+    if density < 1:
+        recompute[2] = False                  # an empty recompute set mid-chain
+    out = branch_attention(q, k, v, recompute, parents, pk, pv)
+    want, src = reference_attention(q, k, v, recompute, parents, pk, pv)
+    assert torch.equal(resolve_sources(recompute, parents), src)
+    torch.testing.assert_close(out.float(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_folding_needs_a_recomputed_main_row():
+    rec = torch.ones(2, 3, dtype=torch.bool)
+    rec[0, 1] = False
+    with pytest.raises(ValueError, match="main row"):
+        resolve_sources(rec, [-1, 0])
+
+
+def test_delta_zero_logits_match_the_dense_forward_for_every_branch(spiffy_engine, heldout_prompts, monkeypatch):
+    dense = Spiffy.verify_forward
+    errors, folded_rows = [], []
+
+    def verify_twice(self, req, rt, st, ids, parents):
+        logits = dense(self, req, rt, st, ids, parents)
+        if ids.shape[0] > 1:
+            folded = FoldedForward(rt.model, parents, 0.0)
+            again = rt.forward([req] * ids.shape[0], ids, [st.start] * ids.shape[0], "block", kind="verify",
+                               model=folded)
+            errors.append(float((again - logits).abs().max()))
+            folded_rows.append(sum(ids.shape[1] - c for c in folded.recomputed[0][1:]))
+        return logits
+
+    monkeypatch.setattr(Spiffy, "verify_forward", verify_twice)
+    for prompt in heldout_prompts:
+        spiffy_engine.generate(prompt, "spiffy", {"max_new_tokens": 16})
+        if len(errors) >= 6:
+            break
+    assert len(errors) >= 6 and max(errors) <= 1e-4, errors
+    assert all(folded_rows), "δ=0 folds the bit-identical embeddings of layer 0"
+
+
+def test_specfold_delta_zero_equals_spiffy(spiffy_engine, heldout_prompts):
+    verified = 0
+    for prompt in heldout_prompts[::6]:
+        sp = spiffy_engine.generate(prompt, "spiffy", GEN)
+        sf = spiffy_engine.generate(prompt, "specfold", {**GEN, "delta": 0.0})
+        assert sf.output_ids == sp.output_ids, prompt
+        assert sf.metrics["nfe"] == sp.metrics["nfe"]
+        if sf.metrics["drafts_verified"]:
+            verified += 1
+            assert 0 < sf.metrics["fold_ratio"] < 0.5     # δ=0 folds layer 0's unchanged embeddings only
+    assert verified >= 3
+    assert spiffy_engine.rt.pool.used == 0
+
+
+def test_specfold_default_delta_folds_and_traces(spiffy_engine, heldout_prompts):
+    layers = spiffy_engine.rt.model.cfg.num_hidden_layers
+    folds, ratios = [], []
+    for prompt in heldout_prompts[::5]:
+        tracer = RecordingTracer()
+        res = spiffy_engine.generate(prompt, "specfold", GEN, tracer=tracer)
+        assert res.status == "done" and res.metrics["kv_leaked"] == 0
+        if res.metrics["fold_ratio"] is not None:
+            ratios.append(res.metrics["fold_ratio"])
+        folds += [e for e in tracer.events if e["type"] == "round" and e.get("fold")]
+    assert ratios and all(0 < r <= 1 for r in ratios)
+    assert len(folds) >= 3
+    for e in folds:
+        assert len(e["fold"]) == layers and len(e["extra"]["fold_ffn"]) == layers
+        assert all(len(row) == len(e["branches"]) for row in e["fold"])
+        assert all(row[0] == len(e["tokens"]) - (e["states"][-1] == "bonus") for row in e["fold"])
