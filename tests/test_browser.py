@@ -5,17 +5,13 @@ Screenshots of every view land in tests/artifacts/ (git-ignored).
 from __future__ import annotations
 
 import re
-import socket
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
+from live_server import free_port, serving
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -28,29 +24,6 @@ ARTIFACTS = Path(__file__).parent / "artifacts"
 PROMPT = "What is 12 + 30?"
 XSS = "<script>window.__xss = 1</script>"
 TIMEOUT_MS = 30_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def serving(app: FastAPI, port: int) -> Iterator[None]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                                timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.05)
-    try:
-        yield
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def store_xss_run(engine, store) -> str:

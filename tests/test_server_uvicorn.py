@@ -3,16 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
+from live_server import serving
 from websockets.asyncio.client import connect
 
 from backend.server import create_app
@@ -22,28 +19,11 @@ MODES = ["ar", "block_diffusion", "linear_spec"]
 CLIENTS = 8
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def served(engine, tmp_path: Path) -> Iterator[tuple[str, Store]]:
     """(host:port, store) of a live server, stopped (runs cancelled, worker joined) afterwards."""
-    with Store(f"sqlite:///{tmp_path / 'specscope.db'}") as store:
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(engine, store, ui=False), host="127.0.0.1", port=port,
-                                               log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
+    with Store(f"sqlite:///{tmp_path / 'specscope.db'}") as store, serving(create_app(engine, store, ui=False)) as port:
         yield f"127.0.0.1:{port}", store
-        server.should_exit = True
-        thread.join(30)
 
 
 def strict(raw: str | bytes) -> dict[str, Any]:

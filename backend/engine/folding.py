@@ -9,7 +9,7 @@ source's streaming-softmax state (m, Z, O) corrected exactly for the block keys 
 differ: the source's contributions at those keys are removed, the branch's own added. The FFN output is
 folded the same way, by the same relative residual taken on the FFN input (the post-attention residual
 stream). One gate per layer, as in the paper, would reuse FFN outputs whose input attention had changed:
-at δ = 0 that is off by up to 0.7 in the logits of the shipped model; with the second gate δ = 0 folds only
+at δ = 0 that is off by up to 7 in the logits of the shipped model; with the second gate δ = 0 folds only
 bit-identical inputs and equals the dense forward up to rounding. QKV projection and FFN run on the
 recomputed rows only, packed; o_proj and the residual adds run on every row: residual streams are never
 folded.

@@ -18,7 +18,7 @@ from backend.engine.params import Param, ParamError
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
 
-BLOCK_PARAMS = (
+BLOCK_PARAMS: tuple[Param, ...] = (
     Param("block_size", int, 32, 2, 256, "positions per block, seed included"),
     Param("threshold", float, 0.9, 0.0, 1.0, "commit every masked position with confidence >= threshold"),
     Param("sub_block", int, 0, 0, 256, "denoise sub-blocks of this size left to right (0 = off)"),
