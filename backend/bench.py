@@ -38,20 +38,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench_results")
 
 
-def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict, tracing: bool) -> tuple[float, list]:
+def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict,
+               tracing: bool) -> tuple[float, list[RunResult], list[RecordingTracer]]:
+    tracers = [RecordingTracer() for _ in tasks] if tracing else []
     t0 = time.perf_counter()
-    results = [engine.generate(t.prompt, mode, params, tracer=RecordingTracer() if tracing else NULL_TRACER)
-               for t in tasks]
-    return time.perf_counter() - t0, results
+    results = [engine.generate(t.prompt, mode, params, tracer=tracers[i] if tracing else NULL_TRACER)
+               for i, t in enumerate(tasks)]
+    return time.perf_counter() - t0, results, tracers
+
+
+def verify_ms(tracers: list[RecordingTracer]) -> float | None:
+    """Mean wall time of one batched `verify` forward (multi-branch modes), from the traced pass."""
+    ms = [p["ms"] for t in tracers for e in t.events if e["type"] == "round"
+          for p in e["phases"] if p["kind"] == "verify"]
+    return sum(ms) / len(ms) if ms else None
 
 
 def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repeats: int) -> dict[str, Any]:
     walls: dict[bool, list[float]] = {False: [], True: []}
     outputs: dict[bool, list[RunResult]] = {}
+    tracers: list[RecordingTracer] = []
     for rep in range(repeats):
         for tracing in ((False, True) if rep % 2 == 0 else (True, False)):
-            wall, outputs[tracing] = timed_pass(engine, mode, tasks, params, tracing)
+            wall, outputs[tracing], traced = timed_pass(engine, mode, tasks, params, tracing)
             walls[tracing].append(wall)
+            tracers = traced or tracers
     runs = outputs[False]
     nfe = sum(r.metrics["nfe"] for r in runs)
     tokens = sum(r.metrics["tokens"] for r in runs)
@@ -65,6 +76,7 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
     kinds = sorted({t.kind for t in tasks})
     per_kind = {k: correct[k] / sum(t.kind == k for t in tasks) for k in kinds}
     wall_off, wall_on = statistics.median(walls[False]), statistics.median(walls[True])
+    folds = [r.metrics["fold_ratio"] for r in runs if r.metrics.get("fold_ratio") is not None]
     return {
         "mode": mode, "nfe": nfe, "tokens": tokens, "tpf": tokens / nfe if nfe else None,
         "wall_s": wall_off, "tok_per_s": tokens / wall_off,
@@ -76,6 +88,8 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
         "kv_leaked": sum(r.metrics["kv_leaked"] for r in runs),
         "kv_peak": max(r.metrics["kv_peak"] for r in runs),
         "mode_metrics": mode_metrics(runs),
+        "fold_ratio": sum(folds) / len(folds) if folds else None,
+        "verify_forward_ms": verify_ms(tracers),
         "outputs": [r.output_ids for r in runs],
     }
 
