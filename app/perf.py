@@ -1,0 +1,80 @@
+"""Server-side cost of the visualizer on long runs (a perf script, not a timed test).
+
+    python -m app.perf [--db sqlite:///sessions/perf.db]
+
+Records a 512-token `ar` run and a long `block_diffusion` run (thousands of rounds), stores them, then
+measures what one step of the visualizer costs on the server: the REST read of one round, and building the
+round's panels from the cached trace. Also times opening the long run (trace fetch + the per-run charts)
+and the size of what the browser receives.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from fastapi.testclient import TestClient
+
+from app.tabs.viz import round_panels, run_charts
+from app.trace import RunTrace, make_piece
+from backend.engine.engine import Engine
+from backend.server import create_app
+from backend.store import Store
+from backend.tracing import RecordingTracer
+
+CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
+
+
+def record(engine: Engine, store: Store, mode: str, max_new: int) -> str:
+    tracer = RecordingTracer(sink=store.record)
+    engine.generate(CODE, mode, {"max_new_tokens": max_new, "raw": True}, tracer=tracer)
+    return tracer.run_id
+
+
+def ms(f, repeat: int = 20) -> float:
+    """Median wall time of f() in ms."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        f()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def fetch(client: TestClient, run_id: str) -> RunTrace:
+    """What the UI does to open a run: its events and KV intervals over REST."""
+    return RunTrace.from_events(client.get(f"/api/runs/{run_id}/export?format=json").json()["events"],
+                                client.get(f"/api/runs/{run_id}/kv").json())
+
+
+def measure(client: TestClient, vocab: list[str], label: str, run_id: str) -> None:
+    trace = fetch(client, run_id)
+    piece = make_piece(vocab, trace.known_pieces)
+    n = len(trace.rounds)
+    mid = n // 2
+    rest = ms(lambda: client.get(f"/api/runs/{run_id}/rounds?start={mid}&stop={mid + 1}"))
+    step = ms(lambda: round_panels(trace, mid, piece))
+    open_ms = ms(lambda: fetch(client, run_id), repeat=3)
+    charts = run_charts(trace)
+    chart_ms = ms(lambda: run_charts(trace), repeat=3)
+    print(f"{label}: {n} rounds | step: REST one round {rest:.1f} ms + panels {step:.1f} ms | "
+          f"open: fetch {open_ms:.0f} ms + charts {chart_ms:.0f} ms, "
+          f"{sum(len(c) for c in charts) / 1e3:.0f} kB of chart JSON")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", default="sqlite:///sessions/perf.db")
+    args = p.parse_args()
+    engine = Engine()
+    with Store(args.db) as store:
+        runs = {"ar 512 tokens": record(engine, store, "ar", 512),
+                "block_diffusion 900 tokens": record(engine, store, "block_diffusion", 900)}
+        client = TestClient(create_app(engine, store, ui=False))
+        vocab = client.get("/api/vocab").json()["pieces"]
+        for label, run_id in runs.items():
+            measure(client, vocab, label, run_id)
+
+
+if __name__ == "__main__":
+    main()
