@@ -44,6 +44,26 @@ def store_xss_run(engine, store) -> str:
     return run_id
 
 
+def store_long_run(store, n_rounds: int = 2000) -> str:
+    """A synthetic stored `ar`-shaped run of n_rounds one-token rounds (more than this model's context allows)."""
+    from backend.tracing import KVEvent, Phase, RecordingTracer, RoundEvent
+
+    tracer = RecordingTracer(run_id="r_long000000000001", sink=store.record)
+    tracer.emit("run_start", {"mode": "ar", "params": {"max_new_tokens": n_rounds}, "model": "tiny",
+                              "prompt": "long", "prompt_ids": [5], "pieces": ["long"]})
+    tokens = [10 + r % 50 for r in range(n_rounds)]
+    for r, tok in enumerate(tokens):
+        tracer.kv(KVEvent("alloc", [r], [r], r))
+        tracer.kv(KVEvent("commit", [r], [r], r))
+        tracer.round(RoundEvent(round=r, phases=[Phase("decode", "causal", False, 1, 1.0)], block_start=r + 1,
+                                tokens=[tok], states=["accepted"], conf=[0.5], accepted_len=1, committed=[tok],
+                                nfe=1))
+    tracer.kv(KVEvent("free", list(range(n_rounds)), list(range(n_rounds)), n_rounds, "finished"))
+    tracer.emit("run_end", {"status": "done", "output_ids": tokens, "text": "synthetic",
+                            "metrics": {"nfe": n_rounds, "tokens": n_rounds, "tpf": 1.0}})
+    return tracer.run_id
+
+
 @pytest.fixture(scope="module")
 def loaded_engine(loaded):
     from backend.engine.engine import Engine
@@ -58,9 +78,10 @@ def server(loaded_engine, tmp_path_factory) -> Iterator[dict]:
     port = free_port()
     store = Store(f"sqlite:///{tmp_path_factory.mktemp('ui') / 'runs.db'}")
     xss_run = store_xss_run(loaded_engine, store)
+    long_run = store_long_run(store)
     app = create_app(loaded_engine, store, backend_url=f"ws://127.0.0.1:{port}")
     with serving(app, port):
-        yield {"url": f"http://127.0.0.1:{port}/", "xss_run": xss_run}
+        yield {"url": f"http://127.0.0.1:{port}/", "xss_run": xss_run, "long_run": long_run}
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +233,19 @@ def test_stored_markup_is_shown_as_text(page, server) -> None:
     assert XSS in page.locator("#viz-grid .ss-tok").first.get_attribute("title")  # and whole in its hover
     assert page.locator("#viz-grid script, #viz-summary script, #viz-summary img").count() == 0
     shot(page, "xss")
+
+
+def test_a_2000_round_run_opens_and_steps(page, server) -> None:
+    page.get_by_role("tab", name="Visualizer").click()
+    box = page.locator("#viz-run input")
+    box.fill(server["long_run"])
+    box.press("Enter")
+    page.wait_for_selector("#viz-summary >> text=2000 rounds")
+    page.wait_for_selector("#viz-kv .js-plotly-plot")
+    page.click("#viz-next")
+    page.wait_for_function("() => document.querySelector('#viz-grid .ss-round-head b').innerText === 'round 1'")
+    assert page.evaluate("() => document.querySelector('#viz-accepted .js-plotly-plot').data[0].x.length") == 2000
+    shot(page, "long_run")
 
 
 def test_no_console_errors(page, errors) -> None:
