@@ -16,16 +16,13 @@ from typing import Any
 SCHEMA_VERSION = 1
 EVENT_TYPES = ("run_start", "round", "kv", "run_end", "error")
 STATES = ("prompt", "committed", "mask", "draft", "accepted", "rejected", "bonus", "pending", "padding")
-PHASE_KINDS = ("prefill", "draft", "denoise", "verify", "refresh", "decode")
-KV_OPS = ("alloc", "write", "commit", "free", "refresh")
-FREE_REASONS = ("mask", "rejected", "trim", "finished", "cancelled")
 RUN_STATUSES = ("done", "cancelled", "error")
 
 
 @dataclass
 class Phase:
     """One model forward inside a round."""
-    kind: str
+    kind: str                           # prefill | draft | denoise | verify | refresh | decode
     attn: str
     lora: bool
     n_query: int
@@ -53,11 +50,11 @@ class RoundEvent:
 
 @dataclass
 class KVEvent:
-    op: str
+    op: str                             # alloc | write | commit | free | refresh
     slots: list[int]
     positions: list[int]
     round: int
-    reason: str | None = None
+    reason: str | None = None           # free: mask | rejected | trim | finished | cancelled | error
 
 
 def sanitize(value: Any) -> Any:

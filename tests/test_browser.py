@@ -220,11 +220,15 @@ def test_runs_filter_export_delete(page) -> None:
     assert doomed not in page.locator("#runs-table").inner_text()
 
 
-def test_stored_markup_is_shown_as_text(page, server) -> None:
+def open_in_visualizer(page, run_id: str) -> None:
     page.get_by_role("tab", name="Visualizer").click()
     box = page.locator("#viz-run input")
-    box.fill(server["xss_run"])
+    box.fill(run_id)
     box.press("Enter")
+
+
+def test_stored_markup_is_shown_as_text(page, server) -> None:
+    open_in_visualizer(page, server["xss_run"])
     page.wait_for_selector("#viz-summary >> text=window.__xss")
     page.wait_for_selector("#viz-grid .ss-tok")
     assert page.evaluate("() => window.__xss") is None
@@ -236,10 +240,7 @@ def test_stored_markup_is_shown_as_text(page, server) -> None:
 
 
 def test_a_2000_round_run_opens_and_steps(page, server) -> None:
-    page.get_by_role("tab", name="Visualizer").click()
-    box = page.locator("#viz-run input")
-    box.fill(server["long_run"])
-    box.press("Enter")
+    open_in_visualizer(page, server["long_run"])
     page.wait_for_selector("#viz-summary >> text=2000 rounds")
     page.wait_for_selector("#viz-kv .js-plotly-plot")
     page.click("#viz-next")

@@ -38,6 +38,10 @@ class KVPool:
     def free_count(self) -> int:
         return len(self._free)
 
+    def held(self, owner: str) -> int:
+        """How many slots an owner holds (O(1))."""
+        return self._held.get(owner, 0)
+
     def owned_by(self, owner: str) -> list[int]:
         return sorted(s for s, o in self._owner.items() if o == owner)
 

@@ -72,7 +72,7 @@ class Scheduler:
         return dropped
 
     def _admit(self) -> None:
-        growth = sum(worst_case_slots(r) - len(self.rt.pool.owned_by(r.rid)) for r in self.running)
+        growth = sum(worst_case_slots(r) - self.rt.pool.held(r.rid) for r in self.running)
         while self.waiting:
             req = self.waiting[0]
             need = worst_case_slots(req)
@@ -193,7 +193,7 @@ class Scheduler:
             "wall_ms": round(wall, 3), "tok_per_s": tokens / wall * 1000 if wall > 0 else None,
             "accept_len_mean": sum(req.accept_lens) / len(req.accept_lens) if req.accept_lens else None,
             "accept_hist": hist, "fold_ratio": None, "rounds": req.round,
-            "kv_peak": req.kv_peak or self.rt.pool.peak_by_owner.get(req.rid, 0),
-            "kv_leaked": len(self.rt.pool.owned_by(req.rid)),
+            "kv_peak": req.kv_peak,
+            "kv_leaked": self.rt.pool.held(req.rid),
             **req.mode.metrics(req),
         }
