@@ -1,0 +1,28 @@
+"""Triton kernels for SpecFold's folded verification and I-DLM's fused verify, each with a PyTorch twin.
+
+Every op lives in one module as `<op>_triton` and `<op>_torch` with identical signatures, and a dispatcher
+`<op>` that picks Triton for CUDA tensors and the twin otherwise. Tests run the Triton versions on CPU
+under TRITON_INTERPRET=1 (set before these modules are imported) by calling them directly.
+"""
+from __future__ import annotations
+
+import os
+
+from torch import Tensor
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+"""Under the CPU interpreter, every tile op costs Python time, so tiles grow to cover whole small shapes."""
+
+
+def on_triton(x: Tensor) -> bool:
+    """Whether ops on x run the Triton kernels (CUDA tensors) or the PyTorch twins (anything else)."""
+    return x.is_cuda
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def tile(n: int, gpu_max: int, lo: int = 16) -> int:
+    """A power-of-two tile covering n, capped at gpu_max on a GPU (256 under the interpreter), at least lo."""
+    return max(lo, min(next_pow2(n), 256 if INTERPRETED else gpu_max))

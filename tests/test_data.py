@@ -87,3 +87,13 @@ def test_labels_are_shifted_and_bd_loss_only_on_masked_targets(tok):
     target_masked[:, :-1] = x_bd[:, 1:] == mask_id
     assert (~has | target_masked).all()                               # loss only where the target is masked
     assert torch.equal(bd_labels[has], b.labels[:, :t][has])
+
+
+@pytest.mark.parametrize("block", [8, 32])
+def test_task_rows_pad_every_task_with_eos_to_the_block_end(tok, block):
+    import random
+    row = data.task_row(tok, random.Random(5), 512, block=block)
+    user, eos = tok.convert_tokens_to_ids("<|user|>"), tok.convert_tokens_to_ids("<|eos|>")
+    starts = [i for i, t in enumerate(row) if t == user]
+    assert len(starts) > 3 and all(i % block == 0 for i in starts)
+    assert all(row[i - 1] == eos for i in starts[1:])

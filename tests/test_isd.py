@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from backend.engine.modes.isd import correction, verify_specs
+from backend.engine.modes.isd import verify_specs
 from backend.engine.request import Request
 from backend.tracing import RecordingTracer
 
@@ -63,25 +63,31 @@ def test_pq_rule_accepts_when_p_matches_q_and_corrects_from_the_residual():
     q = torch.zeros(2, vocab)
     q[0, 2] = 1.0                            # q = p at spec 0: always accept
     q[1, 3], q[1, 4] = 0.5, 0.5              # spec 1 = 3 has p = 0: always reject
+    draft_logits = q.log().clamp_min(-1e4)
     req = _req(1.0)
-    v = verify_specs(specs, logits, q, req, _RT(), alpha=1.0)
-    assert v.accepted == 1 and [x["accepted"] for x in v.pq] == [True, False]
+    v, pq = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=1.0)
+    assert v.accepted == 1 and [x["accepted"] for x in pq] == [True, False]
     assert v.correction == 4                 # the only token where p - q > 0
-    everything = verify_specs(specs, logits, q, req, _RT(), alpha=0.0)
+    everything, _ = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=0.0)
     assert everything.accepted == 2 and everything.correction is None
 
 
 def test_greedy_verify_is_argmax_equality():
     logits = torch.tensor([[0.0, 1.0, 3.0, 2.0], [0.0, 5.0, 1.0, 1.0]])
-    q = torch.full((2, 4), 0.25)
-    v = verify_specs([2, 3], logits, q, _req(0.0), _RT(), alpha=1.0)
+    v, _ = verify_specs([2, 3], logits, torch.zeros(2, 4), _req(0.0), _RT(), alpha=1.0)
     assert v.accepted == 1 and v.correction == 1
 
 
 def test_correction_falls_back_to_p_when_residual_is_empty():
-    p = torch.tensor([0.0, 0.5, 0.5])
-    req = _req(1.0, seed=3)
-    assert correction(p, p.clone(), req) in (1, 2)
+    """p == q everywhere and the spec is rejected (u = 1 >= p/q): the correction is drawn from p."""
+    from kernels.isd_verify import isd_verify_torch, isd_verify_triton
+    logits = torch.tensor([[-1e4, 0.0, 0.0, 0.0]])      # token 0 is the MASK (banned)
+    gumbel = torch.tensor([[9.0, 0.1, 2.0, 0.3]])
+    for op in (isd_verify_torch, isd_verify_triton):
+        v = op(logits, logits.clone(), torch.tensor([3]), 1.0, 1.0, 0, torch.ones(1) * 0.999, gumbel)
+        assert (v.accepted, v.correction) == (1, None)    # p/q = 1: accepted whatever u is
+        v = op(logits, logits.clone(), torch.tensor([3]), 1.0, 2.0, 0, torch.ones(1) * 0.9, gumbel)
+        assert (v.accepted, v.correction) == (0, 2)       # alpha 2 rejects; argmax of log p + g over allowed
 
 
 def test_sampled_isd_is_seeded_and_frees_kv(engine, heldout_prompts):

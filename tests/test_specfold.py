@@ -119,3 +119,53 @@ def test_specfold_default_delta_folds_and_traces(spiffy_engine, heldout_prompts)
         assert len(e["fold"]) == layers and len(e["extra"]["fold_ffn"]) == layers
         assert all(len(row) == len(e["branches"]) for row in e["fold"])
         assert all(row[0] == len(e["tokens"]) - (e["states"][-1] == "bonus") for row in e["fold"])
+
+
+def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy_engine, heldout_prompts,
+                                                                          monkeypatch):
+    """A whole verification step through the Triton kernels (TRITON_INTERPRET=1): at δ=0.1 it equals the
+    float64 PyTorch reference, at δ=0 the dense forward, both within 1e-3. One step: the interpreter is slow."""
+    from kernels.folded_forward import KernelFoldedForward
+    dense = Spiffy.verify_forward
+    results = []
+
+    def verify_and_compare(self, req, rt, st, ids, parents):
+        logits = dense(self, req, rt, st, ids, parents)
+        if ids.shape[0] > 1 and not results:
+            r = ids.shape[0]
+
+            def run(model):
+                return rt.forward([req] * r, ids, [st.start] * r, "block", kind="verify", model=model)
+            ref = FoldedForward(rt.model, parents, 0.1)
+            kern = KernelFoldedForward(rt.model, parents, 0.1, triton=True)
+            results.append((run(ref), run(kern), ref, kern, logits,
+                            run(KernelFoldedForward(rt.model, parents, 0.0, triton=True))))
+        return logits
+
+    monkeypatch.setattr(Spiffy, "verify_forward", verify_and_compare)
+    for prompt in heldout_prompts:
+        spiffy_engine.generate(prompt, "spiffy", {"max_new_tokens": 8})
+        if results:
+            break
+    assert results
+    want, got, ref, kern, dense_logits, got_zero = results[0]
+    assert kern.recomputed == ref.recomputed and kern.ffn_recomputed == ref.ffn_recomputed
+    draft_recomputed = sum(sum(layer[1:]) for layer in kern.recomputed)
+    assert 0 < draft_recomputed < (len(kern.parents) - 1) * len(kern.recomputed) * want.shape[1]  # some of each
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
+    torch.testing.assert_close(got_zero, dense_logits, atol=1e-3, rtol=0)
+
+
+def test_specfold_triton_backend_equals_torch_backend(spiffy_engine, heldout_prompts):
+    """backend=triton on CPU runs the kernels' PyTorch twins: same tokens and fold counts as the reference."""
+    compared = 0
+    for prompt in heldout_prompts[::8]:
+        ref = spiffy_engine.generate(prompt, "specfold", GEN)
+        kern = spiffy_engine.generate(prompt, "specfold", {**GEN, "backend": "triton"})
+        assert kern.output_ids == ref.output_ids, prompt
+        assert kern.metrics["fold_ratio"] == ref.metrics["fold_ratio"]
+        compared += ref.metrics["drafts_verified"] > 0
+    assert compared >= 2
+    zero = spiffy_engine.generate(heldout_prompts[0], "specfold", {**GEN, "delta": 0.0, "backend": "triton"})
+    assert zero.output_ids == spiffy_engine.generate(heldout_prompts[0], "spiffy", GEN).output_ids
+    assert spiffy_engine.rt.pool.used == 0

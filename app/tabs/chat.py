@@ -45,13 +45,15 @@ def mode_params(modes: list[Spec], name: str, chosen: dict[str, dict[str, Any]])
     return params
 
 
-def param_component(p: Spec, key: str) -> gr.Checkbox | gr.Slider | gr.Number:
-    """A widget for one declared parameter: checkbox, bounded slider, or number box."""
+def param_component(p: Spec, key: str) -> gr.Checkbox | gr.Dropdown | gr.Slider | gr.Number:
+    """A widget for one declared parameter: checkbox, choice list, bounded slider, or number box."""
     common = {"label": p["name"], "info": p.get("help") or None, "key": key, "elem_id": f"param-{p['name']}",
               "interactive": True}
     lo, hi = p.get("min"), p.get("max")
     if p["type"] == "bool":
         return gr.Checkbox(value=bool(p["default"]), **common)
+    if p.get("choices"):
+        return gr.Dropdown(choices=list(p["choices"]), value=p["default"], **common)
     if lo is not None and hi is not None and (p["type"] == "float" or hi - lo <= 4096):
         step = 1 if p["type"] == "int" else (hi - lo) / 100
         return gr.Slider(lo, hi, value=p["default"], step=step, **common)

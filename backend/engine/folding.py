@@ -165,8 +165,13 @@ def shared_prefix(kv: KVContext | None, layer: int, like: Tensor) -> tuple[Tenso
     if kv is None:
         empty = like.new_zeros(0, *like.shape[2:])
         return empty, empty
+    slots = shared_slots(kv)
+    return kv.cache.k[layer][slots], kv.cache.v[layer][slots]
+
+
+def shared_slots(kv: KVContext) -> Tensor:
+    """The slot list [P] of the one read-only prefix that all rows share (else a ValueError)."""
     if kv.write_slots is not None or kv.prefix_valid is not None or not bool(
             (kv.prefix_slots == kv.prefix_slots[:1]).all()):
         raise ValueError("the folded forward needs one shared, read-only prefix for all rows")
-    slots = kv.prefix_slots[0]
-    return kv.cache.k[layer][slots], kv.cache.v[layer][slots]
+    return kv.prefix_slots[0]

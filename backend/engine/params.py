@@ -17,12 +17,17 @@ class Param:
     min: float | None = None
     max: float | None = None
     help: str = ""
+    choices: tuple[str, ...] | None = None   # the allowed values of a str parameter
 
     def schema(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.type.__name__, "default": self.default,
-                "min": self.min, "max": self.max, "help": self.help}
+                "min": self.min, "max": self.max, "help": self.help, "choices": self.choices}
 
     def coerce(self, value: Any) -> Any:
+        if self.type is str:
+            if value not in (self.choices or ()):
+                raise ParamError(f"{self.name} must be one of {list(self.choices or ())}, got {value!r}")
+            return value
         if self.type is bool:
             if not isinstance(value, bool):
                 raise ParamError(f"{self.name} must be true or false, got {value!r}")

@@ -72,6 +72,7 @@ class BatchSpec:
     seq_len: int = 256
     batch_size: int = 16
     task_fraction: float = 0.6
+    pad_tasks: bool = True  # EOS-pad each task to the batch's block-diffusion block size
     bd_blocks: tuple[int, ...] = (8, 16, 32)
     idlm_blocks: tuple[int, ...] = (1, 2, 3, 3, 4, 5, 7)
 
@@ -101,14 +102,20 @@ def tri_stream_mask(t: int, bd_block: int, idlm_block: int) -> Tensor:
     return torch.cat([torch.cat(r, dim=1) for r in rows], dim=0)
 
 
-def task_row(tokenizer, rng: random.Random, t: int, split: str = "train") -> list[int]:
-    """Chat tasks of one split packed back to back until T tokens."""
+def task_row(tokenizer, rng: random.Random, t: int, split: str = "train", block: int = 1) -> list[int]:
+    """Chat tasks of one split until T tokens, each padded with EOS to a multiple of `block` tokens.
+
+    The padding teaches a confident EOS after the answer up to the block end, as Fast-dLLM's SFT does,
+    so block diffusion can finish a block in one step once the answer is out.
+    """
     ids: list[int] = []
     kinds = list(tasks.GENERATORS)
+    eos = tokenizer.convert_tokens_to_ids(EOS)
     while len(ids) < t:
         prompt, answer = tasks.GENERATORS[rng.choice(kinds)](rng)
         if tasks.split_of(prompt) == split:
             ids += tokenizer(chat_text(prompt, answer), add_special_tokens=False)["input_ids"]
+            ids += [eos] * (-len(ids) % block)
     return ids[:t]
 
 
@@ -117,15 +124,15 @@ def make_batch(tokenizer, stream: np.ndarray, spec: BatchSpec, seed: int, step: 
     """The batch of one training step, a pure function of (seed, step); `stream` and tasks from `split`."""
     rng = random.Random(f"{seed}:{step}")
     t = spec.seq_len
+    bd_block, idlm_block = rng.choice(spec.bd_blocks), rng.choice(spec.idlm_blocks)
     rows = []
     for _ in range(spec.batch_size):
         if rng.random() < spec.task_fraction:
-            rows.append(task_row(tokenizer, rng, t, split))
+            rows.append(task_row(tokenizer, rng, t, split, bd_block if spec.pad_tasks else 1))
         else:
             start = rng.randrange(0, len(stream) - t)
             rows.append(stream[start:start + t].tolist())
     x0 = torch.tensor(rows, dtype=torch.long)
-    bd_block, idlm_block = rng.choice(spec.bd_blocks), rng.choice(spec.idlm_blocks)
     gen = torch.Generator().manual_seed(rng.randrange(2**31))
 
     ratio = torch.rand(spec.batch_size, 1, generator=gen).clamp(min=0.05)

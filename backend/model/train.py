@@ -38,15 +38,18 @@ def model_config(vocab_size: int, mask_id: int, eos_id: int) -> ModelConfig:
                        qk_norm=True, mask_token_id=mask_id, eos_token_id=eos_id)
 
 
-def prepare(workdir: Path, vocab_size: int, seed: int) -> None:
-    """Tokenizer and tokenized text streams, built once per workdir."""
+def prepare(workdir: Path, vocab_size: int, seed: int, init_from: str | None = None) -> None:
+    """Tokenizer (trained here, or the warm-start checkpoint's) and tokenized text streams, once per workdir."""
     if (workdir / "train_tokens.npy").exists():
         return
     workdir.mkdir(parents=True, exist_ok=True)
     train_docs = data.text_documents("train")
-    sample = [t for _, t in train_docs[:: 4]]
-    sample += [data.chat_text(t.prompt, t.answer) for t in data.tasks.task_set("train", 2000, seed)]
-    tok = train_tokenizer(sample, vocab_size)
+    if init_from:
+        tok = load_tokenizer(init_from)
+    else:
+        sample = [t for _, t in train_docs[:: 4]]
+        sample += [data.chat_text(t.prompt, t.answer) for t in data.tasks.task_set("train", 2000, seed)]
+        tok = train_tokenizer(sample, vocab_size)
     tok.save_pretrained(workdir / "tokenizer")
     np.save(workdir / "train_tokens.npy", data.tokenize_documents(tok, train_docs))
     np.save(workdir / "heldout_tokens.npy", data.tokenize_documents(tok, data.text_documents("heldout")))
@@ -86,14 +89,14 @@ def lr_at(step: int, total: int, peak: float, warmup: int = 100) -> float:
 def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir)
-    prepare(workdir, args.vocab, args.seed)
+    prepare(workdir, args.vocab, args.seed, args.init_from)
     tok = load_tokenizer(workdir / "tokenizer")
     stream = np.load(workdir / "train_tokens.npy")
     mask_id, eos_id = tok.convert_tokens_to_ids(MASK), tok.eos_token_id
     torch.manual_seed(args.seed)
     model = Transformer(model_config(len(tok), mask_id, eos_id))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    spec = data.BatchSpec(seq_len=args.seq, batch_size=args.batch)
+    spec = data.BatchSpec(seq_len=args.seq, batch_size=args.batch, task_fraction=args.task_fraction)
     step = 0
     state_path = workdir / "state.pt"
     if args.init_from and not state_path.exists():
@@ -157,6 +160,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--task-fraction", type=float, default=0.8, help="share of batch rows that are chat tasks")
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)

@@ -1,12 +1,13 @@
 """`isd`: I-DLM introspective strided decoding, Block-N (blk = 2N-1), one causal forward per round.
 
 Verify round  [pending, spec0 .. spec(N-2), M x (N-1)]: specs are checked left to right against the clean
-logits (greedy: spec == argmax p; T > 0: accept with min(1, p / (alpha q)), correction drawn from
-norm(max(0, p - q))). All accepted (case V): emit the N-1 specs + the clean token, keep the new specs the
-masks drafted. Reject at spec i (case R): emit the i accepted specs + the correction, discard this round's
-drafts; the next round is a cold start on the correction. Cold start (case C) [t0, M x (2N-2)]: emit the
-clean token and keep N-1 new specs. MASK KV never stays: V frees N-1 slots, R frees (N-1-i) + (N-1),
-C frees 2N-2. The pending / t0 token is the last emitted one, whose KV this round writes.
+logits by the fused verify of kernels/isd_verify.py (greedy: spec == argmax p; T > 0: accept with
+min(1, p / (alpha q)), correction a Gumbel-max draw from norm(max(0, p - q))). All accepted (case V):
+emit the N-1 specs + the clean token, keep the new specs the masks drafted. Reject at spec i (case R): emit
+the i accepted specs + the correction, discard this round's drafts; the next round is a cold start on the
+correction. Cold start (case C) [t0, M x (2N-2)]: emit the clean token and keep N-1 new specs. MASK KV never
+stays: V frees N-1 slots, R frees (N-1-i) + (N-1), C frees 2N-2. The pending / t0 token is the last emitted
+one, whose KV this round writes.
 NFE = one forward per round; prefill not counted.
 
 Deviation from the I-DLM code: at T > 0 the specs are *drawn* from q (I-DLM takes argmax), which makes
@@ -24,51 +25,32 @@ from backend.engine.modes.base import Mode, RoundResult, RoundView, SlotRelease
 from backend.engine.params import Param, ParamError
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from kernels.isd_verify import Verdict, isd_verify
 
 
 @dataclass
 class ISDState:
     specs: list[int] = field(default_factory=list)   # drafts awaiting verification (empty: cold start)
-    draft_q: Tensor | None = None                   # [N-1, V] draft distributions of the specs
+    draft_logits: Tensor | None = None              # [N-1, V] the MASK-position logits that drafted the specs
     cases: dict[str, int] = field(default_factory=lambda: {"V": 0, "R": 0, "C": 0})
     accepted_specs: int = 0
 
 
-@dataclass
-class Verdict:
-    accepted: int                 # specs accepted before the first reject (all of them if none)
-    correction: int | None        # replacement token at the first reject
-    pq: list[dict]
-
-
-def verify_specs(specs: list[int], logits: Tensor, draft_q: Tensor, req: Request, rt: Runtime,
-                 alpha: float) -> Verdict:
-    """Left-to-right check of specs against clean logits [K, V] (logits[i] predicts spec i)."""
-    t = req.temperature
-    logits = logits.float().clone()
-    logits[:, rt.mask] = float("-inf")
-    p = torch.softmax(logits / t if t > 0 else logits, dim=-1)
-    pq = []
-    for i, spec in enumerate(specs):
-        p_x, q_x = float(p[i, spec]), float(draft_q[i, spec])
-        if t > 0:
-            ratio = p_x / (alpha * q_x) if alpha * q_x > 0 else float("inf")
-            ok = ratio >= 1 or float(torch.rand((), generator=req.generator)) < ratio
-        else:
-            ok = spec == int(logits[i].argmax())
-        pq.append({"i": i, "token": spec, "p": p_x, "q": q_x, "accepted": ok})
-        if not ok:
-            return Verdict(i, correction(p[i], draft_q[i], req), pq)
-    return Verdict(len(specs), None, pq)
-
-
-def correction(p: Tensor, q: Tensor, req: Request) -> int:
-    """The replacement token: argmax p (greedy) or a draw from norm(max(0, p - q)), falling back to p."""
-    if req.temperature <= 0:
-        return int(p.argmax())
-    residual = (p - q).clamp(min=0)
-    dist = residual if residual.sum() > 0 else p
-    return int(torch.multinomial(dist / dist.sum(), 1, generator=req.generator))
+def verify_specs(specs: list[int], logits: Tensor, draft_logits: Tensor, req: Request, rt: Runtime,
+                 alpha: float) -> tuple[Verdict, list[dict]]:
+    """Left-to-right check of specs against clean logits [K, V] (logits[i] predicts spec i) by the fused
+    verify (kernels/isd_verify.py); the noise for T > 0 comes from the request's generator."""
+    k, v = logits.shape
+    uniforms = gumbel = None
+    if req.temperature > 0:
+        uniforms = torch.rand(k, generator=req.generator).to(logits.device)
+        gumbel = -torch.log(-torch.log(torch.rand(k, v, generator=req.generator).clamp_min(1e-20)))
+        gumbel = gumbel.to(logits.device)
+    verdict = isd_verify(logits, draft_logits, torch.tensor(specs, device=logits.device), req.temperature,
+                         alpha, rt.mask, uniforms, gumbel)
+    pq = [{"i": i, "token": specs[i], "p": p, "q": q, "accepted": i < verdict.accepted}
+          for i, (p, q) in enumerate(zip(verdict.p, verdict.q, strict=True))]
+    return verdict, pq
 
 
 @register
@@ -109,20 +91,17 @@ class ISD(Mode):
                             write=[slots])[0]
         if not st.specs:
             return self._cold_start(req, rt, st, logits, slots, start, block)
-        assert st.draft_q is not None, "specs without draft distributions"
-        verdict = verify_specs(st.specs, logits[:k], st.draft_q, req, rt, req.params["alpha"])
+        assert st.draft_logits is not None, "specs without draft logits"
+        verdict, pq = verify_specs(st.specs, logits[:k], st.draft_logits, req, rt, req.params["alpha"])
         st.accepted_specs += verdict.accepted
         if verdict.correction is None:
-            return self._all_accepted(req, rt, st, logits, slots, start, block, verdict)
-        return self._rejected(req, st, slots, start, block, verdict, verdict.correction)
+            return self._all_accepted(req, rt, st, logits, slots, start, block, pq)
+        return self._rejected(req, st, slots, start, block, verdict.accepted, verdict.correction, pq)
 
     def _draft(self, req: Request, rt: Runtime, st: ISDState, mask_logits: Tensor) -> None:
-        """New specs and their draft distributions from the logits of N-1 masks."""
+        """New specs, drawn from (or argmax of) the logits of N-1 masks, which are kept as their proposal q."""
         st.specs = rt.pick(req, mask_logits)[0].tolist()
-        t = req.temperature
-        masked = mask_logits.float().clone()
-        masked[:, rt.mask] = float("-inf")
-        st.draft_q = torch.softmax(masked / t if t > 0 else masked, dim=-1)
+        st.draft_logits = mask_logits
 
     def _cold_start(self, req: Request, rt: Runtime, st: ISDState, logits: Tensor, slots: list[int],
                     start: int, block: list[int]) -> RoundResult:
@@ -140,7 +119,7 @@ class ISD(Mode):
         return RoundResult([int(clean)], 1, commit=slots[:1], free=[release], view=view)
 
     def _all_accepted(self, req: Request, rt: Runtime, st: ISDState, logits: Tensor, slots: list[int],
-                      start: int, block: list[int], verdict: Verdict) -> RoundResult:
+                      start: int, block: list[int], pq: list[dict]) -> RoundResult:
         n = req.params["n"]
         k = n - 1
         specs = st.specs
@@ -153,16 +132,16 @@ class ISD(Mode):
             tokens = [block[0]] + specs + [int(clean)] + st.specs
             states = ["pending"] + ["accepted"] * k + ["bonus"] + ["draft"] * k
             view = RoundView(start, tokens, states, [None] * k + [None, float(p_clean)] + [None] * k,
-                             case="V", pq=verdict.pq, extra={"n": n, "trim": k})
+                             case="V", pq=pq, extra={"n": n, "trim": k})
         return RoundResult(specs + [int(clean)], n, commit=slots[:n], free=[release], view=view)
 
     def _rejected(self, req: Request, st: ISDState, slots: list[int], start: int, block: list[int],
-                  verdict: Verdict, fix: int) -> RoundResult:
+                  i: int, fix: int, pq: list[dict]) -> RoundResult:
+        """Reject at spec i: keep the i accepted specs and the correction `fix`."""
         n = req.params["n"]
         k = n - 1
-        i = verdict.accepted
         specs = st.specs
-        st.specs, st.draft_q = [], None
+        st.specs, st.draft_logits = [], None
         st.cases["R"] += 1
         keep = 1 + i
         rejected = SlotRelease(slots[keep:n], list(range(start + keep, start + n)), "rejected")
@@ -172,7 +151,7 @@ class ISD(Mode):
             tokens = [block[0]] + specs[:i] + [fix] + specs[i + 1:] + [block[-1]] * k
             states = (["pending"] + ["accepted"] * i + ["bonus"] + ["rejected"] * (k - i - 1)
                       + ["padding"] * k)
-            view = RoundView(start, tokens, states, None, case="R", pq=verdict.pq,
+            view = RoundView(start, tokens, states, None, case="R", pq=pq,
                              extra={"n": n, "trim": (k - i) + k, "replaced_draft": specs[i]})
         return RoundResult(specs[:i] + [fix], i + 1, commit=slots[:keep],
                            free=[rejected, masks], view=view)

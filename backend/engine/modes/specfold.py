@@ -6,6 +6,8 @@ position (its q/k/v, attention state and FFN output come from the nearest ancest
 attention corrected exactly for the keys this branch changed); residual streams are never folded
 (backend/engine/folding.py). δ = 0 folds only bit-identical inputs: logits equal the dense forward's and the
 output equals spiffy's. A block's first state (no drafts) runs the dense forward. NFE as spiffy.
+backend=torch runs the float64 PyTorch reference; backend=triton runs the kernel pipeline
+(kernels/folded_forward.py): Triton kernels on CUDA, their PyTorch twins on CPU.
 """
 from __future__ import annotations
 
@@ -22,11 +24,12 @@ from backend.engine.modes.spiffy import Spiffy, SpiffyState
 from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from kernels.folded_forward import KernelFoldedForward
 
 
 @dataclass
 class SpecFoldState(SpiffyState):
-    folding: FoldedForward | None = None     # this round's folded forward (its recompute counts)
+    folding: FoldedForward | KernelFoldedForward | None = None    # this round's folded forward (its recompute counts)
     folded: int = 0                          # draft (layer, position) rows folded, QKV + FFN
     draft_rows: int = 0                      # draft (layer, position) rows gated, QKV + FFN
 
@@ -36,8 +39,12 @@ class SpecFold(Spiffy):
     name = "specfold"
     summary = "SpecFold: spiffy's drafts verified by a folded batched pass (parent-residual gate per position)"
     lossless_vs = "spiffy"
-    params = Spiffy.params + (Param("delta", float, 0.1, 0.0, 1.0, "fold a position when its relative residual "
-                                                                     "to the parent branch is <= delta"),)
+    params = Spiffy.params + (
+        Param("delta", float, 0.1, 0.0, 1.0,
+              "fold a position when its relative residual to the parent branch is <= delta"),
+        Param("backend", str, "torch", help="torch: float64 PyTorch reference; triton: the kernels (their PyTorch "
+                                            "twins off CUDA)", choices=("torch", "triton")),
+    )
 
     def start(self, req: Request, rt: Runtime) -> None:
         req.state = SpecFoldState()
@@ -58,7 +65,8 @@ class SpecFold(Spiffy):
         r = ids.shape[0]
         if r == 1:
             return super().verify_forward(req, rt, st, ids, parents)
-        folded = FoldedForward(rt.model, parents, req.params["delta"])
+        forward = KernelFoldedForward if req.params["backend"] == "triton" else FoldedForward
+        folded = forward(rt.model, parents, req.params["delta"])
         logits = rt.forward([req] * r, ids, [st.start] * r, "block", kind="verify", model=folded)
         st.folding = folded
         for counts in (folded.recomputed, folded.ffn_recomputed):

@@ -1,0 +1,116 @@
+"""A whole SpecFold verification forward through the kernels: per layer gate → sources → packed QKV →
+prefix+block attention (recomputed rows) → folded correction (folded rows) → o_proj and residual on every
+row → FFN gate → sources → packed FFN → every row adds its source's FFN output.
+
+Same contract and counters as the PyTorch reference backend/engine/folding.FoldedForward. The ops run as
+Triton kernels on CUDA tensors and as their PyTorch twins elsewhere (`triton` forces either)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import cast
+
+import torch
+from torch import Tensor
+
+from backend.engine.folding import shared_slots
+from backend.model.transformer import DecoderLayer, KVContext, Transformer, rope_cos_sin
+from kernels import attention, ffn, gate, on_triton, qkv, sources
+
+
+@dataclass(frozen=True)
+class FoldOps:
+    """The six SpecFold layer steps, all Triton kernels or all PyTorch twins."""
+    gate: Callable[..., gate.Gate]
+    sources: Callable[..., Tensor]
+    qkv: Callable[..., None]
+    attention: Callable[..., None]
+    correction: Callable[..., None]
+    ffn: Callable[..., None]
+    add_sources: Callable[..., None]
+
+
+TRITON_OPS = FoldOps(gate.fold_gate_triton, sources.resolve_sources_triton, qkv.packed_qkv_triton,
+                     attention.prefix_block_attention_triton, attention.folded_correction_triton,
+                     ffn.packed_ffn_triton, ffn.add_from_sources_triton)
+TORCH_OPS = FoldOps(gate.fold_gate_torch, sources.resolve_sources_torch, qkv.packed_qkv_torch,
+                    attention.prefix_block_attention_torch, attention.folded_correction_torch,
+                    ffn.packed_ffn_torch, ffn.add_from_sources_torch)
+
+
+def layer_weights(layer: DecoderLayer, eps: float) -> tuple[qkv.QKVWeights, ffn.FFNWeights]:
+    a, mlp = layer.self_attn, layer.mlp
+    has_norm = a.cfg.qk_norm
+    attn_w = qkv.QKVWeights(layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
+                            a.q_proj.bias, a.k_proj.bias, a.v_proj.bias,
+                            a.q_norm.weight if has_norm else None, a.k_norm.weight if has_norm else None, eps)
+    ffn_w = ffn.FFNWeights(layer.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
+                           mlp.down_proj.weight, eps)
+    return attn_w, ffn_w
+
+
+@dataclass
+class KernelFoldedForward:
+    """Drop-in for Transformer.forward (block attention, read-only shared prefix) over one draft graph's rows."""
+    model: Transformer
+    parents: list[int]
+    delta: float
+    triton: bool | None = None                 # None: Triton on CUDA, twins elsewhere
+    recomputed: list[list[int]] = field(default_factory=list)
+    ffn_recomputed: list[list[int]] = field(default_factory=list)
+
+    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "block", kv: KVContext | None = None,
+                 mask: Tensor | None = None, lora: bool = False) -> Tensor:
+        if attn != "block" or mask is not None:
+            raise ValueError("the folded forward verifies block states: block attention, no custom mask")
+        if lora:
+            raise ValueError("the kernel backend has no LoRA path; use backend=torch")
+        use_triton = on_triton(ids) if self.triton is None else self.triton
+        with torch.no_grad():
+            return self._forward(TRITON_OPS if use_triton else TORCH_OPS, ids, positions, kv)
+
+    def _forward(self, ops: FoldOps, ids: Tensor, positions: Tensor, kv: KVContext | None) -> Tensor:
+        model, cfg = self.model, self.model.cfg
+        r, n = ids.shape
+        cos, sin = (t[0, :, 0].contiguous() for t in rope_cos_sin(positions[:1], cfg.head_dim, cfg.rope_theta))
+        h = model.embed_tokens(ids).reshape(r * n, -1)
+        self.recomputed, self.ffn_recomputed = [], []
+        for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
+            h, counts = fold_layer(ops, layer, h.view(r, n, -1), self.parents, self.delta, cos, sin,
+                                   *prefix_memory(kv, index, h.new_zeros(1, cfg.num_key_value_heads, cfg.head_dim)))
+            self.recomputed.append(counts[0])
+            self.ffn_recomputed.append(counts[1])
+        return model.logits(h.view(r, n, -1))
+
+
+def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: list[int], delta: float, cos: Tensor,
+               sin: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor) -> tuple[Tensor, list[list[int]]]:
+    """One SpecFold layer on h [R, N, D] -> (h' [R*N, D], [QKV, FFN] recompute counts per branch)."""
+    cfg = layer.self_attn.cfg
+    r, n, _ = h.shape
+    attn_w, ffn_w = layer_weights(layer, cfg.rms_norm_eps)
+    heads, kv_heads, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    g = ops.gate(h, parents, delta)
+    src = ops.sources(g.recompute, parents)
+    h = h.reshape(r * n, -1)
+    q_t = h.new_zeros(r * n, heads, hd)
+    k_t, v_t = h.new_zeros(r * n, kv_heads, hd), h.new_zeros(r * n, kv_heads, hd)
+    ops.qkv(h, g.recomputed_rows, attn_w, cos, sin, q_t, k_t, v_t)
+    o_t = h.new_empty(r * n, heads, hd)
+    state = attention.PrefixState.empty(r * n, heads, hd, h.device)
+    ops.attention(q_t, k_t, v_t, g.recomputed_rows, src, cache_k, cache_v, slots, o_t, state)
+    ops.correction(q_t, k_t, v_t, (~g.recompute).flatten().nonzero()[:, 0].int(), src, o_t, state)
+    h = h + layer.self_attn.o_proj(o_t.flatten(1))
+    g_ffn = ops.gate(h.view(r, n, -1), parents, delta)
+    table = h.new_empty(r * n, h.shape[1])
+    ops.ffn(h, g_ffn.recomputed_rows, ffn_w, table)
+    ops.add_sources(h, table, ops.sources(g_ffn.recompute, parents))
+    return h, [g.branch_counts.tolist(), g_ffn.branch_counts.tolist()]
+
+
+def prefix_memory(kv: KVContext | None, layer: int, blank: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The paged K/V memory of one layer and the shared prefix's slot list (read in place, not gathered);
+    without a KV context, `blank` [1, Hkv, hd] and no slots."""
+    if kv is None:
+        return blank, blank, torch.zeros(0, dtype=torch.int32, device=blank.device)
+    return kv.cache.k[layer], kv.cache.v[layer], shared_slots(kv).int()

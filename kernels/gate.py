@@ -1,0 +1,90 @@
+"""Kernel 1, gate + compaction: per (branch, position) relative residual ρ = ‖h_i − h_par‖ / ‖h_par‖ against the
+parent branch; recompute where ρ > δ (row 0 always), and compact the recomputed (branch, position) pairs into
+one global list of flat row indices (branch·N + position) and per-branch position lists, through atomic
+counters. List order is the order the counters hand out slots: only the sets are defined."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels import tile
+
+
+@dataclass
+class Gate:
+    recompute: Tensor       # [R, N] bool
+    rows: Tensor            # [R*N] int32; the first `total` entries are the recomputed flat rows
+    total: int
+    branch_rows: Tensor     # [R, N] int32; row i's first branch_counts[i] entries are its recomputed positions
+    branch_counts: Tensor   # [R] int32
+
+    @property
+    def recomputed_rows(self) -> Tensor:
+        return self.rows[:self.total]
+
+
+def _parents_tensor(parents: list[int], device: torch.device) -> Tensor:
+    return torch.tensor([max(p, 0) for p in parents], dtype=torch.int32, device=device)
+
+
+@triton.jit
+def _gate_kernel(h_ptr, parent_ptr, rec_ptr, rows_ptr, total_ptr, branch_rows_ptr, branch_counts_ptr,
+                 N, D, delta, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    i = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_n = n < N
+    par = tl.load(parent_ptr + i)
+    diff = tl.zeros([BLOCK_N], dtype=tl.float32)
+    norm = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        m = in_n[:, None] & (d < D)[None, :]
+        x = tl.load(h_ptr + (i * N + n)[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
+        y = tl.load(h_ptr + (par * N + n)[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
+        diff += tl.sum((x - y) * (x - y), axis=1)
+        norm += tl.sum(y * y, axis=1)
+    rho = tl.sqrt(diff) / tl.maximum(tl.sqrt(norm), 1.1754943508222875e-38)
+    flag = ((rho > delta) | (i == 0)) & in_n
+    tl.store(rec_ptr + i * N + n, flag.to(tl.int8), mask=in_n)
+    flag32 = flag.to(tl.int32)
+    rank = tl.cumsum(flag32, axis=0) - flag32
+    count = tl.sum(flag32, axis=0)
+    base = tl.atomic_add(total_ptr, count)
+    tl.store(rows_ptr + base + rank, i * N + n, mask=flag)
+    branch_base = tl.atomic_add(branch_counts_ptr + i, count)
+    tl.store(branch_rows_ptr + i * N + branch_base + rank, n, mask=flag)
+
+
+def fold_gate_triton(h: Tensor, parents: list[int], delta: float) -> Gate:
+    """h [R, N, D] layer inputs of R branches (row 0 = main, parents[i] < i)."""
+    r, n, d = h.shape
+    h = h.contiguous()
+    rec = torch.empty(r, n, dtype=torch.int8, device=h.device)
+    rows = torch.empty(r * n, dtype=torch.int32, device=h.device)
+    total = torch.zeros(1, dtype=torch.int32, device=h.device)
+    branch_rows = torch.zeros(r, n, dtype=torch.int32, device=h.device)
+    branch_counts = torch.zeros(r, dtype=torch.int32, device=h.device)
+    block_n = tile(n, 64, 1)
+    _gate_kernel[(r, triton.cdiv(n, block_n))](
+        h, _parents_tensor(parents, h.device), rec, rows, total, branch_rows, branch_counts, n, d, float(delta),
+        BLOCK_N=block_n, BLOCK_D=tile(d, 128))
+    return Gate(rec.bool(), rows, int(total.item()), branch_rows, branch_counts)
+
+
+def fold_gate_torch(h: Tensor, parents: list[int], delta: float) -> Gate:
+    r, n, _ = h.shape
+    par = _parents_tensor(parents, h.device).long()
+    x, y = h.float(), h[par].float()
+    rho = (x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    rec = rho > delta
+    rec[0] = True
+    rows = torch.zeros(r * n, dtype=torch.int32, device=h.device)
+    flat = rec.flatten().nonzero()[:, 0]
+    rows[:flat.numel()] = flat.int()
+    counts = rec.sum(1).int()
+    order = torch.argsort((~rec).int(), dim=1, stable=True).int()   # recomputed positions first, ascending
+    return Gate(rec, rows, flat.numel(), order, counts)

@@ -1,0 +1,211 @@
+"""Every SpecFold kernel against its PyTorch twin under TRITON_INTERPRET=1 (small shapes, few programs)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backend.model.transformer import rope_cos_sin
+from kernels import attention, ffn, gate, qkv, sources
+
+CHAIN = [-1, 0, 1, 2]            # depth-3 fold chain
+TREE = [-1, 0, 0, 1, 1, 2, 3, 4]  # 8 branches
+TOL = {torch.float32: 1e-4, torch.float16: 2e-2}
+
+
+def branch_states(parents: list[int], n: int, d: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """h [R, N, D]: each branch copies its parent and perturbs some positions by widely varying amounts."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(len(parents), n, d, generator=g)
+    for i in range(1, len(parents)):
+        scale = torch.rand(n, 1, generator=g) * (torch.rand(n, 1, generator=g) < 0.5)
+        h[i] = h[parents[i]] + scale * torch.randn(n, d, generator=g)
+    return h.to(dtype)
+
+
+def recompute_pattern(r: int, n: int, kind: str, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    rec = {"random": torch.rand(r, n, generator=g) < 0.4, "empty": torch.zeros(r, n, dtype=torch.bool),
+           "full": torch.ones(r, n, dtype=torch.bool)}[kind]
+    rec[0] = True
+    return rec
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("parents,n", [([-1], 8), (CHAIN, 13), (TREE, 32)])
+@pytest.mark.parametrize("delta", [0.0, 0.3])
+def test_gate_and_compaction_match_twin(dtype, parents, n, delta):
+    h = branch_states(parents, n, 48, dtype)
+    got, want = gate.fold_gate_triton(h, parents, delta), gate.fold_gate_torch(h, parents, delta)
+    assert torch.equal(got.recompute, want.recompute)
+    assert got.total == want.total == int(want.recompute.sum())
+    assert torch.equal(got.recomputed_rows.sort().values, want.recomputed_rows.sort().values)
+    assert torch.equal(got.branch_counts, want.branch_counts)
+    for i, c in enumerate(want.branch_counts.tolist()):
+        assert torch.equal(got.branch_rows[i, :c].sort().values, want.branch_rows[i, :c])
+    if delta == 0.0:   # δ = 0 folds exactly the positions equal to the parent's
+        same = (h[1:] == h[torch.tensor(parents[1:], dtype=torch.long)]).all(-1)
+        assert torch.equal(~want.recompute[1:], same)
+
+
+@pytest.mark.parametrize("parents", [CHAIN, TREE])
+@pytest.mark.parametrize("kind", ["random", "empty", "full"])
+def test_sources_walk_fold_chains(parents, kind):
+    n = 11
+    rec = recompute_pattern(len(parents), n, kind)
+    got, want = sources.resolve_sources_triton(rec, parents), sources.resolve_sources_torch(rec, parents)
+    assert torch.equal(got, want)
+    for i in range(len(parents)):        # the source recomputed the position and is an ancestor-or-self
+        for pos in range(n):
+            s = int(want[i, pos]) // n
+            assert rec[s, pos] and int(want[i, pos]) % n == pos
+            a = i
+            while a != s:
+                assert not rec[a, pos]
+                a = parents[a]
+
+
+def qkv_weights(d: int, heads: int, kv_heads: int, hd: int, dtype: torch.dtype, bias: bool, norm: bool,
+                seed: int = 1) -> qkv.QKVWeights:
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=0.2):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
+    return qkv.QKVWeights(1 + rnd(d), rnd(heads * hd, d), rnd(kv_heads * hd, d), rnd(kv_heads * hd, d),
+                          rnd(heads * hd) if bias else None, rnd(kv_heads * hd) if bias else None,
+                          rnd(kv_heads * hd) if bias else None, 1 + rnd(hd) if norm else None,
+                          1 + rnd(hd) if norm else None)
+
+
+def tables(rn: int, heads: int, kv_heads: int, hd: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    return (torch.full((rn, heads, hd), 7.0, dtype=dtype), torch.full((rn, kv_heads, hd), 7.0, dtype=dtype),
+            torch.full((rn, kv_heads, hd), 7.0, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("bias,norm", [(False, True), (True, False)])
+@pytest.mark.parametrize("kind", ["random", "empty", "full"])
+def test_packed_qkv_matches_twin_and_leaves_folded_slots(dtype, bias, norm, kind):
+    r, n, d, heads, kv_heads, hd = 3, 13, 48, 4, 2, 32
+    h = torch.randn(r * n, d).to(dtype)
+    rows = recompute_pattern(r, n, kind).flatten().nonzero()[:, 0].int()
+    w = qkv_weights(d, heads, kv_heads, hd, dtype, bias, norm)
+    cos, sin = (t[0, :, 0] for t in rope_cos_sin(torch.arange(5, 5 + n)[None], hd, 10000.0))
+    got, want = tables(r * n, heads, kv_heads, hd, dtype), tables(r * n, heads, kv_heads, hd, dtype)
+    qkv.packed_qkv_triton(h, rows, w, cos, sin, *got)
+    qkv.packed_qkv_torch(h, rows, w, cos, sin, *want)
+    untouched = torch.ones(r * n, dtype=torch.bool)
+    untouched[rows.long()] = False
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), atol=TOL[dtype], rtol=TOL[dtype])
+        assert (a[untouched] == 7.0).all()
+
+
+def test_packed_qkv_twin_equals_the_model_projection(loaded):
+    layer = loaded.model.layers[0]
+    cfg = loaded.model.cfg
+    from kernels.folded_forward import layer_weights
+    w, _ = layer_weights(layer, cfg.rms_norm_eps)
+    n = 9
+    h = torch.randn(n, cfg.hidden_size)
+    cos, sin = rope_cos_sin(torch.arange(n)[None], cfg.head_dim, cfg.rope_theta)
+    want = layer.self_attn.qkv(layer.input_layernorm(h)[None], cos, sin, False)
+    got = tables(n, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, torch.float32)
+    with torch.no_grad():
+        qkv.packed_qkv_torch(h, torch.arange(n, dtype=torch.int32), w, cos[0, :, 0], sin[0, :, 0], *got)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b[0], atol=1e-5, rtol=1e-5)
+
+
+def attention_case(parents, n, p, dtype, kind, seed=0):
+    r, heads, kv_heads, hd, slots_total = len(parents), 4, 2, 32, 64
+    g = torch.Generator().manual_seed(seed)
+    rec = recompute_pattern(r, n, kind, seed)
+    q, k, v = (torch.randn(r * n, hh, hd, generator=g).to(dtype) for hh in (heads, kv_heads, kv_heads))
+    cache_k, cache_v = (torch.randn(slots_total, kv_heads, hd, generator=g).to(dtype) for _ in range(2))
+    slots = torch.randperm(slots_total, generator=g)[:p].int()
+    src = sources.resolve_sources_torch(rec, parents)
+    rows = rec.flatten().nonzero()[:, 0].int()
+    folded = (~rec).flatten().nonzero()[:, 0].int()
+    return q, k, v, rows, folded, src, cache_k, cache_v, slots
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("parents,n,p", [([-1, 0], 8, 0), (CHAIN, 13, 37), (TREE, 32, 70)])
+@pytest.mark.parametrize("kind", ["random", "full", "empty"])
+def test_attention_and_folded_correction_match_twin(dtype, parents, n, p, kind):
+    q, k, v, rows, folded, src, cache_k, cache_v, slots = attention_case(parents, n, p, dtype, kind)
+    rn, heads, hd = q.shape
+    outs = []
+    for prefix_op, fold_op in ((attention.prefix_block_attention_triton, attention.folded_correction_triton),
+                               (attention.prefix_block_attention_torch, attention.folded_correction_torch)):
+        out = torch.zeros(rn, heads, hd, dtype=dtype)
+        state = attention.PrefixState.empty(rn, heads, hd, q.device)
+        prefix_op(q, k, v, rows, src, cache_k, cache_v, slots, out, state)
+        fold_op(q, k, v, folded, src, out, state)
+        outs.append((out, state))
+    (got, gs), (want, ws) = outs
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    r = rows.long()
+    torch.testing.assert_close(gs.m[r], ws.m[r], atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(gs.z[r], ws.z[r], atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("kind", ["random", "empty"])
+def test_folded_rows_equal_their_exact_attention(kind):
+    """A folded row's output is the exact attention of its source's query over [prefix ‖ its own block]."""
+    parents, n, p = CHAIN, 13, 37
+    q, k, v, rows, folded, src, cache_k, cache_v, slots = attention_case(parents, n, p, torch.float32, kind)
+    rn, heads, hd = q.shape
+    out = torch.zeros(rn, heads, hd)
+    state = attention.PrefixState.empty(rn, heads, hd, q.device)
+    attention.prefix_block_attention_triton(q, k, v, rows, src, cache_k, cache_v, slots, out, state)
+    attention.folded_correction_triton(q, k, v, folded, src, out, state)
+    flat_src = src.flatten().long()
+    for row in range(rn):
+        own = src[row // n].long()
+        keys = torch.cat([cache_k[slots.long()], k[own]]).repeat_interleave(2, dim=1)
+        vals = torch.cat([cache_v[slots.long()], v[own]]).repeat_interleave(2, dim=1)
+        w = torch.softmax(torch.einsum("hd,khd->hk", q[flat_src[row]], keys) * hd ** -0.5, dim=-1)
+        torch.testing.assert_close(out[row], torch.einsum("hk,khd->hd", w, vals), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kind", ["random", "empty", "full"])
+def test_packed_ffn_and_source_residual_match_twin(dtype, kind):
+    parents, n, d, inter = CHAIN, 13, 48, 80
+    g = torch.Generator().manual_seed(3)
+    rec = recompute_pattern(len(parents), n, kind)
+    rows = rec.flatten().nonzero()[:, 0].int()
+    w = ffn.FFNWeights(*(t.to(dtype) for t in (1 + 0.2 * torch.randn(d, generator=g),
+                                               0.2 * torch.randn(inter, d, generator=g),
+                                               0.2 * torch.randn(inter, d, generator=g),
+                                               0.2 * torch.randn(d, inter, generator=g))))
+    h = torch.randn(len(parents) * n, d, generator=g).to(dtype)
+    src = sources.resolve_sources_torch(rec, parents)
+    results = []
+    for ffn_op, add_op in ((ffn.packed_ffn_triton, ffn.add_from_sources_triton),
+                           (ffn.packed_ffn_torch, ffn.add_from_sources_torch)):
+        table = torch.full_like(h, 7.0)
+        ffn_op(h, rows, w, table)
+        out = h.clone()
+        add_op(out, table, src)
+        results.append((table, out))
+    (t1, o1), (t2, o2) = results
+    r = rows.long()
+    torch.testing.assert_close(t1[r].float(), t2[r].float(), atol=TOL[dtype] * 5, rtol=TOL[dtype])
+    torch.testing.assert_close(o1.float(), o2.float(), atol=TOL[dtype] * 5, rtol=TOL[dtype])
+
+
+def test_kernel_bench_runs_the_tiny_config_on_cpu(tmp_path):
+    """`python -m kernels.bench --tiny`: the GPU script's code path, on CPU with the twins."""
+    from kernels import bench
+    result = bench.run(bench.TINY, "cpu", tiny=True)
+    rows = result["rows"]
+    assert len(rows) == len(bench.TINY.branches) * len(bench.TINY.prefixes) * len(bench.TINY.folds)
+    for row in rows:
+        assert row["dense_ms"] > 0 and row["folded_ms"] > 0
+        if row["target_fold"] == 0:
+            assert row["fold_qkv"] == 0 and row["layer0_max_diff"] < 1e-4
+        else:
+            assert 0 < row["fold_qkv"] <= 1 and 0 <= row["fold_ffn"] <= 1
+    assert "speedup" in bench.table(result)
