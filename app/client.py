@@ -67,6 +67,9 @@ class Client:
     def modes(self) -> list[dict[str, Any]]:
         return self.get("/api/modes")
 
+    def bench(self) -> dict[str, Any]:
+        return self.get("/api/bench")
+
     def runs(self, mode: str | None = None, status: str | None = None, limit: int = 100,
              offset: int = 0) -> list[dict[str, Any]]:
         return self.get("/api/runs", mode=mode, status=status, limit=limit, offset=offset)

@@ -1,4 +1,4 @@
-"""The Gradio UI (Chat, Visualizer, Compare, Runs), mounted at "/" on the backend's FastAPI app.
+"""The Gradio UI (Chat, Visualizer, Compare, Runs, Bench), mounted at "/" on the backend's FastAPI app.
 
 The UI talks to the backend only through REST and /ws/generate (app.client), so `backend_url` may point at another
 machine. Without one, each browser request is served by the backend that served the page.
@@ -19,6 +19,7 @@ from app.client import BackendError, BackendUnavailable
 from app.palette import palette_css
 from app.plot import serve_plotly_js
 from app.session import Backend
+from app.tabs.bench import build_bench
 from app.tabs.chat import build_chat
 from app.tabs.compare import DEFAULT_MODES, build_compare
 from app.tabs.runs import ALL, build_runs
@@ -57,6 +58,8 @@ def build_ui(backend: Backend) -> gr.Blocks:
                 compare = build_compare(backend, compare_tab)
             with gr.Tab("Runs", id="runs") as runs_tab:
                 runs = build_runs(backend, runs_tab)
+            with gr.Tab("Bench", id="bench") as bench_tab:
+                build_bench(backend, bench_tab)
         health_timer = gr.Timer(HEALTH_EVERY_S)
 
         def check(modes: list[dict], request: gr.Request) -> list[Any]:

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels import next_pow2, tile
+from kernels import tile
 
 
 @dataclass
@@ -39,31 +39,31 @@ class PrefixState:
 
 
 @triton.jit
-def _block_keys(q, m_i, z_i, acc, row, k_ptr, v_ptr, src_ptr, N, scale, kvh,
-                HKV: tl.constexpr, HD: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Add the block keys of each row's own branch to its state; returns (m, z, acc)."""
+def _block_keys(q, m_i, z_i, acc, row, k_ptr, v_ptr, src_ptr, N, scale, kvh, HKV: tl.constexpr, HD: tl.constexpr):
+    """Add the N block keys of each row's own branch to its state, one key at a time (a gather per row,
+    2-D tiles only); returns (m, z, acc)."""
+    valid = row >= 0
     branch = row // N
-    k = tl.arange(0, BLOCK_N)
-    in_k = (k < N)[None, :] & (row >= 0)[:, None]
-    src = tl.load(src_ptr + branch[:, None] * N + k[None, :], mask=in_k, other=0)
     d = tl.arange(0, HD)
-    kv_off = src[:, :, None] * (HKV * HD) + kvh * HD + d[None, None, :]
-    keys = tl.load(k_ptr + kv_off, mask=in_k[:, :, None], other=0.0).to(tl.float32)
-    s = tl.sum(q[:, None, :] * keys, axis=2) * scale
-    s = tl.where(in_k, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_use)
-    p = tl.exp(s - m_use[:, None])
-    vals = tl.load(v_ptr + kv_off, mask=in_k[:, :, None], other=0.0).to(tl.float32)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vals, axis=1)
-    return m_new, z_i * alpha + tl.sum(p, axis=1), acc
+    for k in range(N):
+        src = tl.load(src_ptr + branch * N + k, mask=valid, other=0)
+        kv_off = src[:, None] * (HKV * HD) + kvh * HD + d[None, :]
+        key = tl.load(k_ptr + kv_off, mask=valid[:, None], other=0.0).to(tl.float32)
+        s = tl.sum(q * key, axis=1) * scale
+        m_new = tl.maximum(m_i, s)
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new)
+        val = tl.load(v_ptr + kv_off, mask=valid[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + p[:, None] * val
+        z_i = z_i * alpha + p
+        m_i = m_new
+    return m_i, z_i, acc
 
 
 @triton.jit
 def _prefix_block_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, src_ptr, kc_ptr, vc_ptr, slots_ptr, o_ptr,
                          pm_ptr, pz_ptr, po_ptr, M, N, P, scale, H: tl.constexpr, HKV: tl.constexpr,
-                         HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                         HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr):
     head = tl.program_id(1)
     kvh = head // (H // HKV)
     mi = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -95,15 +95,14 @@ def _prefix_block_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, src_ptr, kc_ptr, vc_ptr,
     tl.store(pz_ptr + state, z_i, mask=in_m)
     tl.store(po_ptr + state[:, None] * HD + d[None, :], acc / tl.maximum(z_i, 1e-30)[:, None], mask=in_m[:, None])
     m_i, z_i, acc = _block_keys(q.to(tl.float32), m_i, z_i, acc, row, k_ptr, v_ptr, src_ptr, N, scale, kvh,
-                                HKV, HD, BLOCK_N)
+                                HKV, HD)
     out = o_ptr + row[:, None] * (H * HD) + head * HD + d[None, :]
     tl.store(out, (acc / tl.where(in_m, z_i, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=in_m[:, None])
 
 
 @triton.jit
 def _folded_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, src_ptr, o_ptr, pm_ptr, pz_ptr, po_ptr, M, N, scale,
-                   H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
+                   H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr):
     head = tl.program_id(1)
     kvh = head // (H // HKV)
     mi = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -117,7 +116,7 @@ def _folded_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, src_ptr, o_ptr, pm_ptr, pz_ptr
     z_i = tl.load(pz_ptr + state, mask=in_m, other=0.0)
     acc = tl.load(po_ptr + state[:, None] * HD + d[None, :], mask=in_m[:, None], other=0.0) * z_i[:, None]
     m_i, z_i, acc = _block_keys(q.to(tl.float32), m_i, z_i, acc, row, k_ptr, v_ptr, src_ptr, N, scale, kvh,
-                                HKV, HD, BLOCK_N)
+                                HKV, HD)
     out = o_ptr + row[:, None] * (H * HD) + head * HD + d[None, :]
     tl.store(out, (acc / tl.where(in_m, z_i, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=in_m[:, None])
 
@@ -133,7 +132,7 @@ def prefix_block_attention_triton(q: Tensor, k: Tensor, v: Tensor, rows: Tensor,
     block_m = tile(m, 16)
     _prefix_block_kernel[(triton.cdiv(m, block_m), heads)](
         q, k, v, rows, src, k_cache, v_cache, slots, out, state.m, state.z, state.o, m, n, p, hd ** -0.5,
-        H=heads, HKV=k.shape[1], HD=hd, BLOCK_M=block_m, BLOCK_P=tile(p, 64), BLOCK_N=next_pow2(n))
+        H=heads, HKV=k.shape[1], HD=hd, BLOCK_M=block_m, BLOCK_P=tile(p, 64))
 
 
 def folded_correction_triton(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, src: Tensor, out: Tensor,
@@ -147,7 +146,7 @@ def folded_correction_triton(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, src:
     block_m = tile(f, 16)
     _folded_kernel[(triton.cdiv(f, block_m), heads)](
         q, k, v, rows, src, out, state.m, state.z, state.o, f, n, hd ** -0.5,
-        H=heads, HKV=k.shape[1], HD=hd, BLOCK_M=block_m, BLOCK_N=next_pow2(n))
+        H=heads, HKV=k.shape[1], HD=hd, BLOCK_M=block_m)
 
 
 

@@ -249,6 +249,15 @@ def test_a_2000_round_run_opens_and_steps(page, server) -> None:
     shot(page, "long_run")
 
 
+def test_bench_tab_shows_the_stored_benchmarks(page) -> None:
+    page.get_by_role("tab", name="Bench").click()
+    page.wait_for_function("() => document.querySelector('#bench-modes').innerText.includes('specfold')")
+    assert "vs block_diffusion" in page.locator("#bench-modes").inner_text()
+    page.wait_for_selector("#bench-speedup .js-plotly-plot")
+    assert page.locator("#bench-summary").inner_text().startswith("Modes: 30 prompts")
+    shot(page, "bench")
+
+
 def test_no_console_errors(page, errors) -> None:
     assert errors == []
 

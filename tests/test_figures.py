@@ -228,3 +228,23 @@ def test_piece_fallbacks() -> None:
     assert make_piece(["a", "b"], {1: "x"})(0) == "a"
     assert make_piece(None, {1: "x"})(1) == "x"
     assert make_piece(None)(7) == "#7"
+
+
+def test_bench_tab_tables_and_speedup_figure() -> None:
+    from app.tabs.bench import kernel_rows, mode_rows, speedup_figure, summary_html
+    modes = {"meta": {"prompts": 3}, "modes": {"isd": {"nfe": 10, "tpf": 1.5, "tok_per_s": 99.0, "speedup_vs_ar": 0.7,
+                                                       "accept_len_mean": 1.6, "accuracy": {"average": 0.5},
+                                                       "same_as_reference": 1.0, "reference": "ar",
+                                                       "fold_ratio": None}}}
+    assert mode_rows(modes) == [["isd", 10, "1.50", "99", "0.70", "1.60", "0.50", "100% vs ar", "—"]]
+    row = {"branches": 4, "prefix": 1024, "target_fold": 0.3, "fold_qkv": 0.31, "fold_ffn": 0.2, "dense_ms": 2.0,
+           "folded_ms": 1.0, "speedup": 2.0, "dense_tflops": 1.0, "folded_tflops": 1.0, "dense_gbps": 5.0,
+           "folded_gbps": 5.0}
+    kernels = {"device": "H200", "backend": "triton", "ceilings": {}, "rows": [row, {**row, "fold_qkv": 0.0}]}
+    assert kernel_rows(kernels)[0][:3] == [4, 1024, "0.30"]
+    fig = speedup_figure(kernels)
+    assert list(fig.data[0].x) == [0.0, 0.31] and fig.data[0].name == "B=4, prefix 1024"
+    assert "H200" in fig.layout.title.text
+    assert "No kernel benchmark" in summary_html({"modes": modes, "kernels": None, "problems": []})
+    assert "&lt;b&gt;" in summary_html({"modes": None, "kernels": {**kernels, "device": "<b>"}, "problems": []})
+    assert speedup_figure(None).data == ()

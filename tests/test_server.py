@@ -278,6 +278,19 @@ def test_health_modes_and_index(client, engine):
     assert {"block_size", "lora"} <= params["linear_spec"]
     pieces = client.get("/api/vocab").json()["pieces"]
     assert len(pieces) == len(engine.rt.tokenizer) and all(isinstance(p, str) for p in pieces)
+
+
+def test_bench_serves_the_stored_benchmarks(client, tmp_path):
+    from backend.server.api import BENCH_DIR, read_bench
+    body = client.get("/api/bench").json()
+    assert body["modes"] == json.loads((BENCH_DIR / "bench.json").read_text()) and body["problems"] == []
+    (tmp_path / "bench.json").write_text("{not json")
+    (tmp_path / "kernels.json").write_text(json.dumps({"rows": []}))
+    found = read_bench(tmp_path)
+    assert found["modes"] is None and found["kernels"] == {"rows": []}
+    assert len(found["problems"]) == 1 and found["problems"][0].startswith("bench.json: ")
+    assert read_bench(tmp_path / "missing") == {"folder": str(tmp_path / "missing"), "problems": [],
+                                                 "modes": None, "kernels": None}
     page = client.get("/")
     assert page.status_code == 200 and "not installed" in page.text
 

@@ -1,10 +1,13 @@
-"""REST under /api: health, modes, vocab, runs (list, get, delete, rounds, KV intervals, export), import, comparisons.
+"""REST under /api: health, modes, vocab, runs (list, get, delete, rounds, KV intervals, export), import, comparisons,
+and the stored benchmark results (bench).
 
 Handlers are plain functions, so FastAPI runs their store reads in its thread pool, off the event loop.
 """
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Body, HTTPException, Query, Response
@@ -27,6 +30,22 @@ from backend.store import (
 )
 
 Row = dict[str, Any]
+BENCH_DIR = Path(__file__).resolve().parents[2] / "docs" / "bench"
+BENCH_FILES = {"modes": "bench.json", "kernels": "kernels.json"}   # specscope bench, python -m kernels.bench
+
+
+def read_bench(folder: Path) -> Row:
+    """Each benchmark's JSON (None when it has not been run), and what was wrong with any unreadable one."""
+    out: Row = {"folder": str(folder), "problems": []}
+    for key, name in BENCH_FILES.items():
+        path = folder / name
+        out[key] = None
+        if path.exists():
+            try:
+                out[key] = json.loads(path.read_text())
+            except (OSError, ValueError) as exc:
+                out["problems"].append(f"{name}: {exc}")
+    return out
 
 
 class NewComparison(BaseModel):
@@ -35,7 +54,7 @@ class NewComparison(BaseModel):
     run_ids: list[str] = Field(min_length=1)
 
 
-def api_router(engine: Engine, store: Store, worker: Worker) -> APIRouter:
+def api_router(engine: Engine, store: Store, worker: Worker, bench_dir: Path = BENCH_DIR) -> APIRouter:
     router = APIRouter(prefix="/api")
     tok = engine.rt.tokenizer
     pieces = [tok.decode([i]) for i in range(len(tok))]  # now, before the worker thread uses the tokenizer
@@ -60,6 +79,10 @@ def api_router(engine: Engine, store: Store, worker: Worker) -> APIRouter:
     def vocab() -> Row:
         """Display text of every token id, as run_start's `pieces` shows the prompt's."""
         return {"model": engine.model_name, "pieces": pieces}
+
+    @router.get("/bench")
+    def bench() -> Row:
+        return read_bench(bench_dir)
 
     @router.get("/runs")
     def list_runs(mode: str | None = None, status: str | None = None, limit: int = Query(50, ge=1, le=1000),
