@@ -146,9 +146,13 @@ def export(args: argparse.Namespace) -> None:
     model = Transformer(model_config(len(tok), tok.convert_tokens_to_ids(MASK), tok.eos_token_id))
     model.load_state_dict(state["model"])
     curves = [json.loads(line) for line in (workdir / "curves.jsonl").open()]
+    train_args = json.loads((workdir / "train_args.json").read_text())
     meta = {"step": state["step"], "recipe": json.loads((workdir / "recipe.json").read_text()),
-            "train_args": json.loads((workdir / "train_args.json").read_text()),
+            "train_args": train_args,
             "curves_every_50": [c for c in curves if c["step"] % 50 == 0 and c["step"] <= state["step"]]}
+    if train_args.get("init_from"):   # keep the warm start's own record (read before `out` is overwritten)
+        parent = Path(train_args["init_from"]) / "training.json"
+        meta["warm_start"] = json.loads(parent.read_text()) if parent.exists() else None
     save_checkpoint(model, tok, out, meta)
     print(f"exported step {state['step']} to {out}")
 
