@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels import tile
+from kernels import next_pow2, tile
 
 
 @dataclass
@@ -61,19 +61,30 @@ def _block_keys(q, m_i, z_i, acc, row, k_ptr, v_ptr, src_ptr, N, scale, kvh, HKV
 
 
 @triton.jit
+def _group_rows(rows_ptr, M, H: tl.constexpr, HKV: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr):
+    """The tile of one program: BLOCK_M flat rows × the GROUP query heads that share KV head program_id(1),
+    packed into BLOCK_M·GROUP tile rows, so each K/V tile is read once for the whole group.
+    Returns (row, head, valid) per tile row; row is -1 where invalid."""
+    kvh = tl.program_id(1)
+    r = tl.arange(0, BLOCK_M * GROUP)
+    mi = tl.program_id(0) * BLOCK_M + r % BLOCK_M
+    g = r // BLOCK_M
+    valid = (mi < M) & (g < H // HKV)
+    row = tl.load(rows_ptr + mi, mask=valid, other=-1)
+    return tl.where(valid, row, -1), kvh * (H // HKV) + g, valid
+
+
+@triton.jit
 def _prefix_block_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, src_ptr, kc_ptr, vc_ptr, slots_ptr, o_ptr,
                          pm_ptr, pz_ptr, po_ptr, M, N, P, scale, H: tl.constexpr, HKV: tl.constexpr,
-                         HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr):
-    head = tl.program_id(1)
-    kvh = head // (H // HKV)
-    mi = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_m = mi < M
-    row = tl.load(rows_ptr + mi, mask=in_m, other=-1)
+                         HD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr, BLOCK_P: tl.constexpr):
+    kvh = tl.program_id(1)
+    row, head, valid = _group_rows(rows_ptr, M, H, HKV, BLOCK_M, GROUP)
     d = tl.arange(0, HD)
-    q = tl.load(q_ptr + row[:, None] * (H * HD) + head * HD + d[None, :], mask=in_m[:, None], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    z_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HD], dtype=tl.float32)
+    q = tl.load(q_ptr + row[:, None] * (H * HD) + head[:, None] * HD + d[None, :], mask=valid[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M * GROUP], float("-inf"), dtype=tl.float32)
+    z_i = tl.zeros([BLOCK_M * GROUP], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M * GROUP, HD], dtype=tl.float32)
     for p0 in range(0, P, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
         in_p = p < P
@@ -91,34 +102,40 @@ def _prefix_block_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, src_ptr, kc_ptr, vc_ptr,
         z_i = z_i * alpha + tl.sum(w, axis=1)
         m_i = m_new
     state = row * H + head
-    tl.store(pm_ptr + state, m_i, mask=in_m)
-    tl.store(pz_ptr + state, z_i, mask=in_m)
-    tl.store(po_ptr + state[:, None] * HD + d[None, :], acc / tl.maximum(z_i, 1e-30)[:, None], mask=in_m[:, None])
+    tl.store(pm_ptr + state, m_i, mask=valid)
+    tl.store(pz_ptr + state, z_i, mask=valid)
+    tl.store(po_ptr + state[:, None] * HD + d[None, :], acc / tl.maximum(z_i, 1e-30)[:, None], mask=valid[:, None])
     m_i, z_i, acc = _block_keys(q.to(tl.float32), m_i, z_i, acc, row, k_ptr, v_ptr, src_ptr, N, scale, kvh,
                                 HKV, HD)
-    out = o_ptr + row[:, None] * (H * HD) + head * HD + d[None, :]
-    tl.store(out, (acc / tl.where(in_m, z_i, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=in_m[:, None])
+    out = o_ptr + row[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
+    tl.store(out, (acc / tl.where(valid, z_i, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 
 @triton.jit
 def _folded_kernel(q_ptr, k_ptr, v_ptr, rows_ptr, src_ptr, o_ptr, pm_ptr, pz_ptr, po_ptr, M, N, scale,
-                   H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr):
-    head = tl.program_id(1)
-    kvh = head // (H // HKV)
-    mi = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_m = mi < M
-    row = tl.load(rows_ptr + mi, mask=in_m, other=-1)
-    source = tl.load(src_ptr + row, mask=in_m, other=0)
+                   H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr):
+    kvh = tl.program_id(1)
+    row, head, valid = _group_rows(rows_ptr, M, H, HKV, BLOCK_M, GROUP)
+    source = tl.load(src_ptr + row, mask=valid, other=0)
     d = tl.arange(0, HD)
-    q = tl.load(q_ptr + source[:, None] * (H * HD) + head * HD + d[None, :], mask=in_m[:, None], other=0.0)
+    q = tl.load(q_ptr + source[:, None] * (H * HD) + head[:, None] * HD + d[None, :], mask=valid[:, None],
+                other=0.0)
     state = source * H + head
-    m_i = tl.load(pm_ptr + state, mask=in_m, other=float("-inf"))
-    z_i = tl.load(pz_ptr + state, mask=in_m, other=0.0)
-    acc = tl.load(po_ptr + state[:, None] * HD + d[None, :], mask=in_m[:, None], other=0.0) * z_i[:, None]
+    m_i = tl.load(pm_ptr + state, mask=valid, other=float("-inf"))
+    z_i = tl.load(pz_ptr + state, mask=valid, other=0.0)
+    acc = tl.load(po_ptr + state[:, None] * HD + d[None, :], mask=valid[:, None], other=0.0) * z_i[:, None]
     m_i, z_i, acc = _block_keys(q.to(tl.float32), m_i, z_i, acc, row, k_ptr, v_ptr, src_ptr, N, scale, kvh,
                                 HKV, HD)
-    out = o_ptr + row[:, None] * (H * HD) + head * HD + d[None, :]
-    tl.store(out, (acc / tl.where(in_m, z_i, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=in_m[:, None])
+    out = o_ptr + row[:, None] * (H * HD) + head[:, None] * HD + d[None, :]
+    tl.store(out, (acc / tl.where(valid, z_i, 1.0)[:, None]).to(o_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+def grouped_tile(rows: int, group: int) -> tuple[int, int]:
+    """(BLOCK_M, GROUP): flat rows per program and the query-head group padded to a power of two, so that a
+    tile holds about 64 rows on a GPU (the wgmma minimum)."""
+    group = next_pow2(group)
+    return tile(rows, max(1, 64 // group), lo=1), group
+
 
 def prefix_block_attention_triton(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, src: Tensor, k_cache: Tensor,
                                   v_cache: Tensor, slots: Tensor, out: Tensor, state: PrefixState) -> None:
@@ -128,11 +145,11 @@ def prefix_block_attention_triton(q: Tensor, k: Tensor, v: Tensor, rows: Tensor,
     m, n, p = rows.numel(), src.shape[1], slots.numel()
     if m == 0:
         return
-    heads, hd = q.shape[1], q.shape[2]
-    block_m = tile(m, 16)
-    _prefix_block_kernel[(triton.cdiv(m, block_m), heads)](
+    heads, kv_heads, hd = q.shape[1], k.shape[1], q.shape[2]
+    block_m, group = grouped_tile(m, heads // kv_heads)
+    _prefix_block_kernel[(triton.cdiv(m, block_m), kv_heads)](
         q, k, v, rows, src, k_cache, v_cache, slots, out, state.m, state.z, state.o, m, n, p, hd ** -0.5,
-        H=heads, HKV=k.shape[1], HD=hd, BLOCK_M=block_m, BLOCK_P=tile(p, 64))
+        H=heads, HKV=kv_heads, HD=hd, BLOCK_M=block_m, GROUP=group, BLOCK_P=tile(p, 64))
 
 
 def folded_correction_triton(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, src: Tensor, out: Tensor,
@@ -142,11 +159,11 @@ def folded_correction_triton(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, src:
     f, n = rows.numel(), src.shape[1]
     if f == 0:
         return
-    heads, hd = q.shape[1], q.shape[2]
-    block_m = tile(f, 16)
-    _folded_kernel[(triton.cdiv(f, block_m), heads)](
+    heads, kv_heads, hd = q.shape[1], k.shape[1], q.shape[2]
+    block_m, group = grouped_tile(f, heads // kv_heads)
+    _folded_kernel[(triton.cdiv(f, block_m), kv_heads)](
         q, k, v, rows, src, out, state.m, state.z, state.o, f, n, hd ** -0.5,
-        H=heads, HKV=k.shape[1], HD=hd, BLOCK_M=block_m)
+        H=heads, HKV=kv_heads, HD=hd, BLOCK_M=block_m, GROUP=group)
 
 
 

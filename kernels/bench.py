@@ -29,6 +29,7 @@ from torch import Tensor
 from backend.model.config import ModelConfig
 from backend.model.transformer import DecoderLayer, KVContext, PagedKV, Transformer, build_mask, rope_cos_sin
 from kernels.folded_forward import TORCH_OPS, TRITON_OPS, fold_layer
+from kernels.gate import parent_rows
 
 DELTA = 0.05
 
@@ -112,9 +113,10 @@ def layer_costs(cfg: BenchConfig, rows_qkv: int, rows_ffn: int, rows_all: int, f
 
 def bench_case(model: Transformer, cfg: BenchConfig, cache: PagedKV, branches: int, prefix: int, fold: float,
                device: str) -> dict:
-    parents = [-1] + [(i - 1) // 2 for i in range(1, branches)]
+    parent_list = [-1] + [(i - 1) // 2 for i in range(1, branches)]
+    parents = parent_rows(parent_list, torch.device(device))
     n, layers = cfg.block, cast(list[DecoderLayer], list(model.layers))
-    h0 = branch_inputs(parents, n, cfg.hidden, fold, cache.k)
+    h0 = branch_inputs(parent_list, n, cfg.hidden, fold, cache.k)
     positions = torch.arange(prefix, prefix + n, device=device)[None].expand(branches, n)
     cos, sin = rope_cos_sin(positions, cfg.head_dim, 10000.0)
     slots = torch.arange(prefix, device=device, dtype=torch.int32)

@@ -89,7 +89,7 @@ def packed_ffn_triton(h: Tensor, rows: Tensor, w: FFNWeights, out: Tensor) -> No
     if m == 0:
         return
     act = torch.empty(m, i, dtype=w.w_gate.dtype, device=h.device)
-    block_m = tile(m, 16)
+    block_m = tile(m, 64)
     block_d = tile(d, 64)
     block_i = tile(i, 64)
     _gate_up_kernel[(triton.cdiv(m, block_m), triton.cdiv(i, block_i))](

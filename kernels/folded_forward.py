@@ -74,18 +74,20 @@ class KernelFoldedForward:
         r, n = ids.shape
         cos, sin = (t[0, :, 0].contiguous() for t in rope_cos_sin(positions[:1], cfg.head_dim, cfg.rope_theta))
         h = model.embed_tokens(ids).reshape(r * n, -1)
+        parents = gate.parent_rows(self.parents, ids.device)
         self.recomputed, self.ffn_recomputed = [], []
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
-            h, counts = fold_layer(ops, layer, h.view(r, n, -1), self.parents, self.delta, cos, sin,
+            h, counts = fold_layer(ops, layer, h.view(r, n, -1), parents, self.delta, cos, sin,
                                    *prefix_memory(kv, index, h.new_zeros(1, cfg.num_key_value_heads, cfg.head_dim)))
             self.recomputed.append(counts[0])
             self.ffn_recomputed.append(counts[1])
         return model.logits(h.view(r, n, -1))
 
 
-def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: list[int], delta: float, cos: Tensor,
+def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, delta: float, cos: Tensor,
                sin: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor) -> tuple[Tensor, list[list[int]]]:
-    """One SpecFold layer on h [R, N, D] -> (h' [R*N, D], [QKV, FFN] recompute counts per branch)."""
+    """One SpecFold layer on h [R, N, D] (parents from gate.parent_rows) -> (h' [R*N, D], [QKV, FFN] recompute
+    counts per branch)."""
     cfg = layer.self_attn.cfg
     r, n, _ = h.shape
     attn_w, ffn_w = layer_weights(layer, cfg.rms_norm_eps)

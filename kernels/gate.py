@@ -1,5 +1,6 @@
-"""Kernel 1, gate + compaction: per (branch, position) relative residual ρ = ‖h_i − h_par‖ / ‖h_par‖ against the
-parent branch; recompute where ρ > δ (row 0 always), and compact the recomputed (branch, position) pairs into
+"""Kernel 1, gate + compaction: per (branch, position) relative residual ρ = ‖h_i − h_par‖ / ‖h_par‖ against
+the parent branch; recompute where ρ > δ (row 0 always), tested as ‖h_i − h_par‖² > δ²‖h_par‖² (no sqrt or
+division, so kernel and twin agree near the threshold); compact the recomputed (branch, position) pairs into
 one global list of flat row indices (branch·N + position) and per-branch position lists, through atomic
 counters. List order is the order the counters hand out slots: only the sets are defined."""
 from __future__ import annotations
@@ -27,7 +28,8 @@ class Gate:
         return self.rows[:self.total]
 
 
-def _parents_tensor(parents: list[int], device: torch.device) -> Tensor:
+def parent_rows(parents: list[int], device: torch.device) -> Tensor:
+    """The parent list as an int32 tensor on `device`, the main row pointing at itself (built once per forward)."""
     return torch.tensor([max(p, 0) for p in parents], dtype=torch.int32, device=device)
 
 
@@ -47,8 +49,7 @@ def _gate_kernel(h_ptr, parent_ptr, rec_ptr, rows_ptr, total_ptr, branch_rows_pt
         y = tl.load(h_ptr + (par * N + n)[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
         diff += tl.sum((x - y) * (x - y), axis=1)
         norm += tl.sum(y * y, axis=1)
-    rho = tl.sqrt(diff) / tl.maximum(tl.sqrt(norm), 1.1754943508222875e-38)
-    flag = ((rho > delta) | (i == 0)) & in_n
+    flag = ((diff > delta * delta * norm) | (i == 0)) & in_n      # ρ > δ without sqrt or division
     tl.store(rec_ptr + i * N + n, flag.to(tl.int8), mask=in_n)
     flag32 = flag.to(tl.int32)
     rank = tl.cumsum(flag32, axis=0) - flag32
@@ -59,8 +60,8 @@ def _gate_kernel(h_ptr, parent_ptr, rec_ptr, rows_ptr, total_ptr, branch_rows_pt
     tl.store(branch_rows_ptr + i * N + branch_base + rank, n, mask=flag)
 
 
-def fold_gate_triton(h: Tensor, parents: list[int], delta: float) -> Gate:
-    """h [R, N, D] layer inputs of R branches (row 0 = main, parents[i] < i)."""
+def fold_gate_triton(h: Tensor, parents: Tensor, delta: float) -> Gate:
+    """h [R, N, D] layer inputs of R branches; parents [R] from `parent_rows` (parents[i] < i)."""
     r, n, d = h.shape
     h = h.contiguous()
     rec = torch.empty(r, n, dtype=torch.int8, device=h.device)
@@ -70,17 +71,15 @@ def fold_gate_triton(h: Tensor, parents: list[int], delta: float) -> Gate:
     branch_counts = torch.zeros(r, dtype=torch.int32, device=h.device)
     block_n = tile(n, 64, 1)
     _gate_kernel[(r, triton.cdiv(n, block_n))](
-        h, _parents_tensor(parents, h.device), rec, rows, total, branch_rows, branch_counts, n, d, float(delta),
+        h, parents, rec, rows, total, branch_rows, branch_counts, n, d, float(delta),
         BLOCK_N=block_n, BLOCK_D=tile(d, 128))
     return Gate(rec.bool(), rows, int(total.item()), branch_rows, branch_counts)
 
 
-def fold_gate_torch(h: Tensor, parents: list[int], delta: float) -> Gate:
+def fold_gate_torch(h: Tensor, parents: Tensor, delta: float) -> Gate:
     r, n, _ = h.shape
-    par = _parents_tensor(parents, h.device).long()
-    x, y = h.float(), h[par].float()
-    rho = (x - y).norm(dim=-1) / y.norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
-    rec = rho > delta
+    x, y = h.float(), h[parents.long()].float()
+    rec = (x - y).pow(2).sum(-1) > delta * delta * y.pow(2).sum(-1)
     rec[0] = True
     rows = torch.zeros(r * n, dtype=torch.int32, device=h.device)
     flat = rec.flatten().nonzero()[:, 0]

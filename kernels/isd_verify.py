@@ -24,6 +24,25 @@ class Verdict:
     q: list[float]
 
 
+TINY: tl.constexpr = tl.constexpr(1.1754943508222875e-38)   # smallest normal float32 (1e-38 would be fp64)
+
+
+@triton.jit
+def _banned_logits(ptr, v, V, banned, temperature):
+    """Logits of the vocabulary tile v, / T, -inf past V and at the banned (MASK) id; the ban is applied after
+    an unmasked-by-ban load so the load stays vectorised."""
+    x = tl.load(ptr + v, mask=v < V, other=float("-inf")).to(tl.float32)
+    return tl.where(v != banned, x, float("-inf")) / temperature
+
+
+@triton.jit
+def _online_softmax(m, z, x):
+    """Running (max, denominator) after one more tile x; safe while everything so far is -inf."""
+    m_new = tl.maximum(m, tl.max(x, axis=0))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new, z * tl.exp(m - m_use) + tl.sum(tl.exp(x - m_use), axis=0)
+
+
 @triton.jit
 def _isd_verify_kernel(clean_ptr, draft_ptr, spec_ptr, u_ptr, g_ptr, out_ptr, px_ptr, qx_ptr, K, V, banned,
                        temperature, alpha, GREEDY: tl.constexpr, BLOCK_V: tl.constexpr):
@@ -41,21 +60,19 @@ def _isd_verify_kernel(clean_ptr, draft_ptr, spec_ptr, u_ptr, g_ptr, out_ptr, px
             best_at = tl.zeros([], dtype=tl.int32)
             for v0 in range(0, V, BLOCK_V):
                 v = v0 + tl.arange(0, BLOCK_V)
-                ok_v = (v < V) & (v != banned)
-                c = tl.load(clean_ptr + j * V + v, mask=ok_v, other=float("-inf")).to(tl.float32) / temperature
-                d = tl.load(draft_ptr + j * V + v, mask=ok_v, other=float("-inf")).to(tl.float32) / temperature
+                c = _banned_logits(clean_ptr + j * V, v, V, banned, temperature)
+                d = _banned_logits(draft_ptr + j * V, v, V, banned, temperature)
                 tile_best = tl.max(c, axis=0)
                 tile_at = tl.min(tl.where(c == tile_best, v, V), axis=0)
                 best_at = tl.where(tile_best > best, tile_at, best_at)
                 best = tl.maximum(best, tile_best)
-                mp_new = tl.maximum(mp, tile_best)
-                zp = zp * tl.exp(mp - mp_new) + tl.sum(tl.exp(c - mp_new), axis=0)
-                mp = mp_new
-                mq_new = tl.maximum(mq, tl.max(d, axis=0))
-                zq = zq * tl.exp(mq - mq_new) + tl.sum(tl.exp(d - mq_new), axis=0)
-                mq = mq_new
-            p_x = tl.exp(tl.load(clean_ptr + j * V + spec).to(tl.float32) / temperature - mp) / zp
-            q_x = tl.exp(tl.load(draft_ptr + j * V + spec).to(tl.float32) / temperature - mq) / zq
+                mp, zp = _online_softmax(mp, zp, c)
+                mq, zq = _online_softmax(mq, zq, d)
+            allowed = spec != banned
+            p_x = tl.where(allowed, tl.exp(tl.load(clean_ptr + j * V + spec).to(tl.float32) / temperature - mp) / zp,
+                           0.0)
+            q_x = tl.where(allowed, tl.exp(tl.load(draft_ptr + j * V + spec).to(tl.float32) / temperature - mq) / zq,
+                           0.0)
             tl.store(px_ptr + j, p_x)
             tl.store(qx_ptr + j, q_x)
             if GREEDY:
@@ -73,14 +90,11 @@ def _isd_verify_kernel(clean_ptr, draft_ptr, spec_ptr, u_ptr, g_ptr, out_ptr, px
                     p_at = tl.zeros([], dtype=tl.int32)
                     for v0 in range(0, V, BLOCK_V):
                         v = v0 + tl.arange(0, BLOCK_V)
-                        ok_v = (v < V) & (v != banned)
-                        c = tl.load(clean_ptr + j * V + v, mask=ok_v, other=float("-inf")).to(tl.float32)
-                        d = tl.load(draft_ptr + j * V + v, mask=ok_v, other=float("-inf")).to(tl.float32)
-                        p = tl.exp(c / temperature - mp) / zp
-                        q = tl.exp(d / temperature - mq) / zq
+                        p = tl.exp(_banned_logits(clean_ptr + j * V, v, V, banned, temperature) - mp) / zp
+                        q = tl.exp(_banned_logits(draft_ptr + j * V, v, V, banned, temperature) - mq) / zq
                         g = tl.load(g_ptr + j * V + v, mask=v < V, other=0.0)
-                        s_res = tl.where(ok_v & (p > q), tl.log(tl.maximum(p - q, 1e-38)) + g, float("-inf"))
-                        s_p = tl.where(ok_v & (p > 0), tl.log(tl.maximum(p, 1e-38)) + g, float("-inf"))
+                        s_res = tl.where(p > q, tl.log(tl.maximum(p - q, TINY)) + g, float("-inf"))
+                        s_p = tl.where(p > 0, tl.log(tl.maximum(p, TINY)) + g, float("-inf"))
                         t_res = tl.max(s_res, axis=0)
                         t_p = tl.max(s_p, axis=0)
                         res_at = tl.where(t_res > res_best, tl.min(tl.where(s_res == t_res, v, V), axis=0), res_at)

@@ -84,7 +84,7 @@ def packed_qkv_triton(h: Tensor, rows: Tensor, w: QKVWeights, cos: Tensor, sin: 
     if m == 0:
         return
     n, hd = cos.shape
-    block_m = tile(m, 16)
+    block_m = tile(m, 64)
     common = dict(BLOCK_M=block_m, BLOCK_D=tile(d, 64), HALF=hd // 2)
     for weight, bias, head_norm, rope, table in ((w.wq, w.bq, w.q_norm, True, q_table),
                                                  (w.wk, w.bk, w.k_norm, True, k_table),

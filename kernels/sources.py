@@ -9,7 +9,6 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels import tile
-from kernels.gate import _parents_tensor
 
 
 @triton.jit
@@ -24,22 +23,23 @@ def _sources_kernel(rec_ptr, parent_ptr, src_ptr, R, N, BLOCK_N: tl.constexpr):
     tl.store(src_ptr + i * N + n, cur * N + n, mask=in_n)
 
 
-def resolve_sources_triton(recompute: Tensor, parents: list[int]) -> Tensor:
-    """recompute [R, N] bool -> source flat rows [R, N] int32."""
+def resolve_sources_triton(recompute: Tensor, parents: Tensor) -> Tensor:
+    """recompute [R, N] bool, parents [R] (kernels.gate.parent_rows) -> source flat rows [R, N] int32."""
     r, n = recompute.shape
     src = torch.empty(r, n, dtype=torch.int32, device=recompute.device)
     block_n = tile(n, 64, 1)
     _sources_kernel[(r, triton.cdiv(n, block_n))](
-        recompute.to(torch.int8).contiguous(), _parents_tensor(parents, recompute.device), src, r, n,
+        recompute.to(torch.int8).contiguous(), parents, src, r, n,
         BLOCK_N=block_n)
     return src
 
 
-def resolve_sources_torch(recompute: Tensor, parents: list[int]) -> Tensor:
+def resolve_sources_torch(recompute: Tensor, parents: Tensor) -> Tensor:
     r, n = recompute.shape
+    parent = parents.tolist()
     src = torch.empty(r, n, dtype=torch.int32, device=recompute.device)
     pos = torch.arange(n, dtype=torch.int32, device=recompute.device)
     src[0] = pos
     for i in range(1, r):
-        src[i] = torch.where(recompute[i], i * n + pos, src[max(parents[i], 0)])
+        src[i] = torch.where(recompute[i], i * n + pos, src[parent[i]])
     return src
