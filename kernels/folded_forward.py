@@ -7,14 +7,14 @@ Triton kernels on CUDA tensors and as their PyTorch twins elsewhere (`triton` fo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 from torch import Tensor
 
-from backend.engine.folding import shared_slots
-from backend.model.transformer import DecoderLayer, KVContext, Transformer, rope_cos_sin
+from backend.engine.folding import FoldedForward, shared_slots
+from backend.model.transformer import DecoderLayer, KVContext, rope_cos_sin
 from kernels import attention, ffn, gate, on_triton, qkv, sources
 
 
@@ -50,19 +50,13 @@ def layer_weights(layer: DecoderLayer, eps: float) -> tuple[qkv.QKVWeights, ffn.
 
 
 @dataclass
-class KernelFoldedForward:
-    """Drop-in for Transformer.forward (block attention, read-only shared prefix) over one draft graph's rows."""
-    model: Transformer
-    parents: list[int]
-    delta: float
+class KernelFoldedForward(FoldedForward):
+    """FoldedForward (same contract and recompute counters) through the kernels."""
     triton: bool | None = None                 # None: Triton on CUDA, twins elsewhere
-    recomputed: list[list[int]] = field(default_factory=list)
-    ffn_recomputed: list[list[int]] = field(default_factory=list)
 
     def __call__(self, ids: Tensor, positions: Tensor, attn: str = "block", kv: KVContext | None = None,
                  mask: Tensor | None = None, lora: bool = False) -> Tensor:
-        if attn != "block" or mask is not None:
-            raise ValueError("the folded forward verifies block states: block attention, no custom mask")
+        self.check_call(attn, mask)
         if lora:
             raise ValueError("the kernel backend has no LoRA path; use backend=torch")
         use_triton = on_triton(ids) if self.triton is None else self.triton

@@ -135,10 +135,14 @@ class FoldedForward:
     recomputed: list[list[int]] = field(default_factory=list)
     ffn_recomputed: list[list[int]] = field(default_factory=list)
 
-    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "block", kv: KVContext | None = None,
-                 mask: Tensor | None = None, lora: bool = False) -> Tensor:
+    @staticmethod
+    def check_call(attn: str, mask: Tensor | None) -> None:
         if attn != "block" or mask is not None:
             raise ValueError("the folded forward verifies block states: block attention, no custom mask")
+
+    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "block", kv: KVContext | None = None,
+                 mask: Tensor | None = None, lora: bool = False) -> Tensor:
+        self.check_call(attn, mask)
         model, cfg = self.model, self.model.cfg
         parents = torch.tensor(self.parents, device=ids.device)
         cos, sin = rope_cos_sin(positions[:1], cfg.head_dim, cfg.rope_theta)   # rows share positions

@@ -29,7 +29,7 @@ from kernels.folded_forward import KernelFoldedForward
 
 @dataclass
 class SpecFoldState(SpiffyState):
-    folding: FoldedForward | KernelFoldedForward | None = None    # this round's folded forward (its recompute counts)
+    folding: FoldedForward | None = None    # this round's folded forward (its recompute counts)
     folded: int = 0                          # draft (layer, position) rows folded, QKV + FFN
     draft_rows: int = 0                      # draft (layer, position) rows gated, QKV + FFN
 
