@@ -123,7 +123,7 @@ def bench_case(model: Transformer, cfg: BenchConfig, cache: PagedKV, branches: i
     kv = KVContext(cache, slots.long()[None].expand(branches, prefix))
     mask = build_mask(n, "block", kv, branches, torch.device(device))
     ops = TRITON_OPS if device == "cuda" else TORCH_OPS
-    counts: list[list[list[int]]] = []
+    counts: list[Tensor] = []
 
     def dense() -> None:
         for i, layer in enumerate(layers):
@@ -141,8 +141,8 @@ def bench_case(model: Transformer, cfg: BenchConfig, cache: PagedKV, branches: i
         got = fold_layer(ops, layers[0], h0, parents, DELTA, cos[0, :, 0], sin[0, :, 0], cache.k[0], cache.v[0],
                          slots)[0]
     draft_rows = (branches - 1) * n
-    qkv_rec = sum(sum(c[0][1:]) for c in counts) / len(counts)
-    ffn_rec = sum(sum(c[1][1:]) for c in counts) / len(counts)
+    per_layer = torch.stack(counts)[:, :, 1:].sum(-1).float().mean(0).tolist()   # draft rows recomputed, QKV/FFN
+    qkv_rec, ffn_rec = per_layer
     rows_all = branches * n
     dense_flops, dense_bytes = layer_costs(cfg, rows_all, rows_all, rows_all, 0, prefix, branches)
     fold_flops, fold_bytes = layer_costs(cfg, round(n + qkv_rec), round(n + ffn_rec), rows_all,

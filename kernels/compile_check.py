@@ -46,7 +46,7 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     heads = dict(H=16, HKV=4, HD=128)
     return [
         ("gate", gate._gate_kernel, dict(h_ptr=H16, parent_ptr=I32, rec_ptr="*i8", rows_ptr=I32, total_ptr=I32,
-                                         branch_rows_ptr=I32, branch_counts_ptr=I32, N="i32", D="i32",
+                                         branch_rows_ptr=I32, branch_counts_ptr=I32, R="i32", N="i32", D="i32",
                                          delta="fp32"), dict(BLOCK_N=32, BLOCK_D=128)),
         ("sources", sources._sources_kernel, dict(rec_ptr="*i8", parent_ptr=I32, src_ptr=I32, R="i32", N="i32"),
          dict(BLOCK_N=32)),

@@ -69,19 +69,19 @@ class KernelFoldedForward(FoldedForward):
         cos, sin = (t[0, :, 0].contiguous() for t in rope_cos_sin(positions[:1], cfg.head_dim, cfg.rope_theta))
         h = model.embed_tokens(ids).reshape(r * n, -1)
         parents = gate.parent_rows(self.parents, ids.device)
-        self.recomputed, self.ffn_recomputed = [], []
+        counts = []
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
-            h, counts = fold_layer(ops, layer, h.view(r, n, -1), parents, self.delta, cos, sin,
-                                   *prefix_memory(kv, index, h.new_zeros(1, cfg.num_key_value_heads, cfg.head_dim)))
-            self.recomputed.append(counts[0])
-            self.ffn_recomputed.append(counts[1])
+            h, layer_counts = fold_layer(ops, layer, h.view(r, n, -1), parents, self.delta, cos, sin, *prefix_memory(
+                kv, index, h.new_zeros(1, cfg.num_key_value_heads, cfg.head_dim)))
+            counts.append(layer_counts)
+        self.recomputed, self.ffn_recomputed = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
         return model.logits(h.view(r, n, -1))
 
 
 def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, delta: float, cos: Tensor,
-               sin: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor) -> tuple[Tensor, list[list[int]]]:
-    """One SpecFold layer on h [R, N, D] (parents from gate.parent_rows) -> (h' [R*N, D], [QKV, FFN] recompute
-    counts per branch)."""
+               sin: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+    """One SpecFold layer on h [R, N, D] (parents from gate.parent_rows) -> (h' [R*N, D], recompute counts
+    [2, R]: QKV and FFN per branch, left on the device)."""
     cfg = layer.self_attn.cfg
     r, n, _ = h.shape
     attn_w, ffn_w = layer_weights(layer, cfg.rms_norm_eps)
@@ -95,13 +95,13 @@ def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, de
     o_t = h.new_empty(r * n, heads, hd)
     state = attention.PrefixState.empty(r * n, heads, hd, h.device)
     ops.attention(q_t, k_t, v_t, g.recomputed_rows, src, cache_k, cache_v, slots, o_t, state)
-    ops.correction(q_t, k_t, v_t, (~g.recompute).flatten().nonzero()[:, 0].int(), src, o_t, state)
+    ops.correction(q_t, k_t, v_t, g.folded_rows, src, o_t, state)
     h = h + layer.self_attn.o_proj(o_t.flatten(1))
     g_ffn = ops.gate(h.view(r, n, -1), parents, delta)
     table = h.new_empty(r * n, h.shape[1])
     ops.ffn(h, g_ffn.recomputed_rows, ffn_w, table)
     ops.add_sources(h, table, ops.sources(g_ffn.recompute, parents))
-    return h, [g.branch_counts.tolist(), g_ffn.branch_counts.tolist()]
+    return h, torch.stack([g.branch_counts, g_ffn.branch_counts])
 
 
 def prefix_memory(kv: KVContext | None, layer: int, blank: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -18,7 +18,7 @@ from kernels import tile
 @dataclass
 class Gate:
     recompute: Tensor       # [R, N] bool
-    rows: Tensor            # [R*N] int32; the first `total` entries are the recomputed flat rows
+    rows: Tensor            # [R*N] int32 flat rows: the `total` recomputed ones first, then the folded ones
     total: int
     branch_rows: Tensor     # [R, N] int32; row i's first branch_counts[i] entries are its recomputed positions
     branch_counts: Tensor   # [R] int32
@@ -26,6 +26,10 @@ class Gate:
     @property
     def recomputed_rows(self) -> Tensor:
         return self.rows[:self.total]
+
+    @property
+    def folded_rows(self) -> Tensor:
+        return self.rows[self.total:]
 
 
 def parent_rows(parents: list[int], device: torch.device) -> Tensor:
@@ -35,7 +39,7 @@ def parent_rows(parents: list[int], device: torch.device) -> Tensor:
 
 @triton.jit
 def _gate_kernel(h_ptr, parent_ptr, rec_ptr, rows_ptr, total_ptr, branch_rows_ptr, branch_counts_ptr,
-                 N, D, delta, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                 R, N, D, delta, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     i = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     in_n = n < N
@@ -58,6 +62,10 @@ def _gate_kernel(h_ptr, parent_ptr, rec_ptr, rows_ptr, total_ptr, branch_rows_pt
     tl.store(rows_ptr + base + rank, i * N + n, mask=flag)
     branch_base = tl.atomic_add(branch_counts_ptr + i, count)
     tl.store(branch_rows_ptr + i * N + branch_base + rank, n, mask=flag)
+    folded = (~flag & in_n).to(tl.int32)                     # folded rows fill the list from its end
+    folded_base = tl.atomic_add(total_ptr + 1, tl.sum(folded, axis=0))
+    tl.store(rows_ptr + R * N - 1 - folded_base - (tl.cumsum(folded, axis=0) - folded), i * N + n,
+             mask=folded != 0)
 
 
 def fold_gate_triton(h: Tensor, parents: Tensor, delta: float) -> Gate:
@@ -66,14 +74,14 @@ def fold_gate_triton(h: Tensor, parents: Tensor, delta: float) -> Gate:
     h = h.contiguous()
     rec = torch.empty(r, n, dtype=torch.int8, device=h.device)
     rows = torch.empty(r * n, dtype=torch.int32, device=h.device)
-    total = torch.zeros(1, dtype=torch.int32, device=h.device)
+    total = torch.zeros(2, dtype=torch.int32, device=h.device)        # recomputed, folded
     branch_rows = torch.zeros(r, n, dtype=torch.int32, device=h.device)
     branch_counts = torch.zeros(r, dtype=torch.int32, device=h.device)
     block_n = tile(n, 64, 1)
     _gate_kernel[(r, triton.cdiv(n, block_n))](
-        h, parents, rec, rows, total, branch_rows, branch_counts, n, d, float(delta),
+        h, parents, rec, rows, total, branch_rows, branch_counts, r, n, d, float(delta),
         BLOCK_N=block_n, BLOCK_D=tile(d, 128))
-    return Gate(rec.bool(), rows, int(total.item()), branch_rows, branch_counts)
+    return Gate(rec.bool(), rows, int(total[0].item()), branch_rows, branch_counts)
 
 
 def fold_gate_torch(h: Tensor, parents: Tensor, delta: float) -> Gate:
@@ -81,9 +89,7 @@ def fold_gate_torch(h: Tensor, parents: Tensor, delta: float) -> Gate:
     x, y = h.float(), h[parents.long()].float()
     rec = (x - y).pow(2).sum(-1) > delta * delta * y.pow(2).sum(-1)
     rec[0] = True
-    rows = torch.zeros(r * n, dtype=torch.int32, device=h.device)
-    flat = rec.flatten().nonzero()[:, 0]
-    rows[:flat.numel()] = flat.int()
-    counts = rec.sum(1).int()
+    flat = rec.flatten()
+    rows = torch.cat([flat.nonzero()[:, 0], (~flat).nonzero()[:, 0]]).int()
     order = torch.argsort((~rec).int(), dim=1, stable=True).int()   # recomputed positions first, ascending
-    return Gate(rec, rows, flat.numel(), order, counts)
+    return Gate(rec, rows, int(flat.sum()), order, rec.sum(1).int())

@@ -40,6 +40,9 @@ def test_gate_and_compaction_match_twin(dtype, parents, n, delta):
     assert torch.equal(got.recompute, want.recompute)
     assert got.total == want.total == int(want.recompute.sum())
     assert torch.equal(got.recomputed_rows.sort().values, want.recomputed_rows.sort().values)
+    assert torch.equal(got.folded_rows.sort().values, want.folded_rows.sort().values)
+    assert torch.equal(torch.cat([want.recomputed_rows, want.folded_rows]).sort().values,
+                       torch.arange(want.rows.numel(), dtype=torch.int32))
     assert torch.equal(got.branch_counts, want.branch_counts)
     for i, c in enumerate(want.branch_counts.tolist()):
         assert torch.equal(got.branch_rows[i, :c].sort().values, want.branch_rows[i, :c])
