@@ -89,8 +89,9 @@ def tables(rn: int, heads: int, kv_heads: int, hd: int, dtype: torch.dtype) -> t
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("bias,norm", [(False, True), (True, False)])
 @pytest.mark.parametrize("kind", ["random", "empty", "full"])
-def test_packed_qkv_matches_twin_and_leaves_folded_slots(dtype, bias, norm, kind):
-    r, n, d, heads, kv_heads, hd = 3, 13, 48, 4, 2, 32
+@pytest.mark.parametrize("r,n", [(1, 8), (3, 13), (8, 32)])
+def test_packed_qkv_matches_twin_and_leaves_folded_slots(dtype, bias, norm, kind, r, n):
+    d, heads, kv_heads, hd = 48, 4, 2, 32
     h = torch.randn(r * n, d).to(dtype)
     rows = recompute_pattern(r, n, kind).flatten().nonzero()[:, 0].int()
     w = qkv_weights(d, heads, kv_heads, hd, dtype, bias, norm)
@@ -134,7 +135,7 @@ def attention_case(parents, n, p, dtype, kind, seed=0, heads=4, kv_heads=2):
     return q, k, v, rows, folded, src, cache_k, cache_v, slots
 
 
-CASES = [([-1, 0], 8, 0), (CHAIN, 13, 37), (TREE, 32, 70)]
+CASES = [([-1], 8, 5), ([-1, 0], 8, 0), (CHAIN, 13, 37), (TREE, 32, 70)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -191,8 +192,9 @@ def test_folded_rows_equal_their_exact_attention(kind):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("kind", ["random", "empty", "full"])
-def test_packed_ffn_and_source_residual_match_twin(dtype, kind):
-    parents, n, d, inter = CHAIN, 13, 48, 80
+@pytest.mark.parametrize("parents,n", [([-1], 8), (CHAIN, 13), (TREE, 32)])
+def test_packed_ffn_and_source_residual_match_twin(dtype, kind, parents, n):
+    d, inter = 48, 80
     g = torch.Generator().manual_seed(3)
     rec = recompute_pattern(len(parents), n, kind)
     rows = rec.flatten().nonzero()[:, 0].int()
