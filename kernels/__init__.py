@@ -1,8 +1,9 @@
 """Triton kernels for SpecFold's folded verification and I-DLM's fused verify, each with a PyTorch twin.
 
-Every op lives in one module as `<op>_triton` and `<op>_torch` with identical signatures, and a dispatcher
-`<op>` that picks Triton for CUDA tensors and the twin otherwise. Tests run the Triton versions on CPU
-under TRITON_INTERPRET=1 (set before these modules are imported) by calling them directly.
+Every op lives in one module as `<op>_triton` and `<op>_torch` with identical signatures. CUDA tensors run the
+kernels, anything else the twins (`on_triton`): `folded_forward.FoldOps` picks the six SpecFold ops together,
+`isd_verify.isd_verify` dispatches on its own. Tests run the Triton versions on CPU under TRITON_INTERPRET=1
+(set before these modules are imported) by calling them directly; `compile_check` compiles them for a GPU.
 """
 from __future__ import annotations
 
