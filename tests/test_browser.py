@@ -21,7 +21,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).parent / "artifacts"
-PROMPT = "What is 12 + 30?"
+PROMPT = "Reverse: q w e r t y u i"   # eight answer tokens: ar makes a run of several rounds
 XSS = "<script>window.__xss = 1</script>"
 TIMEOUT_MS = 30_000
 
@@ -150,8 +150,8 @@ def cursor_x(page, plot: str) -> float:
 
 
 def test_chat_streams_in_two_modes(page) -> None:
-    chat(page, "ar")
-    chat(page, "linear_spec")  # the visualizer test opens this last run
+    chat(page, "linear_spec")
+    chat(page, "ar")  # the visualizer test opens this last run (one round per token)
     stats = page.locator("#chat-bot .bot").all_inner_texts()
     assert any("linear_spec · TPF" in s for s in stats) and any("ar · TPF" in s for s in stats)
     assert page.locator("#chat-live .ss-tok").count() > 0

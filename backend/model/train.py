@@ -96,7 +96,8 @@ def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     model = Transformer(model_config(len(tok), mask_id, eos_id))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    spec = data.BatchSpec(seq_len=args.seq, batch_size=args.batch, task_fraction=args.task_fraction)
+    spec = data.BatchSpec(seq_len=args.seq, batch_size=args.batch, task_fraction=args.task_fraction,
+                          pad_tasks=not args.no_pad_tasks)
     step = 0
     state_path = workdir / "state.pt"
     if args.init_from and not state_path.exists():
@@ -165,6 +166,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--task-fraction", type=float, default=0.8, help="share of batch rows that are chat tasks")
+    p.add_argument("--no-pad-tasks", action="store_true", help="pack tasks back to back (the first phase's recipe)")
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
