@@ -12,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels import tile
-from kernels.qkv import _rms
+from kernels.rmsnorm import normed_tile, rms_torch, row_rstd
 
 
 @dataclass
@@ -31,20 +31,13 @@ def _gate_up_kernel(h_ptr, rows_ptr, norm_ptr, wg_ptr, wu_ptr, act_ptr, M, D, IN
     c = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     in_m, in_c = m < M, c < INNER
     row = tl.load(rows_ptr + m, mask=in_m, other=0)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        x = tl.load(h_ptr + row[:, None] * D + d[None, :], mask=in_m[:, None] & (d < D)[None, :], other=0.0)
-        ss += tl.sum(x.to(tl.float32) * x.to(tl.float32), axis=1)
-    rstd = 1.0 / tl.sqrt(ss / D + eps)
+    rstd = row_rstd(h_ptr, row, in_m, D, eps, BLOCK_M, BLOCK_D)
     g_acc = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
     u_acc = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         in_d = d < D
-        x = tl.load(h_ptr + row[:, None] * D + d[None, :], mask=in_m[:, None] & in_d[None, :], other=0.0)
-        g = tl.load(norm_ptr + d, mask=in_d, other=0.0).to(tl.float32)
-        xn = (x.to(tl.float32) * rstd[:, None] * g[None, :]).to(wg_ptr.dtype.element_ty)
+        xn = normed_tile(h_ptr, norm_ptr, row, in_m, rstd, d, D).to(wg_ptr.dtype.element_ty)
         w_off = c[None, :] * D + d[:, None]
         w_mask = in_c[None, :] & in_d[:, None]
         g_acc += tl.dot(xn, tl.load(wg_ptr + w_off, mask=w_mask, other=0.0), input_precision="ieee")
@@ -100,7 +93,7 @@ def packed_ffn_triton(h: Tensor, rows: Tensor, w: FFNWeights, out: Tensor) -> No
 
 def packed_ffn_torch(h: Tensor, rows: Tensor, w: FFNWeights, out: Tensor) -> None:
     rows = rows.long()
-    xn = _rms(h[rows], w.norm, w.eps).to(w.w_gate.dtype).float()
+    xn = rms_torch(h[rows], w.norm, w.eps).to(w.w_gate.dtype).float()
     act = (F.silu(xn @ w.w_gate.float().T) * (xn @ w.w_up.float().T)).to(w.w_gate.dtype).float()
     out[rows] = (act @ w.w_down.float().T).to(out.dtype)
 

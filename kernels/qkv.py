@@ -11,6 +11,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels import tile
+from kernels.rmsnorm import normed_tile, rms_torch, row_rstd
 
 
 @dataclass
@@ -36,13 +37,7 @@ def _qkv_head_kernel(h_ptr, rows_ptr, norm_ptr, w_ptr, b_ptr, hnorm_ptr, cos_ptr
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_m = m < M
     row = tl.load(rows_ptr + m, mask=in_m, other=0)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        x = tl.load(h_ptr + row[:, None] * D + d[None, :], mask=in_m[:, None] & (d < D)[None, :], other=0.0)
-        x = x.to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
-    rstd = 1.0 / tl.sqrt(ss / D + eps)
+    rstd = row_rstd(h_ptr, row, in_m, D, eps, BLOCK_M, BLOCK_D)
     j = tl.arange(0, HALF)
     lo_rows = head * 2 * HALF + j
     acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
@@ -50,9 +45,7 @@ def _qkv_head_kernel(h_ptr, rows_ptr, norm_ptr, w_ptr, b_ptr, hnorm_ptr, cos_ptr
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         in_d = d < D
-        x = tl.load(h_ptr + row[:, None] * D + d[None, :], mask=in_m[:, None] & in_d[None, :], other=0.0)
-        g = tl.load(norm_ptr + d, mask=in_d, other=0.0).to(tl.float32)
-        xn = (x.to(tl.float32) * rstd[:, None] * g[None, :]).to(w_ptr.dtype.element_ty)
+        xn = normed_tile(h_ptr, norm_ptr, row, in_m, rstd, d, D).to(w_ptr.dtype.element_ty)
         w_lo = tl.load(w_ptr + lo_rows[None, :] * D + d[:, None], mask=in_d[:, None], other=0.0)
         w_hi = tl.load(w_ptr + (lo_rows + HALF)[None, :] * D + d[:, None], mask=in_d[:, None], other=0.0)
         acc_lo += tl.dot(xn, w_lo, input_precision="ieee")
@@ -96,16 +89,11 @@ def packed_qkv_triton(h: Tensor, rows: Tensor, w: QKVWeights, cos: Tensor, sin: 
             HEADS=heads, HAS_BIAS=bias is not None, HEAD_NORM=head_norm is not None, ROPE=rope, **common)
 
 
-def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
-
-
 def packed_qkv_torch(h: Tensor, rows: Tensor, w: QKVWeights, cos: Tensor, sin: Tensor,
                      q_table: Tensor, k_table: Tensor, v_table: Tensor) -> None:
     rows = rows.long()
     n, hd = cos.shape
-    xn = _rms(h[rows], w.norm, w.eps).to(w.wq.dtype).float()
+    xn = rms_torch(h[rows], w.norm, w.eps).to(w.wq.dtype).float()
     pos = rows % n
     half = hd // 2
     for weight, bias, head_norm, rope, table in ((w.wq, w.bq, w.q_norm, True, q_table),
@@ -116,7 +104,7 @@ def packed_qkv_torch(h: Tensor, rows: Tensor, w: QKVWeights, cos: Tensor, sin: T
             y = y + bias.float()
         y = y.view(len(rows), -1, hd)
         if head_norm is not None:
-            y = _rms(y, head_norm, w.eps)
+            y = rms_torch(y, head_norm, w.eps)
         if rope:
             c, s = cos[pos][:, None], sin[pos][:, None]
             y = y * c + torch.cat([-y[..., half:], y[..., :half]], dim=-1) * s
