@@ -59,7 +59,9 @@ def synthetic_model(cfg: BenchConfig, device: str) -> Transformer:
                      num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_dim,
                      family="qwen3", qk_norm=True, max_position_embeddings=1 << 16)
     torch.manual_seed(0)
-    return Transformer(mc).to(device=device, dtype=getattr(torch, cfg.dtype)).eval()
+    with torch.device(device):          # initialise the weights where they will run (0.7 B parameters)
+        model = Transformer(mc)
+    return model.to(dtype=getattr(torch, cfg.dtype)).eval()
 
 
 def branch_inputs(parents: list[int], n: int, d: int, fold: float, like: Tensor) -> Tensor:
