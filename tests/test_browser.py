@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from live_server import free_port, serving
@@ -256,6 +257,20 @@ def test_bench_tab_shows_the_stored_benchmarks(page) -> None:
     page.wait_for_selector("#bench-speedup .js-plotly-plot")
     assert page.locator("#bench-summary").inner_text().startswith("Modes: 30 prompts")
     shot(page, "bench")
+
+
+def test_choice_parameter_is_a_dropdown_and_reaches_the_run(page) -> None:
+    page.get_by_role("tab", name="Chat").click()
+    choose(page, "#chat-mode", "specfold")
+    page.wait_for_selector("text=specfold:")
+    assert page.input_value("#param-backend input") == "torch"
+    choose(page, "#param-backend", "triton")
+    before = page.input_value("#chat-run textarea")
+    chat(page, "specfold")
+    page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
+    run_id = page.input_value("#chat-run textarea")
+    run = httpx.get(f"{page.url.rstrip('/')}/api/runs/{run_id}").json()
+    assert run["mode"] == "specfold" and run["params"]["backend"] == "triton"
 
 
 def test_no_console_errors(page, errors) -> None:
