@@ -26,17 +26,17 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 
-from kernels import attention, ffn, gate, isd_verify, qkv, sources  # noqa: E402
+from kernels import attention, ffn, gate, isd_verify, qkv, rmsnorm, sources  # noqa: E402
 
 H16, I32, F32 = "*fp16", "*i32", "*fp32"
-ALIGNED = {"h_ptr", "w_ptr", "q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr", "o_ptr", "po_ptr", "wg_ptr", "wu_ptr",
-           "wd_ptr", "act_ptr", "out_ptr", "table_ptr", "D", "N", "P", "V", "INNER"}
+ALIGNED = {"h_ptr", "x_ptr", "w_ptr", "q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr", "o_ptr", "po_ptr", "wg_ptr",
+           "wu_ptr", "wd_ptr", "act_ptr", "out_ptr", "table_ptr", "D", "N", "P", "V", "INNER"}
 
 
 def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     """(label, kernel, runtime argument types, constexprs)."""
-    qkv_args = dict(h_ptr=H16, rows_ptr=I32, norm_ptr=H16, w_ptr=H16, b_ptr=H16, hnorm_ptr=H16, cos_ptr=F32,
-                    sin_ptr=F32, out_ptr=H16, M="i32", N="i32", D="i32", eps="fp32")
+    qkv_args = dict(x_ptr=H16, rows_ptr=I32, w_ptr=H16, b_ptr=H16, hnorm_ptr=H16, cos_ptr=F32, sin_ptr=F32,
+                    out_ptr=H16, M="i32", N="i32", D="i32", eps="fp32")
     attn_args = dict(q_ptr=H16, k_ptr=H16, v_ptr=H16, rows_ptr=I32, src_ptr=I32, kc_ptr=H16, vc_ptr=H16,
                      slots_ptr=I32, o_ptr=H16, pm_ptr=F32, pz_ptr=F32, po_ptr=F32, M="i32", N="i32", P="i32",
                      scale="fp32")
@@ -48,6 +48,9 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         ("gate", gate._gate_kernel, dict(h_ptr=H16, parent_ptr=I32, rec_ptr="*i8", rows_ptr=I32, total_ptr=I32,
                                          branch_rows_ptr=I32, branch_counts_ptr=I32, R="i32", N="i32", D="i32",
                                          delta="fp32"), dict(BLOCK_N=32, BLOCK_D=128)),
+        ("rmsnorm_rows", rmsnorm._rmsnorm_rows_kernel, dict(h_ptr=H16, rows_ptr=I32, norm_ptr=H16, out_ptr=H16,
+                                                            M="i32", D="i32", eps="fp32"),
+         dict(BLOCK_M=16, BLOCK_D=256)),
         ("sources", sources._sources_kernel, dict(rec_ptr="*i8", parent_ptr=I32, src_ptr=I32, R="i32", N="i32"),
          dict(BLOCK_N=32)),
         ("qkv_q", qkv._qkv_head_kernel, qkv_args, dict(HEADS=16, HALF=64, HAS_BIAS=False, HEAD_NORM=True,
@@ -57,8 +60,8 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         ("attention_prefix", attention._prefix_block_kernel, attn_args, dict(**heads, BLOCK_M=16, GROUP=4,
                                                                              BLOCK_P=64)),
         ("attention_folded", attention._folded_kernel, folded_args, dict(**heads, BLOCK_M=16, GROUP=4)),
-        ("ffn_gate_up", ffn._gate_up_kernel, dict(h_ptr=H16, rows_ptr=I32, norm_ptr=H16, wg_ptr=H16, wu_ptr=H16,
-                                                  act_ptr=H16, M="i32", D="i32", INNER="i32", eps="fp32"),
+        ("ffn_gate_up", ffn._gate_up_kernel, dict(x_ptr=H16, wg_ptr=H16, wu_ptr=H16, act_ptr=H16, M="i32",
+                                                  D="i32", INNER="i32"),
          dict(BLOCK_M=64, BLOCK_I=64, BLOCK_D=64)),
         ("ffn_down", ffn._down_kernel, dict(act_ptr=H16, rows_ptr=I32, wd_ptr=H16, out_ptr=H16, M="i32", D="i32",
                                             INNER="i32"), dict(BLOCK_M=64, BLOCK_D=64, BLOCK_I=64)),

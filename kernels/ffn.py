@@ -1,6 +1,6 @@
-"""Kernel 6, packed FFN: RMSNorm, gate/up projections, SiLU and the down projection for the recomputed flat
-rows only, written into an FFN-output table; then every (branch, position) adds the output of its source
-row to its own residual stream (`add_from_sources`): residual streams are never folded."""
+"""Kernel 6, packed FFN: RMSNorm (kernels/rmsnorm.py), gate/up projections, SiLU and the down projection for
+the recomputed flat rows only, written into an FFN-output table; then every (branch, position) adds the
+output of its source row to its own residual stream (`add_from_sources`): residual streams are never folded."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels import tile
-from kernels.rmsnorm import normed_tile, rms_torch, row_rstd
+from kernels.rmsnorm import rmsnorm_rows_torch, rmsnorm_rows_triton
 
 
 @dataclass
@@ -25,19 +25,17 @@ class FFNWeights:
 
 
 @triton.jit
-def _gate_up_kernel(h_ptr, rows_ptr, norm_ptr, wg_ptr, wu_ptr, act_ptr, M, D, INNER, eps,
+def _gate_up_kernel(x_ptr, wg_ptr, wu_ptr, act_ptr, M, D, INNER,
                     BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_D: tl.constexpr):
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     c = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     in_m, in_c = m < M, c < INNER
-    row = tl.load(rows_ptr + m, mask=in_m, other=0)
-    rstd = row_rstd(h_ptr, row, in_m, D, eps, BLOCK_M, BLOCK_D)
     g_acc = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
     u_acc = tl.zeros([BLOCK_M, BLOCK_I], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         in_d = d < D
-        xn = normed_tile(h_ptr, norm_ptr, row, in_m, rstd, d, D).to(wg_ptr.dtype.element_ty)
+        xn = tl.load(x_ptr + m[:, None] * D + d[None, :], mask=in_m[:, None] & in_d[None, :], other=0.0)
         w_off = c[None, :] * D + d[:, None]
         w_mask = in_c[None, :] & in_d[:, None]
         g_acc += tl.dot(xn, tl.load(wg_ptr + w_off, mask=w_mask, other=0.0), input_precision="ieee")
@@ -81,19 +79,20 @@ def packed_ffn_triton(h: Tensor, rows: Tensor, w: FFNWeights, out: Tensor) -> No
     m, (d, i) = rows.numel(), (h.shape[1], w.w_gate.shape[0])
     if m == 0:
         return
+    xn = rmsnorm_rows_triton(h, rows, w.norm, w.eps)
     act = torch.empty(m, i, dtype=w.w_gate.dtype, device=h.device)
     block_m = tile(m, 64)
     block_d = tile(d, 64)
     block_i = tile(i, 64)
     _gate_up_kernel[(triton.cdiv(m, block_m), triton.cdiv(i, block_i))](
-        h, rows, w.norm, w.w_gate, w.w_up, act, m, d, i, w.eps, BLOCK_M=block_m, BLOCK_I=block_i, BLOCK_D=block_d)
+        xn, w.w_gate, w.w_up, act, m, d, i, BLOCK_M=block_m, BLOCK_I=block_i, BLOCK_D=block_d)
     _down_kernel[(triton.cdiv(m, block_m), triton.cdiv(d, block_d))](
         act, rows, w.w_down, out, m, d, i, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_I=block_i)
 
 
 def packed_ffn_torch(h: Tensor, rows: Tensor, w: FFNWeights, out: Tensor) -> None:
     rows = rows.long()
-    xn = rms_torch(h[rows], w.norm, w.eps).to(w.w_gate.dtype).float()
+    xn = rmsnorm_rows_torch(h, rows, w.norm, w.eps).float()
     act = (F.silu(xn @ w.w_gate.float().T) * (xn @ w.w_up.float().T)).to(w.w_gate.dtype).float()
     out[rows] = (act @ w.w_down.float().T).to(out.dtype)
 

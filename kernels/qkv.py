@@ -1,6 +1,7 @@
 """Kernel 3, packed RMSNorm + QKV projection + RoPE: for the recomputed flat rows only, normalise the layer
-input, project one head per program (the two RoPE halves as two accumulators), apply the optional q/k-norm
-and RoPE, and scatter into the (branch·N + position) Q/K/V tables. Folded slots are left untouched."""
+input once (kernels/rmsnorm.py), project one head per program (the two RoPE halves as two accumulators),
+apply the optional q/k-norm and RoPE, and scatter into the (branch·N + position) Q/K/V tables. Folded slots
+are left untouched."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels import tile
-from kernels.rmsnorm import normed_tile, rms_torch, row_rstd
+from kernels.rmsnorm import rms_torch, rmsnorm_rows_torch, rmsnorm_rows_triton
 
 
 @dataclass
@@ -30,14 +31,13 @@ class QKVWeights:
 
 
 @triton.jit
-def _qkv_head_kernel(h_ptr, rows_ptr, norm_ptr, w_ptr, b_ptr, hnorm_ptr, cos_ptr, sin_ptr, out_ptr,
+def _qkv_head_kernel(x_ptr, rows_ptr, w_ptr, b_ptr, hnorm_ptr, cos_ptr, sin_ptr, out_ptr,
                      M, N, D, eps, HEADS: tl.constexpr, HALF: tl.constexpr, HAS_BIAS: tl.constexpr,
                      HEAD_NORM: tl.constexpr, ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     head = tl.program_id(1)
     m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     in_m = m < M
     row = tl.load(rows_ptr + m, mask=in_m, other=0)
-    rstd = row_rstd(h_ptr, row, in_m, D, eps, BLOCK_M, BLOCK_D)
     j = tl.arange(0, HALF)
     lo_rows = head * 2 * HALF + j
     acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
@@ -45,7 +45,7 @@ def _qkv_head_kernel(h_ptr, rows_ptr, norm_ptr, w_ptr, b_ptr, hnorm_ptr, cos_ptr
     for d0 in range(0, D, BLOCK_D):
         d = d0 + tl.arange(0, BLOCK_D)
         in_d = d < D
-        xn = normed_tile(h_ptr, norm_ptr, row, in_m, rstd, d, D).to(w_ptr.dtype.element_ty)
+        xn = tl.load(x_ptr + m[:, None] * D + d[None, :], mask=in_m[:, None] & in_d[None, :], other=0.0)
         w_lo = tl.load(w_ptr + lo_rows[None, :] * D + d[:, None], mask=in_d[:, None], other=0.0)
         w_hi = tl.load(w_ptr + (lo_rows + HALF)[None, :] * D + d[:, None], mask=in_d[:, None], other=0.0)
         acc_lo += tl.dot(xn, w_lo, input_precision="ieee")
@@ -76,6 +76,7 @@ def packed_qkv_triton(h: Tensor, rows: Tensor, w: QKVWeights, cos: Tensor, sin: 
     m, d = rows.numel(), h.shape[1]
     if m == 0:
         return
+    xn = rmsnorm_rows_triton(h, rows, w.norm, w.eps)
     n, hd = cos.shape
     block_m = tile(m, 64)
     common = dict(BLOCK_M=block_m, BLOCK_D=tile(d, 64), HALF=hd // 2)
@@ -84,8 +85,8 @@ def packed_qkv_triton(h: Tensor, rows: Tensor, w: QKVWeights, cos: Tensor, sin: 
                                                  (w.wv, w.bv, None, False, v_table)):
         heads = table.shape[1]
         _qkv_head_kernel[(triton.cdiv(m, block_m), heads)](
-            h, rows, w.norm, weight, bias if bias is not None else weight,
-            head_norm if head_norm is not None else w.norm, cos, sin, table, m, n, d, w.eps,
+            xn, rows, weight, bias if bias is not None else weight,
+            head_norm if head_norm is not None else weight, cos, sin, table, m, n, d, w.eps,
             HEADS=heads, HAS_BIAS=bias is not None, HEAD_NORM=head_norm is not None, ROPE=rope, **common)
 
 
@@ -93,7 +94,7 @@ def packed_qkv_torch(h: Tensor, rows: Tensor, w: QKVWeights, cos: Tensor, sin: T
                      q_table: Tensor, k_table: Tensor, v_table: Tensor) -> None:
     rows = rows.long()
     n, hd = cos.shape
-    xn = rms_torch(h[rows], w.norm, w.eps).to(w.wq.dtype).float()
+    xn = rmsnorm_rows_torch(h, rows, w.norm, w.eps).float()
     pos = rows % n
     half = hd // 2
     for weight, bias, head_norm, rope, table in ((w.wq, w.bq, w.q_norm, True, q_table),
