@@ -69,10 +69,14 @@ class KernelFoldedForward(FoldedForward):
         cos, sin = (t[0, :, 0].contiguous() for t in rope_cos_sin(positions[:1], cfg.head_dim, cfg.rope_theta))
         h = model.embed_tokens(ids).reshape(r * n, -1)
         parents = gate.parent_rows(self.parents, ids.device)
+        blank = h.new_zeros(1, cfg.num_key_value_heads, cfg.head_dim)       # K/V memory when there is no prefix
+        # the shared prefix's slot list, checked once; every layer reads its K/V in place through it
+        slots = shared_slots(kv).int() if kv is not None else torch.zeros(0, dtype=torch.int32, device=ids.device)
         counts = []
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
-            h, layer_counts = fold_layer(ops, layer, h.view(r, n, -1), parents, self.delta, cos, sin, *prefix_memory(
-                kv, index, h.new_zeros(1, cfg.num_key_value_heads, cfg.head_dim)))
+            cache_k, cache_v = (kv.cache.k[index], kv.cache.v[index]) if kv is not None else (blank, blank)
+            h, layer_counts = fold_layer(ops, layer, h.view(r, n, -1), parents, self.delta, cos, sin, cache_k,
+                                         cache_v, slots)
             counts.append(layer_counts)
         self.recomputed, self.ffn_recomputed = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
         return model.logits(h.view(r, n, -1))
@@ -89,8 +93,8 @@ def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, de
     g = ops.gate(h, parents, delta)
     src = ops.sources(g.recompute, parents)
     h = h.reshape(r * n, -1)
-    q_t = h.new_zeros(r * n, heads, hd)
-    k_t, v_t = h.new_zeros(r * n, kv_heads, hd), h.new_zeros(r * n, kv_heads, hd)
+    q_t = h.new_empty(r * n, heads, hd)          # written at recomputed rows; folded slots are never read
+    k_t, v_t = h.new_empty(r * n, kv_heads, hd), h.new_empty(r * n, kv_heads, hd)
     ops.qkv(h, g.recomputed_rows, attn_w, cos, sin, q_t, k_t, v_t)
     o_t = h.new_empty(r * n, heads, hd)
     state = attention.PrefixState.empty(r * n, heads, hd, h.device)
@@ -103,10 +107,3 @@ def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, de
     ops.add_sources(h, table, ops.sources(g_ffn.recompute, parents))
     return h, torch.stack([g.branch_counts, g_ffn.branch_counts])
 
-
-def prefix_memory(kv: KVContext | None, layer: int, blank: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The paged K/V memory of one layer and the shared prefix's slot list (read in place, not gathered);
-    without a KV context, `blank` [1, Hkv, hd] and no slots."""
-    if kv is None:
-        return blank, blank, torch.zeros(0, dtype=torch.int32, device=blank.device)
-    return kv.cache.k[layer], kv.cache.v[layer], shared_slots(kv).int()
