@@ -23,9 +23,10 @@ from typing import Any
 from torch import Tensor
 from tqdm import tqdm
 
+from backend.engine.blocks import BlockState, Dense, candidates
 from backend.engine.draft_graph import GRAPH_FILE, DraftGraph, Eligible, Node, Ranking, State, child
 from backend.engine.engine import Engine
-from backend.engine.modes.block_diffusion import BlockDiffusion, BlockState, candidates
+from backend.engine.modes.block_diffusion import BlockDiffusion
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
 from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
@@ -39,17 +40,27 @@ class Step:
     ranking: Ranking
 
 
+class RecordingDense(Dense):
+    """block_diffusion's dense logits source, recording each denoise step as (block start, step)."""
+
+    def __init__(self, top_k: int, steps: list[tuple[int, Step]]):
+        self.top_k, self.steps = top_k, steps
+
+    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Tensor:
+        logits = super().logits(req, rt, block)
+        self.steps.append((block.start, Step(tuple(block.tokens), Ranking.from_logits(logits, rt.mask, self.top_k))))
+        return logits
+
+
 class Recorder(BlockDiffusion):
-    """block_diffusion, unchanged, that records its denoise steps (not a registered mode)."""
+    """block_diffusion, unchanged, whose logits source records its denoise steps (not a registered mode)."""
 
     def __init__(self, top_k: int):
         self.top_k = top_k
         self.steps: list[tuple[int, Step]] = []
 
-    def denoise_logits(self, req: Request, rt: Runtime, st: BlockState) -> Tensor:
-        logits = super().denoise_logits(req, rt, st)
-        self.steps.append((st.start, Step(tuple(st.tokens), Ranking.from_logits(logits, rt.mask, self.top_k))))
-        return logits
+    def source(self, req: Request, rt: Runtime) -> RecordingDense:
+        return RecordingDense(self.top_k, self.steps)
 
 
 def record(engine: Engine, prompts: list[str], params: dict[str, Any], top_k: int) -> list[list[Step]]:

@@ -31,21 +31,31 @@ class Phase:
 
 @dataclass
 class RoundEvent:
-    round: int
-    phases: list[Phase]
+    """One round as the trace shows it. The mode fills what its round did (block layout, states, confidences,
+    its own facts); the run recorder fills the bookkeeping (round number, forwards, accepted and committed
+    tokens, NFE, text delta)."""
     block_start: int
     tokens: list[int]
     states: list[str]
-    conf: list[float | None] | None
-    accepted_len: int
-    committed: list[int]
-    nfe: int
-    text_delta: str = ""
+    conf: list[float | None] | None = None
     case: str | None = None
     pq: list[dict[str, Any]] | None = None
     branches: list[dict[str, Any]] | None = None
     fold: list[list[int]] | None = None
+    block_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    round: int = 0
+    phases: list[Phase] = field(default_factory=list)
+    accepted_len: int = 0
+    committed: list[int] = field(default_factory=list)
+    nfe: int = 0
+    text_delta: str = ""
+
+    def cut_after(self, index: int) -> None:
+        """Drop every position after `index` (nothing after the first EOS is shown as drafted or accepted)."""
+        self.tokens, self.states = self.tokens[:index + 1], self.states[:index + 1]
+        if self.conf is not None:
+            self.conf = self.conf[:index + 1]
 
 
 @dataclass

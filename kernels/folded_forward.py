@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from backend.engine.folding import FoldedForward, shared_slots
-from backend.model.transformer import DecoderLayer, KVContext, rope_cos_sin
+from backend.model.transformer import DecoderLayer, KVContext, Transformer, rope_cos_sin
 from kernels import attention, ffn, gate, on_triton, qkv, sources
 
 
@@ -107,3 +107,13 @@ def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, de
     ops.add_sources(h, table, ops.sources(g_ffn.recompute, parents))
     return h, torch.stack([g.branch_counts, g_ffn.branch_counts])
 
+
+
+def make_folded_forward(model: Transformer, parents: list[int], delta: float, *, ffn_gate: str,
+                        backend: str) -> FoldedForward:
+    """The folded verify forward for a draft graph's rows: `backend` torch (PyTorch) or triton (kernels)."""
+    if ffn_gate != "strict":
+        raise ValueError(f"ffn_gate {ffn_gate!r} is not implemented yet")
+    if backend == "triton":
+        return KernelFoldedForward(model, parents, delta)
+    return FoldedForward(model, parents, delta)

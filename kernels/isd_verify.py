@@ -1,7 +1,8 @@
 """Kernel 7, the I-DLM fused verify: for K specs, from the clean logits (target p) and the draft logits
 (proposal q) of each position, one pass of online dual softmax gives p(x) and q(x); the specs are checked
 left to right and the loop exits at the first reject. Greedy (T = 0): accept iff x = argmax p, correction
-argmax p. Sampling: accept iff u < p(x) / (α q(x)); the correction is a Gumbel-max draw from
+argmax p. Sampling: accept iff α q(x) > 0 and u < p(x) / (α q(x)) (the reference's
+where(α q > 0, p / (α q), 0)); the correction is a Gumbel-max draw from
 norm(max(0, p − q)) (argmax of log(max(0, p − q)) + g), falling back to p when p ≤ q everywhere.
 The noise (u [K], g [K, V]) is an input, so the kernel and its twin decide identically for a seed."""
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _isd_verify_kernel(clean_ptr, draft_ptr, spec_ptr, u_ptr, g_ptr, out_ptr, px
             if GREEDY:
                 rejected = spec != best_at
             else:
-                rejected = (alpha * q_x > 0.0) & (p_x < alpha * q_x) & (tl.load(u_ptr + j) * alpha * q_x >= p_x)
+                rejected = (alpha * q_x <= 0.0) | ((p_x < alpha * q_x) & (tl.load(u_ptr + j) * alpha * q_x >= p_x))
             if rejected:
                 done += 1
                 accepted = accepted * 0 + j
@@ -139,7 +140,7 @@ def isd_verify_torch(clean: Tensor, draft: Tensor, specs: Tensor, temperature: f
             ok = spec == int(c[j].argmax())
         else:
             assert uniforms is not None and gumbel is not None, "sampling needs noise"
-            ok = alpha * q_x <= 0 or p_x >= alpha * q_x or float(uniforms[j]) * alpha * q_x < p_x
+            ok = alpha * q_x > 0 and (p_x >= alpha * q_x or float(uniforms[j]) * alpha * q_x < p_x)
         if not ok:
             if greedy:
                 return Verdict(j, int(c[j].argmax()), ps, qs)

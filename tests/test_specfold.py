@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from test_spiffy import GEN, engine_with_graph, graph_json
 
 from backend.engine.folding import FoldedForward, branch_attention, resolve_sources
-from backend.engine.modes.spiffy import Spiffy
+from backend.engine.modes.spiffy import DenseVerify
 from backend.tracing import RecordingTracer
 
 
@@ -67,20 +67,20 @@ def test_folding_needs_a_recomputed_main_row():
 
 
 def test_delta_zero_logits_match_the_dense_forward_for_every_branch(spiffy_engine, heldout_prompts, monkeypatch):
-    dense = Spiffy.verify_forward
+    dense = DenseVerify.__call__
     errors, folded_rows = [], []
 
-    def verify_twice(self, req, rt, st, ids, parents):
-        logits = dense(self, req, rt, st, ids, parents)
+    def verify_twice(self, req, rt, start, ids, parents):
+        logits = dense(self, req, rt, start, ids, parents)
         if ids.shape[0] > 1:
             folded = FoldedForward(rt.model, parents, 0.0)
-            again = rt.forward([req] * ids.shape[0], ids, [st.start] * ids.shape[0], "block", kind="verify",
+            again = rt.forward([req] * ids.shape[0], ids, [start] * ids.shape[0], "block", kind="verify",
                                model=folded)
             errors.append(float((again - logits).abs().max()))
             folded_rows.append(sum(ids.shape[1] - c for c in folded.recomputed[0][1:]))
         return logits
 
-    monkeypatch.setattr(Spiffy, "verify_forward", verify_twice)
+    monkeypatch.setattr(DenseVerify, "__call__", verify_twice)
     for prompt in heldout_prompts:
         spiffy_engine.generate(prompt, "spiffy", {"max_new_tokens": 16})
         if len(errors) >= 6:
@@ -93,7 +93,7 @@ def test_specfold_delta_zero_equals_spiffy(spiffy_engine, heldout_prompts):
     verified = 0
     for prompt in heldout_prompts[::6]:
         sp = spiffy_engine.generate(prompt, "spiffy", GEN)
-        sf = spiffy_engine.generate(prompt, "specfold", {**GEN, "delta": 0.0})
+        sf = spiffy_engine.generate(prompt, "specfold", {**GEN, "delta": 0.0, "ffn_gate": "strict"})
         assert sf.output_ids == sp.output_ids, prompt
         assert sf.metrics["nfe"] == sp.metrics["nfe"]
         if sf.metrics["drafts_verified"]:
@@ -126,23 +126,23 @@ def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy
     """A whole verification step through the Triton kernels (TRITON_INTERPRET=1): at δ=0.1 it equals the
     float64 PyTorch reference, at δ=0 the dense forward, both within 1e-3. One step: the interpreter is slow."""
     from kernels.folded_forward import KernelFoldedForward
-    dense = Spiffy.verify_forward
+    dense = DenseVerify.__call__
     results = []
 
-    def verify_and_compare(self, req, rt, st, ids, parents):
-        logits = dense(self, req, rt, st, ids, parents)
+    def verify_and_compare(self, req, rt, start, ids, parents):
+        logits = dense(self, req, rt, start, ids, parents)
         if ids.shape[0] > 1 and not results:
             r = ids.shape[0]
 
             def run(model):
-                return rt.forward([req] * r, ids, [st.start] * r, "block", kind="verify", model=model)
+                return rt.forward([req] * r, ids, [start] * r, "block", kind="verify", model=model)
             ref = FoldedForward(rt.model, parents, 0.1)
             kern = KernelFoldedForward(rt.model, parents, 0.1, triton=True)
             results.append((run(ref), run(kern), ref, kern, logits,
                             run(KernelFoldedForward(rt.model, parents, 0.0, triton=True))))
         return logits
 
-    monkeypatch.setattr(Spiffy, "verify_forward", verify_and_compare)
+    monkeypatch.setattr(DenseVerify, "__call__", verify_and_compare)
     for prompt in heldout_prompts:
         spiffy_engine.generate(prompt, "spiffy", {"max_new_tokens": 8})
         if results:

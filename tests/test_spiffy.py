@@ -52,6 +52,17 @@ def test_spiffy_is_token_identical_to_block_diffusion_with_fewer_forwards(spiffy
     assert spiffy_engine.rt.pool.used == 0
 
 
+def test_concurrent_requests_with_other_branch_counts_keep_their_own_rounds(spiffy_engine, heldout_prompts):
+    """branches is request state: a branches=1 run verifies as many drafts beside a branches=7 run as alone."""
+    jobs = [(heldout_prompts[2], {**GEN, "branches": 1}), (heldout_prompts[2], {**GEN, "branches": 7})]
+    solo = [spiffy_engine.generate(p, "spiffy", params).metrics for p, params in jobs]
+    together = spiffy_engine.run([spiffy_engine.new_request(p, "spiffy", params) for p, params in jobs])
+    assert solo[0]["drafts_verified"] < solo[1]["drafts_verified"]
+    for alone, beside in zip(solo, (r.metrics for r in together), strict=True):
+        assert {k: beside[k] for k in ("nfe", "drafts_verified", "cache_hits")} == \
+            {k: alone[k] for k in ("nfe", "drafts_verified", "cache_hits")}
+
+
 def test_sampling_is_lossless_too(spiffy_engine, heldout_prompts):
     """Drafts never draw from the generator, so a seeded T > 0 run follows block_diffusion's draws."""
     params = {**GEN, "temperature": 0.8, "seed": 7}

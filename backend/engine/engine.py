@@ -10,7 +10,7 @@ from backend.engine.modes import get_mode, param_specs
 from backend.engine.params import ParamError, validate
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
-from backend.engine.scheduler import Scheduler, worst_case_slots
+from backend.engine.scheduler import Scheduler, Tiers
 from backend.model.checkpoint import LoadedModel, load_checkpoint
 from backend.tracing import NULL_TRACER, RecordingTracer, Tracer, new_run_id
 
@@ -30,7 +30,7 @@ class Engine:
     """Owns the model runtime, the KV pool and the scheduler."""
 
     def __init__(self, loaded: LoadedModel | None = None, num_slots: int = 16384,
-                 tiers: list[tuple[int, int]] | None = None, check_invariants: bool = False):
+                 tiers: Tiers | None = None, check_invariants: bool = False):
         self.rt = Runtime(loaded or load_checkpoint(), num_slots)
         self.scheduler = Scheduler(self.rt, tiers, check_invariants)
 
@@ -52,31 +52,35 @@ class Engine:
             raise ParamError("prompt is empty")
         m = get_mode(mode)
         checked = validate(param_specs(m), params)
+        if m.needs_mask and self.rt.mask_id is None:
+            raise ParamError(f"this model has no mask token (mask_token_id); {mode} needs one")
         m.check(checked, self.rt)
         ids = self.encode_prompt(prompt, checked["raw"])
         ctx = self.rt.context
         if len(ids) >= ctx:
             raise ParamError(f"prompt is {len(ids)} tokens; the model's context is {ctx}")
-        room = ctx - len(ids) - m.extra_positions(checked)
+        room = ctx - len(ids) - m.extra_positions(self.scheduler.sizing_params(checked))
         if checked["max_new_tokens"] > room:
             raise ParamError(f"max_new_tokens {checked['max_new_tokens']} does not fit: prompt {len(ids)} "
                              f"tokens + block leaves room for {max(room, 0)} in context {ctx}")
         req = Request(rid=tracer.run_id or new_run_id(), prompt_ids=ids, mode=m, params=checked,
                       eos_id=self.rt.eos_id, tracer=tracer, cancel=cancel or threading.Event())
-        if worst_case_slots(req) > self.rt.pool.num_slots:
-            raise ParamError(f"request needs up to {worst_case_slots(req)} KV slots; the pool has "
-                             f"{self.rt.pool.num_slots}")
+        need = self.scheduler.worst_case_slots(req)
+        if need > self.rt.pool.num_slots:
+            raise ParamError(f"request needs up to {need} KV slots; the pool has {self.rt.pool.num_slots}")
         if tracer.enabled:
             tok = self.rt.tokenizer
+            tiers = self.scheduler.tiers if "block_size" in checked else []
             tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
+                                      "block_size_tiers": [list(t) for t in tiers],
                                       "prompt": prompt, "prompt_ids": ids,
                                       "pieces": [tok.decode([i]) for i in ids]})
         return req
 
     def result(self, req: Request) -> RunResult:
-        s = self.scheduler
-        return RunResult(req.rid, req.mode.name, req.status, s.output_ids(req), s.output_text(req),
-                         s.metrics(req), req.error)
+        rec = self.scheduler.recorder
+        return RunResult(req.rid, req.mode.name, req.status, rec.output_ids(req), rec.output_text(req),
+                         rec.metrics(req), req.error)
 
     def run(self, reqs: list[Request]) -> list[RunResult]:
         """Run several requests together (continuous batching) until all finish."""

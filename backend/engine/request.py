@@ -31,7 +31,7 @@ class Request:
     cancel: threading.Event = field(default_factory=threading.Event)
     tokens: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
-    state: Any = None
+    state: Any = None                        # the mode's per-request state (Mode.start)
     status: str = "waiting"
     round: int = 0
     nfe: int = 0
@@ -40,7 +40,7 @@ class Request:
     block_size: int | None = None
     kv_peak: int = 0
     error: str | None = None
-    text: str = ""
+    text_offsets: tuple[int, int] = (0, 0)   # output ids decoded so far: (window start, end), text deltas
     generator: torch.Generator | None = None
     t_start: float = field(default_factory=time.perf_counter)
     t_end: float | None = None

@@ -67,15 +67,17 @@ class Runtime:
     # -- forwards ------------------------------------------------------------------------------------
     def forward(self, reqs: list[Request], ids: Tensor, start: Sequence[int], attn: str, *,
                 kind: str, write: list[list[int]] | None = None, lora: bool = False,
-                kv_op: str = "write", mask: Tensor | None = None, model: Callable[..., Tensor] | None = None
-                ) -> Tensor:
-        """Logits [R, Q, V] of query rows ids [R, Q]; row r sits at positions start[r].. and attends to
-        reqs[r]'s committed prefix. `write` gives each row's slots (None = read-only forward). `model`
-        replaces the model's own forward (same signature), e.g. SpecFold's folded multi-branch forward.
-        One call is one forward on the critical path: +1 NFE for each distinct request (not for prefill)."""
+                kv_op: str = "write", mask: Tensor | None = None, model: Callable[..., Tensor] | None = None,
+                offsets: Sequence[int] | None = None) -> Tensor:
+        """Logits [R, Q, V] of query rows ids [R, Q]; row r sits at positions start[r] + offsets (default
+        0..Q-1) and attends to reqs[r]'s committed prefix. `write` gives each row's slots (None = read-only
+        forward); `mask` [R, 1, Q, P+Q] replaces the attention mode's mask. `model` replaces the model's own
+        forward (same signature), e.g. SpecFold's folded multi-branch forward. One call is one forward on the
+        critical path: +1 NFE for each distinct request (not for prefill)."""
         t0 = time.perf_counter()
         rows, q = ids.shape
-        positions = torch.tensor(start, device=self.device)[:, None] + torch.arange(q, device=self.device)
+        steps = torch.arange(q) if offsets is None else torch.tensor(offsets)
+        positions = torch.tensor(start, device=self.device)[:, None] + steps.to(self.device)
         kv = self._context(reqs, write)
         with torch.inference_mode():
             logits = (model or self.model)(ids.to(self.device), positions, attn=attn, kv=kv, mask=mask, lora=lora)
@@ -85,9 +87,9 @@ class Runtime:
                 req.nfe += 1
             req.phases.append(Phase(kind, attn, lora, q, round(ms, 3)))
         if write is not None:
-            for req, slots, s in zip(reqs, write, start, strict=True):
+            for req, slots, row in zip(reqs, write, positions.tolist(), strict=True):
                 if req.tracer.enabled:
-                    req.tracer.kv(KVEvent(kv_op, slots, list(range(s, s + q)), req.round))
+                    req.tracer.kv(KVEvent(kv_op, slots, row, req.round))
         return logits
 
     def _context(self, reqs: list[Request], write: list[list[int]] | None) -> KVContext:

@@ -19,3 +19,13 @@ def pick(logits: Tensor, temperature: float, generator: torch.Generator | None,
     else:
         ids = logits.argmax(-1)
     return ids, probs.gather(-1, ids[..., None])[..., 0]
+
+
+def confidence(logits: Tensor, ids: Tensor, banned: int | None) -> Tensor:
+    """Probabilities of ids [...] under the plain (T = 1) softmax of logits [..., V], MASK excluded: the block
+    modes' unmasking confidence at every temperature, as Nemotron's `generate` takes it."""
+    logits = logits.float()
+    if banned is not None:
+        logits = logits.clone()
+        logits[..., banned] = float("-inf")
+    return torch.softmax(logits, dim=-1).gather(-1, ids[..., None])[..., 0]

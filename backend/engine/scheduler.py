@@ -1,35 +1,69 @@
 """Continuous batching at round granularity: admit, run one round per request, apply results, finish.
 
 Requests of a batchable mode (ar) share one forward per round; other modes run their rounds one request
-after another inside the same step. A request is admitted when the pool can hold its worst case (prompt +
-max_new_tokens + the mode's extra positions) on top of what running requests may still grow to, so a
-round never runs out of slots. Block modes take their block size from `block_size_tiers` when set: the
-first tier whose max_running covers the running count (SGLang DllmConfig).
+after another inside the same step. Modes are stateless, so requests of one mode with different parameters
+can share a step without changing each other's runs. A request is admitted when the pool can hold its worst
+case (prompt + max_new_tokens + the mode's extra positions, sized for the largest block-size tier) on top of
+what running requests may still grow to, so a round never runs out of slots. Modes with a `block_size` take
+it from `block_size_tiers` when set: the first tier whose max_running covers the running count (SGLang
+DllmConfig). What a run shows of itself (events, metrics, text) is the recorder's job.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from backend.engine.kv import KVError
-from backend.engine.modes.base import RoundResult, RoundView
+from backend.engine.modes.base import RoundResult
+from backend.engine.params import ParamError
+from backend.engine.recorder import RunRecorder
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
 from backend.tracing import RoundEvent
 
 FREE_REASON = {"done": "finished", "cancelled": "cancelled", "error": "error"}
+MAX_RUNNING = 64
+"""Requests running at once; a block-size tier table must cover this many (its catch-all tier)."""
+
+Tiers = list[tuple[int, int]]
 
 
-def worst_case_slots(req: Request) -> int:
-    return len(req.prompt_ids) + req.params["max_new_tokens"] + req.mode.extra_positions(req.params)
+def check_tiers(tiers: Tiers, max_running: int = MAX_RUNNING) -> Tiers:
+    """Tiers (max_running, block_size) sorted; ParamError unless strictly ascending with a catch-all."""
+    tiers = sorted(tiers)
+    if not tiers:
+        return tiers
+    runs = [t[0] for t in tiers]
+    if len(set(runs)) != len(runs) or min(runs) < 1:
+        raise ParamError(f"block_size_tiers need distinct max_running values >= 1, got {tiers}")
+    if any(not 2 <= size <= 256 for _, size in tiers):
+        raise ParamError(f"block_size_tiers block sizes must be in [2, 256], got {tiers}")
+    if runs[-1] < max_running:
+        raise ParamError(f"block_size_tiers need a catch-all tier covering {max_running} running requests "
+                         f"(e.g. {max_running}:{tiers[-1][1]}); the largest is {runs[-1]}")
+    return tiers
+
+
+def parse_tiers(text: str) -> Tiers:
+    """'1:32,4:16,64:8' -> [(1, 32), (4, 16), (64, 8)] (max_running:block_size), checked."""
+    try:
+        tiers = [(int(a), int(b)) for a, b in (item.split(":") for item in text.split(",") if item.strip())]
+    except ValueError:
+        raise ParamError(f"block_size_tiers must look like 1:32,4:16,64:8, got {text!r}") from None
+    return check_tiers(tiers)
 
 
 class Scheduler:
-    def __init__(self, rt: Runtime, tiers: list[tuple[int, int]] | None = None, check_invariants: bool = False):
+    def __init__(self, rt: Runtime, tiers: Tiers | None = None, check_invariants: bool = False,
+                 max_running: int = MAX_RUNNING):
         self.rt = rt
-        self.tiers = sorted(tiers or [])
+        self.max_running = max_running
+        self.tiers = check_tiers(tiers or [], max_running)
         self.check_invariants = check_invariants
+        self.recorder = RunRecorder(rt.tokenizer, rt.pool.held)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._lock = threading.Lock()
@@ -47,6 +81,16 @@ class Scheduler:
             if running <= max_running:
                 return size
         return self.tiers[-1][1] if self.tiers else None
+
+    def sizing_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Parameters as KV and context sizing must see them: the largest block any tier may give."""
+        if self.tiers and "block_size" in params:
+            return {**params, "block_size": max(params["block_size"], *(s for _, s in self.tiers))}
+        return params
+
+    def worst_case_slots(self, req: Request) -> int:
+        return (len(req.prompt_ids) + req.params["max_new_tokens"]
+                + req.mode.extra_positions(self.sizing_params(req.params)))
 
     def step(self) -> list[Request]:
         """Admit what fits, run one round of every running request; return the requests that finished."""
@@ -72,10 +116,10 @@ class Scheduler:
         return dropped
 
     def _admit(self) -> None:
-        growth = sum(worst_case_slots(r) - self.rt.pool.held(r.rid) for r in self.running)
-        while self.waiting:
+        growth = sum(self.worst_case_slots(r) - self.rt.pool.held(r.rid) for r in self.running)
+        while self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
-            need = worst_case_slots(req)
+            need = self.worst_case_slots(req)
             if self.running and self.rt.pool.free_count - growth < need:
                 return
             with self._lock:
@@ -87,8 +131,8 @@ class Scheduler:
     def _prefill(self, req: Request) -> None:
         req.status = "running"
         first = self.rt.prefill(req)
-        req.mode.start(req, self.rt)
-        view = RoundView(len(req.prompt_ids), [first], ["accepted"]) if req.tracer.enabled else None
+        req.state = req.mode.start(req, self.rt)
+        view = RoundEvent(len(req.prompt_ids), [first], ["accepted"]) if req.tracer.enabled else None
         self.apply(req, RoundResult([first], 1, view=view))
 
     def _run_group(self, reqs: list[Request]) -> None:
@@ -100,13 +144,13 @@ class Scheduler:
             self._guarded(live, lambda: self._apply_all(live, mode.round_batch(live, self.rt)))
         else:
             for r in live:
-                self._guarded([r], lambda r=r: self.apply(r, mode.round(r, self.rt)))
+                self._guarded([r], lambda r=r: self.apply(r, r.mode.round(r, self.rt)))
 
     def _apply_all(self, reqs: list[Request], results: list[RoundResult]) -> None:
         for r, res in zip(reqs, results, strict=True):
             self.apply(r, res)
 
-    def _guarded(self, reqs: list[Request], work) -> None:
+    def _guarded(self, reqs: list[Request], work: Callable[[], None]) -> None:
         """Run work; any exception fails these requests cleanly (error event, KV freed), never the engine."""
         try:
             work()
@@ -115,11 +159,12 @@ class Scheduler:
                 if not r.finished:
                     r.error = f"{type(e).__name__}: {e}"
                     if r.tracer.enabled:
-                        r.tracer.emit("error", {"code": "run_failed", "message": r.error})
+                        self.recorder.error(r, r.error)
                     self.finish(r, "error")
 
     def apply(self, req: Request, res: RoundResult) -> None:
-        """Free, commit, emit (cut at EOS / max_new_tokens), trace, then check invariants."""
+        """Free, commit, emit (cut at EOS / max_new_tokens; nothing after EOS counts as accepted), record,
+        then check invariants."""
         for rel in res.free:
             self.rt.release(req, rel.slots, rel.positions, rel.reason)
         self.rt.commit(req, res.commit)
@@ -127,32 +172,19 @@ class Scheduler:
         emitted = res.emitted[:room]
         if req.eos_id in emitted:
             emitted = emitted[:emitted.index(req.eos_id) + 1]
+        cut = len(emitted) < len(res.emitted)
+        accepted = min(res.accepted_len, len(emitted)) if cut else res.accepted_len
         req.tokens.extend(emitted)
         if req.round > 0:
-            req.accept_lens.append(res.accepted_len)
-        done = len(emitted) < len(res.emitted) or req.eos_id in emitted or len(req.generated) >= req.params[
-            "max_new_tokens"]
+            req.accept_lens.append(accepted)
         if req.tracer.enabled:
-            self._trace_round(req, res, emitted)
+            self.recorder.round(req, res.view, accepted, emitted)
         req.round += 1
         req.phases = []
-        if done:
+        if cut or req.eos_id in emitted or len(req.generated) >= req.params["max_new_tokens"]:
             self.finish(req, "done")
         elif self.check_invariants:
             self.check(req)
-
-    def _trace_round(self, req: Request, res: RoundResult, emitted: list[int]) -> None:
-        text = self.output_text(req)
-        delta = text[len(req.text):] if text.startswith(req.text) else text
-        req.text = text
-        v = res.view
-        if v is None:
-            raise ValueError(f"mode {req.mode.name} returned no view while tracing is on")
-        req.tracer.round(RoundEvent(
-            round=req.round, phases=list(req.phases), block_start=v.block_start, tokens=v.tokens,
-            states=v.states, conf=v.conf, accepted_len=res.accepted_len, committed=emitted,
-            nfe=sum(p.kind != "prefill" for p in req.phases), text_delta=delta, case=v.case, pq=v.pq,
-            branches=v.branches, fold=v.fold, extra=v.extra))
 
     def check(self, req: Request) -> None:
         """KV invariants between rounds: committed slots == committed tokens, no stray or shared slot."""
@@ -165,35 +197,11 @@ class Scheduler:
         if pool.owned_by(req.rid) != sorted(req.slots):
             raise KVError(f"{req.rid}: holds slots outside its committed prefix")
 
-    def output_ids(self, req: Request) -> list[int]:
-        out = req.generated
-        return out[:out.index(req.eos_id)] if req.eos_id in out else out
-
-    def output_text(self, req: Request) -> str:
-        return self.rt.tokenizer.decode(self.output_ids(req), skip_special_tokens=True)
-
     def finish(self, req: Request, status: str) -> None:
-        """Free every slot, emit run_end with metrics, mark the request finished."""
+        """Free every slot, mark the request finished, record run_end."""
         self.rt.release_all(req, FREE_REASON[status])
         req.kv_peak = self.rt.pool.forget(req.rid)
         req.status = status
         req.t_end = time.perf_counter()
         if req.tracer.enabled:
-            req.tracer.emit("run_end", {"status": status, "output_ids": self.output_ids(req),
-                                        "text": self.output_text(req), "metrics": self.metrics(req)})
-
-    def metrics(self, req: Request) -> dict:
-        wall = ((req.t_end or time.perf_counter()) - req.t_start) * 1000
-        tokens = len(self.output_ids(req))
-        hist: dict[str, int] = {}
-        for n in req.accept_lens:
-            hist[str(n)] = hist.get(str(n), 0) + 1
-        return {
-            "nfe": req.nfe, "tokens": tokens, "tpf": tokens / req.nfe if req.nfe else None,
-            "wall_ms": round(wall, 3), "tok_per_s": tokens / wall * 1000 if wall > 0 else None,
-            "accept_len_mean": sum(req.accept_lens) / len(req.accept_lens) if req.accept_lens else None,
-            "accept_hist": hist, "fold_ratio": None, "rounds": req.round,
-            "kv_peak": req.kv_peak,
-            "kv_leaked": self.rt.pool.held(req.rid),
-            **req.mode.metrics(req),
-        }
+            self.recorder.run_end(req)

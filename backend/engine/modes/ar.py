@@ -4,9 +4,10 @@ from __future__ import annotations
 import torch
 
 from backend.engine.modes import register
-from backend.engine.modes.base import Mode, RoundResult, RoundView
+from backend.engine.modes.base import Mode, RoundResult
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from backend.tracing import RoundEvent
 
 
 @register
@@ -32,6 +33,6 @@ class AR(Mode):
         results = []
         for r, row, s, start in zip(reqs, logits, slots, starts, strict=True):
             tok, prob = rt.pick(r, row[0])
-            view = RoundView(start + 1, [int(tok)], ["accepted"], [float(prob)]) if r.tracer.enabled else None
+            view = RoundEvent(start + 1, [int(tok)], ["accepted"], [float(prob)]) if r.tracer.enabled else None
             results.append(RoundResult([int(tok)], 1, commit=s, view=view))
         return results

@@ -10,8 +10,9 @@ stays: V frees N-1 slots, R frees (N-1-i) + (N-1), C frees 2N-2. The pending / t
 one, whose KV this round writes.
 NFE = one forward per round; prefill not counted.
 
-Deviation from the I-DLM code: at T > 0 the specs are *drawn* from q (I-DLM takes argmax), which makes
-the p/q rule exact speculative sampling; at T = 0 both are argmax.
+Drafts at T > 0: `draft=sample` (default) *draws* the specs from q, which makes the p/q rule exact
+speculative sampling; `draft=argmax` takes the argmax of q, as the I-DLM code does. At T = 0 both are argmax.
+A spec whose scaled proposal alpha*q is 0 is rejected (the reference's where(alpha*q > 0, p/q, 0)).
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ import torch
 from torch import Tensor
 
 from backend.engine.modes import register
-from backend.engine.modes.base import Mode, RoundResult, RoundView, SlotRelease
-from backend.engine.params import Param, ParamError
+from backend.engine.modes.base import Mode, RoundResult, SlotRelease
+from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from backend.engine.sampling import pick
+from backend.tracing import RoundEvent
 from kernels.isd_verify import Verdict, isd_verify
 
 
@@ -59,20 +62,19 @@ class ISD(Mode):
     summary = "I-DLM introspective strided decoding: verify N-1 specs and draft N-1 more in one causal pass"
     nfe_note = "one forward per round; prefill not counted"
     lossless_vs = "ar"
+    drafter = ("tpf", 1.2)
     params = (
         Param("n", int, 4, 2, 8, "Block-N: tokens per all-accept round; blk = 2N-1"),
         Param("alpha", float, 1.0, 0.0, 10.0, "p/q acceptance slack at T > 0 (1 = exact)"),
+        Param("draft", str, "sample", help="T > 0: sample the specs from q (exact speculative sampling) or take "
+                                           "their argmax (the I-DLM code)", choices=("sample", "argmax")),
     )
-
-    def check(self, params: dict, rt: Runtime) -> None:
-        if rt.mask_id is None:
-            raise ParamError("this model has no mask token; isd needs one (mask_token_id)")
 
     def extra_positions(self, params: dict) -> int:
         return 2 * params["n"]
 
-    def start(self, req: Request, rt: Runtime) -> None:
-        req.state = ISDState()
+    def start(self, req: Request, rt: Runtime) -> ISDState:
+        return ISDState()
 
     def metrics(self, req: Request) -> dict:
         st: ISDState = req.state
@@ -100,7 +102,10 @@ class ISD(Mode):
 
     def _draft(self, req: Request, rt: Runtime, st: ISDState, mask_logits: Tensor) -> None:
         """New specs, drawn from (or argmax of) the logits of N-1 masks, which are kept as their proposal q."""
-        st.specs = rt.pick(req, mask_logits)[0].tolist()
+        if req.params["draft"] == "argmax":
+            st.specs = pick(mask_logits, 0.0, None, rt.mask)[0].tolist()
+        else:
+            st.specs = rt.pick(req, mask_logits)[0].tolist()
         st.draft_logits = mask_logits
 
     def _cold_start(self, req: Request, rt: Runtime, st: ISDState, logits: Tensor, slots: list[int],
@@ -114,7 +119,7 @@ class ISD(Mode):
         if req.tracer.enabled:
             tokens = [block[0], int(clean)] + st.specs + [rt.mask] * (len(block) - n)
             states = ["pending", "bonus"] + ["draft"] * (n - 1) + ["padding"] * (len(block) - n)
-            view = RoundView(start, tokens, states, [None, float(p_clean)] + [None] * (len(tokens) - 2),
+            view = RoundEvent(start, tokens, states, [None, float(p_clean)] + [None] * (len(tokens) - 2),
                              case="C", extra={"n": n, "trim": len(block) - 1})
         return RoundResult([int(clean)], 1, commit=slots[:1], free=[release], view=view)
 
@@ -131,7 +136,7 @@ class ISD(Mode):
         if req.tracer.enabled:
             tokens = [block[0]] + specs + [int(clean)] + st.specs
             states = ["pending"] + ["accepted"] * k + ["bonus"] + ["draft"] * k
-            view = RoundView(start, tokens, states, [None] * k + [None, float(p_clean)] + [None] * k,
+            view = RoundEvent(start, tokens, states, [None] * k + [None, float(p_clean)] + [None] * k,
                              case="V", pq=pq, extra={"n": n, "trim": k})
         return RoundResult(specs + [int(clean)], n, commit=slots[:n], free=[release], view=view)
 
@@ -151,7 +156,7 @@ class ISD(Mode):
             tokens = [block[0]] + specs[:i] + [fix] + specs[i + 1:] + [block[-1]] * k
             states = (["pending"] + ["accepted"] * i + ["bonus"] + ["rejected"] * (k - i - 1)
                       + ["padding"] * k)
-            view = RoundView(start, tokens, states, None, case="R", pq=pq,
+            view = RoundEvent(start, tokens, states, None, case="R", pq=pq,
                              extra={"n": n, "trim": (k - i) + k, "replaced_draft": specs[i]})
         return RoundResult(specs[:i] + [fix], i + 1, commit=slots[:keep],
                            free=[rejected, masks], view=view)

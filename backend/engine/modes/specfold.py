@@ -1,37 +1,74 @@
 """`specfold`: spiffy with the batched verification folded across branches (SpecFold).
 
-Same drafts, graph and draft-logit cache as `spiffy`; only the verify forward changes. Per layer, per
-draft branch and position, the relative residual against the parent branch gates the work: ρ ≤ δ folds the
-position (its q/k/v, attention state and FFN output come from the nearest ancestor that recomputed it, the
-attention corrected exactly for the keys this branch changed); residual streams are never folded
-(backend/engine/folding.py). δ = 0 folds only bit-identical inputs: logits equal the dense forward's and the
-output equals spiffy's. A block's first state (no drafts) runs the dense forward. NFE as spiffy.
-backend=torch runs the float64 PyTorch reference; backend=triton runs the kernel pipeline
-(kernels/folded_forward.py): Triton kernels on CUDA, their PyTorch twins on CPU.
+Same drafts, graph, draft-logit cache and block loop as `spiffy`; only the verify forward changes. Per layer,
+draft branch and position, the relative residual of the layer input against the parent branch gates the
+work: ρ ≤ δ folds the position (its q/k/v, attention state and FFN output come from the nearest ancestor that
+recomputed it, the attention corrected exactly for the keys this branch changed); residual streams are never
+folded. `ffn_gate=paper` (default): that one gate also decides FFN reuse, as in the paper. `ffn_gate=strict`
+adds a second gate on the post-attention stream for the FFN; only then does δ = 0 give the dense logits and
+spiffy's output. A verify of the main state alone runs the dense forward. NFE as spiffy.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any
 
 from torch import Tensor
 
-from backend.engine.folding import FoldedForward
 from backend.engine.modes import register
-from backend.engine.modes.base import RoundView
-from backend.engine.modes.block_diffusion import BlockState
-from backend.engine.modes.spiffy import Spiffy, SpiffyState
+from backend.engine.modes.spiffy import BatchVerify, DenseVerify, Spiffy
 from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
-from kernels.folded_forward import KernelFoldedForward
+from backend.tracing import RoundEvent
+from kernels.folded_forward import make_folded_forward
 
 
 @dataclass
-class SpecFoldState(SpiffyState):
-    folding: FoldedForward | None = None    # this round's folded forward (its recompute counts)
-    folded: int = 0                          # draft (layer, position) rows folded, QKV + FFN
-    draft_rows: int = 0                      # draft (layer, position) rows gated, QKV + FFN
+class FoldedVerify:
+    """SpecFold's batched verify: the folded forward, with its fold counts for the trace and metrics."""
+    delta: float
+    ffn_gate: str
+    backend: str
+    recomputed: list[list[int]] | None = None       # last forward: per layer x row, QKV recomputed positions
+    ffn_recomputed: list[list[int]] | None = None   # the same for the FFN
+    folded: list[int] | None = None                 # draft (layer, position) rows folded: [QKV, FFN]
+    draft_rows: int = 0                             # draft (layer, position) rows gated, per kind
+
+    def __call__(self, req: Request, rt: Runtime, start: int, ids: Tensor, parents: list[int]) -> Tensor:
+        r, n = ids.shape
+        if r == 1:
+            self.recomputed = self.ffn_recomputed = None
+            return DenseVerify()(req, rt, start, ids, parents)
+        folded = make_folded_forward(rt.model, parents, self.delta, ffn_gate=self.ffn_gate, backend=self.backend)
+        logits = rt.forward([req] * r, ids, [start] * r, "block", kind="verify", model=folded)
+        self.recomputed, self.ffn_recomputed = folded.recomputed, folded.ffn_recomputed
+        rows = (r - 1) * n * len(folded.recomputed)
+        self.draft_rows += rows
+        self.folded = [a + rows - drafted(c) for a, c in zip(self.folded or [0, 0],
+                                                                (folded.recomputed, folded.ffn_recomputed),
+                                                                strict=True)]
+        return logits
+
+    def annotate(self, view: RoundEvent) -> None:
+        if self.recomputed is None or self.ffn_recomputed is None:
+            return
+        rows = (len(self.recomputed[0]) - 1) * len(view.tokens) * len(self.recomputed)
+        view.fold = self.recomputed
+        view.extra["fold_ffn"] = self.ffn_recomputed
+        view.extra["fold_ratio_qkv"] = 1 - drafted(self.recomputed) / rows if rows else None
+        view.extra["fold_ratio_ffn"] = 1 - drafted(self.ffn_recomputed) / rows if rows else None
+
+    def metrics(self) -> dict[str, Any]:
+        if not self.draft_rows or self.folded is None:
+            return {"fold_ratio": None, "fold_ratio_qkv": None, "fold_ratio_ffn": None}
+        qkv, ffn = (f / self.draft_rows for f in self.folded)
+        return {"fold_ratio": (qkv + ffn) / 2, "fold_ratio_qkv": qkv, "fold_ratio_ffn": ffn}
+
+
+def drafted(counts: list[list[int]]) -> int:
+    """Recomputed draft positions summed over layers (row 0, the main branch, always recomputes)."""
+    return sum(sum(layer[1:]) for layer in counts)
 
 
 @register
@@ -39,48 +76,18 @@ class SpecFold(Spiffy):
     name = "specfold"
     summary = "SpecFold: spiffy's drafts verified by a folded batched pass (parent-residual gate per position)"
     lossless_vs = "spiffy"
+    lossless_params = {"delta": 0.0, "ffn_gate": "strict"}
+    drafter = ("fold_ratio", 0.3)
     params = Spiffy.params + (
         Param("delta", float, 0.1, 0.0, 1.0,
               "fold a position when its relative residual to the parent branch is <= delta"),
-        Param("backend", str, "torch", help="torch: float64 PyTorch reference; triton: the kernels (their PyTorch "
-                                            "twins off CUDA)", choices=("torch", "triton")),
+        Param("ffn_gate", str, "strict", help="paper: the layer-input gate also decides FFN reuse; strict: a "
+                                             "second gate on the post-attention stream (δ=0 == spiffy)",
+              choices=("paper", "strict")),
+        Param("backend", str, "torch", help="torch: the PyTorch folded forward; triton: the kernels (their "
+                                            "PyTorch twins off CUDA)", choices=("torch", "triton")),
     )
 
-    def start(self, req: Request, rt: Runtime) -> None:
-        req.state = SpecFoldState()
-
-    def metrics(self, req: Request) -> dict:
-        st = req.state
-        if not isinstance(st, SpecFoldState):
-            return {}
-        return {**super().metrics(req), "fold_ratio": st.folded / st.draft_rows if st.draft_rows else None}
-
-    def denoise_logits(self, req: Request, rt: Runtime, st: BlockState) -> Tensor:
-        cast(SpecFoldState, st).folding = None
-        return super().denoise_logits(req, rt, st)
-
-    def verify_forward(self, req: Request, rt: Runtime, st: SpiffyState, ids: Tensor,
-                       parents: list[int]) -> Tensor:
-        st = cast(SpecFoldState, st)
-        r = ids.shape[0]
-        if r == 1:
-            return super().verify_forward(req, rt, st, ids, parents)
-        forward = KernelFoldedForward if req.params["backend"] == "triton" else FoldedForward
-        folded = forward(rt.model, parents, req.params["delta"])
-        logits = rt.forward([req] * r, ids, [st.start] * r, "block", kind="verify", model=folded)
-        st.folding = folded
-        for counts in (folded.recomputed, folded.ffn_recomputed):
-            computed = sum(sum(layer[1:]) for layer in counts)
-            st.draft_rows += (r - 1) * ids.shape[1] * len(counts)
-            st.folded += (r - 1) * ids.shape[1] * len(counts) - computed
-        return logits
-
-    @staticmethod
-    def _view(req: Request, rt: Runtime, before: list[int], block: list[int], guess: list[int],
-              conf: list[float], chosen: list[int]) -> RoundView:
-        view = Spiffy._view(req, rt, before, block, guess, conf, chosen)
-        st: SpecFoldState = req.state
-        if st.folding is not None:
-            view.fold = st.folding.recomputed
-            view.extra["fold_ffn"] = st.folding.ffn_recomputed
-        return view
+    def batch_verify(self, req: Request, rt: Runtime) -> BatchVerify:
+        p = req.params
+        return FoldedVerify(p["delta"], p["ffn_gate"], p["backend"])
