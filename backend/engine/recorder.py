@@ -45,7 +45,7 @@ class RunRecorder:
             raise ValueError(f"mode {req.mode.name} returned no view while tracing is on")
         if req.eos_id in emitted:
             shown = [i for i, (t, s) in enumerate(zip(view.tokens, view.states, strict=True))
-                     if i and t == req.eos_id and s in SHOWN_EOS_STATES]
+                     if t == req.eos_id and s in SHOWN_EOS_STATES]
             if shown:
                 view.cut_after(shown[0])
         view.round, view.phases, view.accepted_len, view.committed = req.round, list(req.phases), accepted_len, emitted
