@@ -1,8 +1,10 @@
-"""Cross-check our decoder against HF transformers on tiny random Qwen2 / Qwen3 / Llama / Mistral models.
+"""Cross-check our decoder against HF transformers on tiny random Qwen2 / Qwen3 / Llama / Mistral / Ministral3.
 
 Each family is built with transformers, saved with save_pretrained and loaded back with our load_model;
 logits must match HF's (eager attention, fp32) for full-sequence causal, incremental paged-KV decoding,
-block attention against a cached prefix, and padded (prefix_valid) batches.
+block attention against a cached prefix, and padded (prefix_valid) batches. The RoPE variants ride along:
+Ministral3 with YaRN and llama-4 query scaling (original_max_position_embeddings = 4, so most of the
+14 positions lie beyond it and the query scale steps 1, 1.07, 1.11, 1.14), Llama 3 and linear scaling.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     LlamaConfig,
+    Ministral3Config,
     MistralConfig,
     Qwen2Config,
     Qwen3Config,
@@ -30,6 +33,9 @@ NUM_SLOTS = 64
 TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 
+YARN = dict(rope_type="yarn", rope_theta=1_000_000.0, factor=16.0, original_max_position_embeddings=4,
+            beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)
+
 FAMILIES = {
     # Qwen2: q/k/v biases, no o bias; tied embeddings.
     "qwen2": (Qwen2Config, dict(tie_word_embeddings=True, rope_theta=1_000_000.0)),
@@ -43,6 +49,15 @@ FAMILIES = {
     "llama-bias": (LlamaConfig, dict(tie_word_embeddings=False, attention_bias=True)),
     # Mistral: untied; sliding window off (our decoder has none; sequences here are short anyway).
     "mistral": (MistralConfig, dict(tie_word_embeddings=False, sliding_window=None)),
+    # Ministral3 as Nemotron-Labs-Diffusion ships it: YaRN (mscale = mscale_all_dim) + llama-4 query scaling.
+    "ministral3": (Ministral3Config, dict(head_dim=16, rope_parameters=YARN)),
+    # Ministral3 with YaRN's attention factor in play (no mscale keys: 0.1 ln(factor) + 1 on cos/sin).
+    "ministral3-mscale": (Ministral3Config, dict(head_dim=16, rope_parameters={
+        k: v for k, v in YARN.items() if not k.startswith("mscale")} | {"beta_fast": 8.0, "beta_slow": 2.0})),
+    "llama-llama3": (LlamaConfig, dict(rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16))),
+    "llama-linear": (LlamaConfig, dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
 }
 
 
