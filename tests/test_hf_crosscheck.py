@@ -14,6 +14,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+from hf_tiny import TINY, VOCAB, YARN, randomize  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     LlamaConfig,
@@ -27,14 +28,8 @@ from backend.model.checkpoint import load_model  # noqa: E402
 from backend.model.transformer import KVContext, PagedKV, Transformer  # noqa: E402
 
 ATOL = 1e-4
-VOCAB = 256
 SEQ = 14
 NUM_SLOTS = 64
-TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-
-YARN = dict(rope_type="yarn", rope_theta=1_000_000.0, factor=16.0, original_max_position_embeddings=4,
-            beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)
 
 FAMILIES = {
     # Qwen2: q/k/v biases, no o bias; tied embeddings.
@@ -64,15 +59,6 @@ FAMILIES = {
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """HF inits biases to 0 and norms to 1: make every parameter random so that nothing is untested."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1.0 + 0.2 * noise if "norm" in name else 0.15 * noise)
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def pair(request, tmp_path_factory):
     """(family, HF eager model, our model, folder) with identical weights, via save_pretrained -> load_model."""
@@ -81,7 +67,7 @@ def pair(request, tmp_path_factory):
     torch.manual_seed(0)
     hf_cfg = config_cls(**TINY, **extra)
     model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
-    _randomize(model, seed=1)
+    randomize(model, seed=1)
     folder = tmp_path_factory.mktemp(family)
     model.save_pretrained(folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
@@ -264,7 +250,7 @@ def test_missing_tie_word_embeddings_follows_hf_default(tmp_path):
     """HF's default for these families is untied: a config.json without the key must load lm_head."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**TINY, tie_word_embeddings=False), dtype=torch.float32)
-    _randomize(model, seed=29)
+    randomize(model, seed=29)
     model.save_pretrained(tmp_path)
     cfg_path = tmp_path / "config.json"
     d = json.loads(cfg_path.read_text())

@@ -110,10 +110,17 @@ def _load_weights(model: Transformer, tensors: dict[str, torch.Tensor], folder: 
         model.load_state_dict({k: tensors.pop(k).to(device=device, dtype=dtype)}, strict=False, assign=True)
 
 
+def _adapter_dir(folder: Path, adapter: str | Path | bool | None) -> Path | None:
+    """The adapter to attach: a given folder; None = the one shipped in the checkpoint folder, if any; False = none."""
+    if adapter is False:
+        return None
+    return find_adapter(folder) if adapter is None or adapter is True else Path(adapter)
+
+
 def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-               adapter: str | Path | None = None) -> Transformer:
-    """The weights of a checkpoint folder as our Transformer (eval mode, no grad), with its PEFT adapter
-    (`adapter`, else one found in the folder) attached."""
+               adapter: str | Path | bool | None = None) -> Transformer:
+    """The weights of a checkpoint folder as our Transformer (eval mode, no grad), with a PEFT adapter attached
+    (see _adapter_dir)."""
     folder = Path(folder)
     d = _read_config(folder)
     cfg = ModelConfig.from_hf_dict(d)
@@ -121,9 +128,9 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     with torch.device("meta"):
         model = Transformer(cfg)
     _load_weights(model, _read_tensors(_weight_files(folder), family), folder, dtype, device)
-    adapter = Path(adapter) if adapter is not None else find_adapter(folder)
-    if adapter is not None:
-        load_adapter(model, adapter, family)
+    adapter_dir = _adapter_dir(folder, adapter)
+    if adapter_dir is not None:
+        load_adapter(model, adapter_dir, family)
     return model.eval().requires_grad_(False)
 
 
@@ -152,7 +159,7 @@ def save_checkpoint(model: Transformer, tokenizer: Any, folder: str | Path, meta
 
 
 def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu", adapter: str | Path | None = None,
+                    device: str | torch.device = "cpu", adapter: str | Path | bool | None = None,
                     adapter_scope: str | None = None) -> LoadedModel:
     """Model + tokenizer + the family's declarations. The mask id comes from config.json, else the tokenizer,
     else the family's default; the adapter scope from the argument, else the family."""
@@ -160,14 +167,14 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
     if adapter_scope not in ADAPTER_SCOPES:
         raise CheckpointError(f"unknown adapter scope {adapter_scope!r}; expected one of {ADAPTER_SCOPES}")
     d = _read_config(folder)
-    adapter_dir = Path(adapter) if adapter is not None else find_adapter(folder)
-    model = load_model(folder, dtype, device, adapter_dir)
+    adapter_dir = _adapter_dir(folder, adapter)
+    model = load_model(folder, dtype, device, adapter_dir or False)
     family = family_of(d)
     tok = _load_tokenizer(folder)
     cfg = model.cfg
     mask_id = next((i for i in (cfg.mask_token_id, mask_token_id(tok), family.mask_token_id)
                     if i is not None and i < cfg.vocab_size), None)
-    stops = _stop_ids(folder, d, tok, family)
+    stops = [i for i in _stop_ids(folder, d, tok, family) if i < cfg.vocab_size]
     files = _weight_files(folder) + ([adapter_dir / WEIGHTS_FILE, adapter_dir / CONFIG_FILE] if adapter_dir else [])
     return LoadedModel(
         model, tok, mask_id, stops[0] if stops else None,

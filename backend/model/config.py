@@ -97,6 +97,7 @@ class ModelConfig:
 
 
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+DLM_PARADIGMS = ("bidirectional", "autoregressive", "block_diff", "sbd_block_diff")  # Nemotron; inference alike
 
 
 def _refuse_unsupported(d: dict[str, Any]) -> None:
@@ -108,6 +109,9 @@ def _refuse_unsupported(d: dict[str, Any]) -> None:
         raise CheckpointError("unsupported mlp_bias=true (key 'mlp_bias')")
     if d.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"unsupported hidden_act {d['hidden_act']!r} (key 'hidden_act'; only silu/SwiGLU)")
+    if d.get("dlm_paradigm", DLM_PARADIGMS[0]) not in DLM_PARADIGMS:
+        raise CheckpointError(f"unknown dlm_paradigm {d['dlm_paradigm']!r} (key 'dlm_paradigm'); "
+                              f"expected one of {DLM_PARADIGMS}")
     if d.get("quantization_config"):
         raise CheckpointError("unsupported quantized checkpoint (key 'quantization_config')")
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
