@@ -3,6 +3,7 @@ Nemotron-Labs-Diffusion-8B, with the lossless equalities, KV invariants, TPF, to
 then `python -m kernels.bench`.
 
     python -m backend.gpu_check                 # CUDA: shipped model fp32 + synthetic 8B bf16, then kernels.bench
+    python -m backend.gpu_check --set specfold.backend=triton   # specfold through the Triton kernels
     python -m backend.gpu_check --tiny          # CPU, tiny synthetic config: the same checks in seconds
 
 Lossless equalities (each mode's `lossless_vs`) are hard checks on the shipped model in fp32, where the
@@ -106,7 +107,8 @@ def variants(mode: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def run_target(name: str, loaded: LoadedModel, max_new_tokens: int, prompts: list[str], strict: bool,
-               slots: int) -> list[ModeReport]:
+               slots: int, only: list[str] | None = None,
+               overrides: dict[str, dict[str, Any]] | None = None) -> list[ModeReport]:
     """Every registered mode on every prompt. Lossless references are compared after all modes ran; a
     difference fails the check only when `strict` and the row runs the mode where it is stated lossless."""
     engine = Engine(loaded, num_slots=slots, check_invariants=True)
@@ -114,7 +116,10 @@ def run_target(name: str, loaded: LoadedModel, max_new_tokens: int, prompts: lis
     outputs: dict[str, list[list[int]]] = {}
     reports: list[tuple[ModeReport, bool]] = []
     for m in describe_modes():
-        for row, extra in variants(m):
+        if only and m["name"] not in only:
+            continue
+        for row, exact in variants(m):
+            extra = (overrides or {}).get(m["name"], {}) | exact
             rep = ModeReport(name, row, "ok", lossless_vs=m["lossless_vs"])
             reports.append((rep, row == m["name"] and len(variants(m)) > 1))
             if cuda:
@@ -175,6 +180,21 @@ def kernels_bench(tiny: bool, out: Path) -> int:
     return subprocess.run(cmd).returncode
 
 
+def parse_sets(pairs: list[str]) -> dict[str, dict[str, Any]]:
+    """MODE.KEY=VALUE pairs as {mode: {key: value}}; values are read as JSON when they parse."""
+    sets: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        target, _, value = pair.partition("=")
+        mode, _, key = target.partition(".")
+        if not (mode and key and _):
+            raise SystemExit(f"--set takes MODE.KEY=VALUE, got {pair!r}")
+        try:
+            sets.setdefault(mode, {})[key] = json.loads(value)
+        except ValueError:
+            sets.setdefault(mode, {})[key] = value
+    return sets
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="CPU, fp32, tiny synthetic model: seconds")
@@ -183,20 +203,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=8192, help="KV pool size per model")
     ap.add_argument("--out", default="gpu_check", help="folder for report.json, report.md, kernels.json")
     ap.add_argument("--no-bench", action="store_true", help="skip python -m kernels.bench")
+    ap.add_argument("--modes", nargs="+", help="only these modes (default: every registered one)")
+    ap.add_argument("--set", action="append", default=[], metavar="MODE.KEY=VALUE",
+                    help="a mode parameter for every run of that mode, e.g. specfold.backend=triton")
     args = ap.parse_args(argv)
     if not args.tiny and not torch.cuda.is_available():
         ap.error("no CUDA device; use --tiny for the CPU check")
     device = "cpu" if args.tiny else "cuda"
     tokens = args.max_new_tokens or (12 if args.tiny else 128)
     prompts = PROMPTS[: args.prompts or (1 if args.tiny else len(PROMPTS))]
+    overrides = parse_sets(args.set)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     reports = run_target("shipped", load_checkpoint(DEFAULT_CHECKPOINT, device=device), tokens, prompts, True,
-                         args.slots)
+                         args.slots, args.modes, overrides)
     with tempfile.TemporaryDirectory() as tmp:
         big = synthetic(nld8b_config(args.tiny), torch.float32 if args.tiny else torch.bfloat16, device, Path(tmp))
-        reports += run_target(big.name, big, tokens, prompts, False, args.slots)
+        reports += run_target(big.name, big, tokens, prompts, False, args.slots, args.modes, overrides)
         del big
     md = table(reports)
     print(md, flush=True)
