@@ -44,7 +44,7 @@ class LoadedModel:
     stop_token_ids: list[int] = field(default_factory=list)
 
 
-def _read_config(folder: Path) -> dict[str, Any]:
+def read_config(folder: Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
     path = folder / "config.json"
@@ -59,7 +59,7 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return d
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
         try:
@@ -122,12 +122,12 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     """The weights of a checkpoint folder as our Transformer (eval mode, no grad), with a PEFT adapter attached
     (see _adapter_dir)."""
     folder = Path(folder)
-    d = _read_config(folder)
+    d = read_config(folder)
     cfg = ModelConfig.from_hf_dict(d)
     family = family_of(d)
     with torch.device("meta"):
         model = Transformer(cfg)
-    _load_weights(model, _read_tensors(_weight_files(folder), family), folder, dtype, device)
+    _load_weights(model, _read_tensors(weight_files(folder), family), folder, dtype, device)
     adapter_dir = _adapter_dir(folder, adapter)
     if adapter_dir is not None:
         load_adapter(model, adapter_dir, family)
@@ -166,7 +166,7 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
     folder = Path(folder)
     if adapter_scope not in ADAPTER_SCOPES:
         raise CheckpointError(f"unknown adapter scope {adapter_scope!r}; expected one of {ADAPTER_SCOPES}")
-    d = _read_config(folder)
+    d = read_config(folder)
     adapter_dir = _adapter_dir(folder, adapter)
     model = load_model(folder, dtype, device, adapter_dir or False)
     family = family_of(d)
@@ -175,7 +175,7 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
     mask_id = next((i for i in (cfg.mask_token_id, mask_token_id(tok), family.mask_token_id)
                     if i is not None and i < cfg.vocab_size), None)
     stops = [i for i in _stop_ids(folder, d, tok, family) if i < cfg.vocab_size]
-    files = _weight_files(folder) + ([adapter_dir / WEIGHTS_FILE, adapter_dir / CONFIG_FILE] if adapter_dir else [])
+    files = weight_files(folder) + ([adapter_dir / WEIGHTS_FILE, adapter_dir / CONFIG_FILE] if adapter_dir else [])
     return LoadedModel(
         model, tok, mask_id, stops[0] if stops else None,
         folder.name + (f"+{adapter_dir.name}" if adapter_dir and adapter_dir != folder else ""), folder,
