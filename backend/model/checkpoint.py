@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,8 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     d = read_config(folder)
     cfg = ModelConfig.from_hf_dict(d)
     family = family_of(d)
-    with torch.device("meta"):
-        model = Transformer(cfg)
+    with torch.device("meta"):  # adapters come only from PEFT files, never from a config's lora_rank
+        model = Transformer(replace(cfg, lora_rank=0))
     _load_weights(model, _read_tensors(weight_files(folder), family), folder, dtype, device)
     adapter_dir = _adapter_dir(folder, adapter)
     if adapter_dir is not None:
@@ -162,7 +162,7 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
                     device: str | torch.device = "cpu", adapter: str | Path | bool | None = None,
                     adapter_scope: str | None = None) -> LoadedModel:
     """Model + tokenizer + the family's declarations. The mask id comes from config.json, else the tokenizer,
-    else the family's default; the adapter scope from the argument, else the family."""
+    else the family's default; the adapter scope from the argument, else the family's, else "draft"."""
     folder = Path(folder)
     if adapter_scope not in ADAPTER_SCOPES:
         raise CheckpointError(f"unknown adapter scope {adapter_scope!r}; expected one of {ADAPTER_SCOPES}")
@@ -181,7 +181,7 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
         folder.name + (f"+{adapter_dir.name}" if adapter_dir and adapter_dir != folder else ""), folder,
         family=family.name, weights_hash=weights_hash(files),
         logits_shifted={m: m not in family.unshifted for m in ATTN_MODES},
-        adapter_scope=(adapter_scope or family.adapter_scope) if model.has_lora else None,
+        adapter_scope=(adapter_scope or family.adapter_scope or "draft") if model.has_lora else None,
         block_size=family.block_size(d), stop_token_ids=stops)
 
 
