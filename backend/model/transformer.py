@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from backend.model.config import ModelConfig
-from backend.model.rope import Rotary
+from backend.model.rope import RopeSpec, Rotary
 
 AttnMode = Literal["causal", "block", "strict_causal"]
 ATTN_MODES: tuple[str, ...] = ("causal", "block", "strict_causal")
@@ -70,12 +70,10 @@ class LoRALinear(nn.Module):
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin tables of shape [B, Q, 1, head_dim] for integer positions [B, Q] (HF rotate-half layout)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
-                                            device=positions.device) / head_dim)
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
-    return emb.cos(), emb.sin()
+    """Default-RoPE cos/sin tables [B, Q, 1, head_dim] for positions [B, Q] (HF rotate-half layout). A model's
+    own variant (YaRN, llama3, llama-4 query scale) is `model.rotary(positions)`."""
+    cos, sin, _ = Rotary(RopeSpec(), head_dim, theta)(positions)
+    return cos, sin
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
