@@ -135,6 +135,7 @@ def test_missing_required_key(folder):
     ({"num_experts": 8, "num_experts_per_tok": 2}, "mixture-of-experts config (key 'num_experts'"),
     ({"num_local_experts": 8}, "'num_local_experts'"),
     ({"quantization_config": {"quant_method": "fp8"}}, "'quantization_config'"),
+    ({"quantization": {"bits": 4, "group_size": 64}}, "'quantization'"),
     ({"partial_rotary_factor": 0.5}, "'partial_rotary_factor'"),
 ])
 def test_unsupported_config_features(folder, change, fragment):

@@ -112,8 +112,9 @@ def _refuse_unsupported(d: dict[str, Any]) -> None:
     if d.get("dlm_paradigm", DLM_PARADIGMS[0]) not in DLM_PARADIGMS:
         raise CheckpointError(f"unknown dlm_paradigm {d['dlm_paradigm']!r} (key 'dlm_paradigm'); "
                               f"expected one of {DLM_PARADIGMS}")
-    if d.get("quantization_config"):
-        raise CheckpointError("unsupported quantized checkpoint (key 'quantization_config')")
+    for key in ("quantization_config", "quantization"):  # HF quantizers; MLX's packed weights
+        if d.get(key):
+            raise CheckpointError(f"unsupported quantized checkpoint (key {key!r})")
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
     if rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) != 1.0:
         raise CheckpointError("unsupported partial rotary embeddings (key 'partial_rotary_factor')")
