@@ -38,8 +38,8 @@ from backend.model.transformer import ATTN_MODES, Transformer
 PROMPTS = ["Sort these numbers: 9 2 7 4 1 8", "What is 17 + 25?", "Count the vowels in 'banana'.",
            "Write a Python function that reverses a list.", "What does the len() function return?",
            "Repeat the word cat three times."]
-NLD_ROPE = RopeSpec("yarn", factor=16.0, original_max_position_embeddings=16384, mscale=1.0, mscale_all_dim=1.0,
-                    llama_4_scaling_beta=0.1)
+NLD_ROPE = RopeSpec("yarn", factor=16.0, original_max_position_embeddings=16384, llama_4_scaling_beta=0.1)
+"""Nemotron-Labs-Diffusion's rope_parameters (no mscale keys: cos/sin scaled by 0.1 ln 16 + 1)."""
 
 
 @dataclass

@@ -44,11 +44,12 @@ FAMILIES = {
     "llama-bias": (LlamaConfig, dict(tie_word_embeddings=False, attention_bias=True)),
     # Mistral: untied; sliding window off (our decoder has none; sequences here are short anyway).
     "mistral": (MistralConfig, dict(tie_word_embeddings=False, sliding_window=None)),
-    # Ministral3 as Nemotron-Labs-Diffusion ships it: YaRN (mscale = mscale_all_dim) + llama-4 query scaling.
+    # Ministral3 as transformers' default config has it: YaRN (mscale = mscale_all_dim) + llama-4 query scaling.
     "ministral3": (Ministral3Config, dict(head_dim=16, rope_parameters=YARN)),
-    # Ministral3 with YaRN's attention factor in play (no mscale keys: 0.1 ln(factor) + 1 on cos/sin).
-    "ministral3-mscale": (Ministral3Config, dict(head_dim=16, rope_parameters={
-        k: v for k, v in YARN.items() if not k.startswith("mscale")} | {"beta_fast": 8.0, "beta_slow": 2.0})),
+    # As Nemotron-Labs-Diffusion's config.json has it (no mscale keys: cos/sin scaled by 0.1 ln 16 + 1), with
+    # original_max 64 so that YaRN's ramp between interpolated and extrapolated frequencies is not degenerate.
+    "ministral3-nld": (Ministral3Config, dict(head_dim=16, rope_parameters={
+        k: v for k, v in YARN.items() if not k.startswith("mscale")} | {"original_max_position_embeddings": 64})),
     "llama-llama3": (LlamaConfig, dict(rope_parameters=dict(
         rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=16))),
