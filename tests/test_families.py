@@ -7,6 +7,7 @@ transformers too) and in its diffusion (block) mode, and declare block logits un
 """
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -20,6 +21,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import Ministral3Config, Qwen2Config, Qwen3Config  # noqa: E402
 
+from backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
 from backend.model.checkpoint import load_checkpoint  # noqa: E402
 from backend.model.config import CheckpointError  # noqa: E402
 from backend.model.transformer import ATTN_MODES, KVContext, PagedKV  # noqa: E402
@@ -106,6 +108,35 @@ def test_nemotron_diffusion_forward(ministral):
         causal = hf(input_ids=x).logits[:, p:]
     assert (outs[0] - want).abs().max().item() < 1e-4
     assert (outs[0] - causal).abs().max().item() > 1e-3
+
+
+def test_nemotron_linear_spec_lora(ministral, tmp_path):
+    """Nemotron's draft adapter as peft saves it on NemotronLabsDiffusionModel (an o_proj LoRA, keys under
+    base_model.model.encoder.*, in linear_spec_lora/): found in the folder, scope "draft", and with it on our
+    logits are peft's on the Ministral3 twin; off, the base model's."""
+    peft = pytest.importorskip("peft")
+    hf, _, nemo_dir = ministral
+    pm = peft.get_peft_model(copy.deepcopy(hf), peft.LoraConfig(r=8, lora_alpha=32, target_modules=["o_proj"]))
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    pm.save_pretrained(tmp_path / "hf_lora")
+    folder = tmp_path / "nemotron"
+    shutil.copytree(nemo_dir, folder)
+    (folder / "linear_spec_lora").mkdir()
+    shutil.copy(tmp_path / "hf_lora" / CONFIG_FILE, folder / "linear_spec_lora" / CONFIG_FILE)
+    with safe_open(str(tmp_path / "hf_lora" / WEIGHTS_FILE), framework="pt") as sf:
+        save_file({k.replace("base_model.model.model.", "base_model.model.encoder."): sf.get_tensor(k)
+                   for k in sf.keys()}, str(folder / "linear_spec_lora" / WEIGHTS_FILE))
+    loaded = load_checkpoint(folder)
+    assert loaded.adapter_scope == "draft" and loaded.name == "nemotron+linear_spec_lora"
+    x, pos = ids(seed=21), _positions(2, 0, SEQ)
+    with torch.no_grad():
+        want = pm(input_ids=x).logits
+    assert (loaded.model(x, pos, lora=True) - want).abs().max().item() < 1e-4
+    assert torch.equal(loaded.model(x, pos), load_checkpoint(nemo_dir).model(x, pos))
 
 
 def test_nemotron_unknown_paradigm(ministral, tmp_path):
