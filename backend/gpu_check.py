@@ -73,8 +73,8 @@ def nld8b_config(tiny: bool) -> ModelConfig:
 
 
 def synthetic(cfg: ModelConfig, dtype: torch.dtype, device: str, folder: Path) -> LoadedModel:
-    """Random weights built on the device in `dtype`, declared as a Nemotron-Labs-Diffusion model; the shipped
-    tokenizer and draft graph are copied into folder (spiffy / specfold read the graph from there)."""
+    """Random weights built on the device in `dtype`, declared as a Nemotron-Labs-Diffusion model, with the
+    shipped tokenizer; the shipped draft graph is copied into folder (spiffy / specfold read it from there)."""
     shutil.copy(DEFAULT_CHECKPOINT / "draft_graph.json", folder / "draft_graph.json")
     torch.manual_seed(0)
     default = torch.get_default_dtype()
