@@ -14,7 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from backend.model.checkpoint import LORA_FILE, load_checkpoint, load_model, save_checkpoint
+from backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE
+from backend.model.checkpoint import load_checkpoint, load_model, save_checkpoint
 from backend.model.config import CheckpointError, ModelConfig
 from backend.model.tokenizer import train_tokenizer
 from backend.model.transformer import Transformer
@@ -127,13 +128,31 @@ def test_missing_required_key(folder):
 
 
 @pytest.mark.parametrize("change,fragment", [
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"mlp_bias": True}, "mlp_bias"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+    ({"hidden_act": "gelu"}, "'hidden_act'"),
+    ({"mlp_bias": True}, "'mlp_bias'"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_type 'dynamic'"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type 'longrope'"),
+    ({"num_experts": 8, "num_experts_per_tok": 2}, "mixture-of-experts config (key 'num_experts'"),
+    ({"num_local_experts": 8}, "'num_local_experts'"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "'quantization_config'"),
+    ({"quantization": {"bits": 4, "group_size": 64}}, "'quantization'"),
+    ({"partial_rotary_factor": 0.5}, "'partial_rotary_factor'"),
 ])
 def test_unsupported_config_features(folder, change, fragment):
     _edit_config(folder, **change)
     _raises(folder, "unsupported", fragment)
+
+
+@pytest.mark.parametrize("change,fragments", [
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
+     ("llama3", "low_freq_factor", "high_freq_factor")),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, ("linear", "factor")),
+    ({"architectures": ["Ministral3ForCausalLM"], "model_type": "ministral3",
+      "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, ("llama_4_scaling_beta",)),
+])
+def test_rope_config_lacking_a_key(folder, change, fragments):
+    _edit_config(folder, **change)
+    _raises(folder, *fragments)
 
 
 # ----------------------------------------------------------------------------------- weights
@@ -228,9 +247,22 @@ def test_bad_shard_index(folder, index_text):
 # ----------------------------------------------------------------------------------- lora / tokenizer
 
 
-def test_corrupt_lora_file(folder):
-    (folder / LORA_FILE).write_bytes(b"not a safetensors file at all")
-    _raises(folder, LORA_FILE, "cannot read")
+def test_corrupt_adapter_file(folder):
+    (folder / CONFIG_FILE).write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8}))
+    (folder / WEIGHTS_FILE).write_bytes(b"not a safetensors file at all")
+    _raises(folder, WEIGHTS_FILE, "cannot read")
+
+
+def test_adapter_config_not_json(folder):
+    (folder / CONFIG_FILE).write_text("{ r: 4")
+    _raises(folder, CONFIG_FILE, "not valid JSON")
+
+
+def test_two_adapter_subfolders(folder):
+    for name in ("a", "b"):
+        (folder / name).mkdir()
+        (folder / name / CONFIG_FILE).write_text("{}")
+    _raises(folder, "several adapters", "'a'", "'b'")
 
 
 def test_missing_tokenizer(folder):

@@ -1,8 +1,10 @@
-"""Cross-check our decoder against HF transformers on tiny random Qwen2 / Qwen3 / Llama / Mistral models.
+"""Cross-check our decoder against HF transformers on tiny random Qwen2 / Qwen3 / Llama / Mistral / Ministral3.
 
 Each family is built with transformers, saved with save_pretrained and loaded back with our load_model;
 logits must match HF's (eager attention, fp32) for full-sequence causal, incremental paged-KV decoding,
-block attention against a cached prefix, and padded (prefix_valid) batches.
+block attention against a cached prefix, and padded (prefix_valid) batches. The RoPE variants ride along:
+Ministral3 with YaRN and llama-4 query scaling (original_max_position_embeddings = 4, so most of the
+14 positions lie beyond it and the query scale steps 1, 1.07, 1.11, 1.14), Llama 3 and linear scaling.
 """
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+from hf_tiny import TINY, VOCAB, YARN, randomize  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     LlamaConfig,
+    Ministral3Config,
     MistralConfig,
     Qwen2Config,
     Qwen3Config,
@@ -24,11 +28,8 @@ from backend.model.checkpoint import load_model  # noqa: E402
 from backend.model.transformer import KVContext, PagedKV, Transformer  # noqa: E402
 
 ATOL = 1e-4
-VOCAB = 256
 SEQ = 14
 NUM_SLOTS = 64
-TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 
 FAMILIES = {
     # Qwen2: q/k/v biases, no o bias; tied embeddings.
@@ -43,19 +44,20 @@ FAMILIES = {
     "llama-bias": (LlamaConfig, dict(tie_word_embeddings=False, attention_bias=True)),
     # Mistral: untied; sliding window off (our decoder has none; sequences here are short anyway).
     "mistral": (MistralConfig, dict(tie_word_embeddings=False, sliding_window=None)),
+    # Ministral3 as transformers' default config has it: YaRN (mscale = mscale_all_dim) + llama-4 query scaling.
+    "ministral3": (Ministral3Config, dict(head_dim=16, rope_parameters=YARN)),
+    # As Nemotron-Labs-Diffusion's config.json has it (no mscale keys: cos/sin scaled by 0.1 ln 16 + 1), with
+    # original_max 64 so that YaRN's ramp between interpolated and extrapolated frequencies is not degenerate.
+    "ministral3-nld": (Ministral3Config, dict(head_dim=16, rope_parameters={
+        k: v for k, v in YARN.items() if not k.startswith("mscale")} | {"original_max_position_embeddings": 64})),
+    "llama-llama3": (LlamaConfig, dict(rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16))),
+    "llama-linear": (LlamaConfig, dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
 }
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """HF inits biases to 0 and norms to 1: make every parameter random so that nothing is untested."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1.0 + 0.2 * noise if "norm" in name else 0.15 * noise)
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -66,7 +68,7 @@ def pair(request, tmp_path_factory):
     torch.manual_seed(0)
     hf_cfg = config_cls(**TINY, **extra)
     model = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
-    _randomize(model, seed=1)
+    randomize(model, seed=1)
     folder = tmp_path_factory.mktemp(family)
     model.save_pretrained(folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
@@ -249,7 +251,7 @@ def test_missing_tie_word_embeddings_follows_hf_default(tmp_path):
     """HF's default for these families is untied: a config.json without the key must load lm_head."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**TINY, tie_word_embeddings=False), dtype=torch.float32)
-    _randomize(model, seed=29)
+    randomize(model, seed=29)
     model.save_pretrained(tmp_path)
     cfg_path = tmp_path / "config.json"
     d = json.loads(cfg_path.read_text())

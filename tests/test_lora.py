@@ -1,5 +1,7 @@
 """LoRA adapters: lora=False is exactly the base model, lora=True changes the output, toggling is stateless,
-and save_lora / load_lora (directly or through load_model) round-trip the adapter exactly."""
+a per-position switch is the base model exactly where it is off, and adapters round-trip through the PEFT
+layout (save_adapter / load_adapter, directly or through load_model). The PEFT cross-check is in
+test_peft_crosscheck.py."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from backend.model.checkpoint import LORA_FILE, load_lora, load_model, save_lora
+from backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter
+from backend.model.checkpoint import load_model
 from backend.model.config import CheckpointError, ModelConfig
 from backend.model.transformer import KVContext, LoRALinear, PagedKV, Transformer
 
@@ -136,15 +139,43 @@ def test_lora_through_paged_kv(base, adapted, batch):
     torch.testing.assert_close(off_out, adapted(ids, pos, lora=False)[:, 5:], rtol=0, atol=1e-5)
 
 
+# ----------------------------------------------------------------------------------- per position
+
+
+def test_per_position_lora(base, adapted, batch):
+    """A bool [B, Q] switch: rows and positions where it is off reproduce lora=False bit for bit (causal
+    attention: positions before the first switched-on one never see adapted K/V); all-on equals lora=True."""
+    ids, pos = batch
+    on = torch.zeros(ids.shape, dtype=torch.bool)
+    on[0, 6:] = True  # row 0: adapter on from position 6; row 1: off everywhere
+    got = adapted(ids, pos, lora=on)
+    off = adapted(ids, pos, lora=False)
+    assert torch.equal(got[0, :6], off[0, :6]) and torch.equal(got[1], off[1])
+    assert _differ(got[0, 6:], off[0, 6:])
+    assert torch.equal(adapted(ids, pos, lora=torch.ones(ids.shape, dtype=torch.bool)), adapted(ids, pos, lora=True))
+
+
+def test_per_position_lora_matches_mixed_reference(adapted, batch):
+    """Positions with the switch on get the adapted projections: compare against a layer-by-layer reference
+    that mixes lora=True and lora=False outputs of each projection per position."""
+    ids, pos = batch
+    on = torch.zeros(ids.shape, dtype=torch.bool)
+    on[:, ::3] = True
+    q = adapted.layers[0].self_attn.q_proj
+    x = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(8))
+    want = torch.where(on[..., None], q(x, True), q(x, False))
+    assert torch.equal(q(x, on), want)
+
+
 # ----------------------------------------------------------------------------------- save / load
 
 
-def test_save_load_lora_round_trip(base, adapted, batch, tmp_path):
+def test_save_load_adapter_round_trip(base, adapted, batch, tmp_path):
     ids, pos = batch
-    path = tmp_path / LORA_FILE
-    save_lora(adapted, path, RANK, ALPHA)
+    save_adapter(adapted, tmp_path)
+    assert (tmp_path / CONFIG_FILE).exists() and (tmp_path / WEIGHTS_FILE).exists()
     model = copy.deepcopy(base)
-    load_lora(model, path)
+    load_adapter(model, tmp_path)
     assert model.has_lora
     q, q0 = model.layers[1].self_attn.q_proj, adapted.layers[1].self_attn.q_proj
     assert torch.equal(q.lora_A, q0.lora_A) and torch.equal(q.lora_B, q0.lora_B) and q.lora_scale == q0.lora_scale
@@ -152,28 +183,31 @@ def test_save_load_lora_round_trip(base, adapted, batch, tmp_path):
     assert torch.equal(model(ids, pos, lora=False), base(ids, pos))
 
 
-def test_load_lora_partial_targets(base, batch, tmp_path):
-    """Only the modules in the file get adapters; the others stay plain."""
+def test_adapter_with_mixed_ranks_and_alphas(base, batch, tmp_path):
+    """Per-module ranks and alphas go through rank_pattern / alpha_pattern and come back exactly."""
     ids, pos = batch
     src = copy.deepcopy(base)
     src.layers[0].self_attn.q_proj.add_adapter(RANK, ALPHA)
+    src.layers[1].self_attn.q_proj.add_adapter(2, 3.0)
+    src.layers[1].mlp.down_proj.add_adapter(RANK, 5.0)
     _randomize_lora_b(src, seed=6)
-    save_lora(src, tmp_path / LORA_FILE, RANK, ALPHA)
+    save_adapter(src, tmp_path)
     model = copy.deepcopy(base)
-    load_lora(model, tmp_path / LORA_FILE)
-    adapters = [n for n, m in model.named_modules() if isinstance(m, LoRALinear) and m.lora_A is not None]
-    assert adapters == ["layers.0.self_attn.q_proj"]
+    load_adapter(model, tmp_path)
+    adapters = {n: m.lora_scale for n, m in model.named_modules() if isinstance(m, LoRALinear) and m.lora_A is not None}
+    assert adapters == {"layers.0.self_attn.q_proj": ALPHA / RANK, "layers.1.self_attn.q_proj": 1.5,
+                        "layers.1.mlp.down_proj": 5.0 / RANK}
     assert torch.equal(model(ids, pos, lora=True), src(ids, pos, lora=True))
 
 
-def test_load_lora_onto_converted_model(adapted, batch, tmp_path):
-    """load_lora onto a model already cast to another dtype: the adapter follows the model's dtype."""
+def test_load_adapter_onto_converted_model(adapted, batch, tmp_path):
+    """load_adapter onto a model already cast to another dtype: the adapter follows the model's dtype."""
     ids, pos = batch
-    save_lora(adapted, tmp_path / LORA_FILE, RANK, ALPHA)
+    save_adapter(adapted, tmp_path)
     model = Transformer(BASE_CFG)
     model.load_state_dict({k: v for k, v in adapted.state_dict().items() if "lora_" not in k})
     model = model.to(torch.float64).eval().requires_grad_(False)
-    load_lora(model, tmp_path / LORA_FILE)
+    load_adapter(model, tmp_path)
     assert model.layers[0].self_attn.q_proj.lora_A.dtype == torch.float64
     torch.testing.assert_close(model(ids, pos, lora=True).float(), adapted(ids, pos, lora=True),
                                rtol=0, atol=1e-5)
@@ -186,44 +220,61 @@ def _write_checkpoint(model: Transformer, folder: Path) -> None:
               str(folder / "model.safetensors"))
 
 
-def test_load_model_picks_up_lora_file(base, adapted, batch, tmp_path):
+@pytest.mark.parametrize("where", [".", "linear_spec_lora"])
+def test_load_model_picks_up_adapter(base, adapted, batch, tmp_path, where):
+    """An adapter in the checkpoint folder itself or in one subfolder (Nemotron's linear_spec_lora/) is attached."""
     ids, pos = batch
     folder = tmp_path / "ckpt"
     _write_checkpoint(base, folder)
     assert not load_model(folder).has_lora
-    save_lora(adapted, folder / LORA_FILE, RANK, ALPHA)
+    save_adapter(adapted, folder / where)
     loaded = load_model(folder)
     assert loaded.has_lora
     assert torch.equal(loaded(ids, pos, lora=True), adapted(ids, pos, lora=True))
     assert torch.equal(loaded(ids, pos, lora=False), base(ids, pos))
 
 
-def test_lora_file_without_rank(adapted, base, tmp_path):
-    tensors = {k: v.contiguous() for k, v in adapted.state_dict().items() if "lora_" in k}
-    save_file(tensors, str(tmp_path / LORA_FILE))
-    with pytest.raises(CheckpointError, match="rank"):
-        load_lora(copy.deepcopy(base), tmp_path / LORA_FILE)
+def _edit(folder: Path, **changes) -> None:
+    cfg = json.loads((folder / CONFIG_FILE).read_text())
+    cfg.update(changes)
+    (folder / CONFIG_FILE).write_text(json.dumps(cfg))
 
 
-def test_lora_file_with_wrong_rank(adapted, base, tmp_path):
-    save_lora(adapted, tmp_path / LORA_FILE, RANK * 2, ALPHA)
-    with pytest.raises(CheckpointError, match=r"lora_A has shape \(4, \d+\), rank 8 implies \(8, \d+\)"):
-        load_lora(copy.deepcopy(base), tmp_path / LORA_FILE)
+@pytest.mark.parametrize("change,fragment", [
+    ({"peft_type": "IA3"}, "peft_type"), ({"use_dora": True}, "use_dora"), ({"bias": "all"}, "'bias'"),
+    ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+])
+def test_unsupported_adapter_config(adapted, base, tmp_path, change, fragment):
+    save_adapter(adapted, tmp_path)
+    _edit(tmp_path, **change)
+    with pytest.raises(CheckpointError, match=fragment):
+        load_adapter(copy.deepcopy(base), tmp_path)
 
 
-def test_lora_file_for_unknown_module(base, tmp_path):
-    save_file({"layers.9.self_attn.q_proj.lora_A": torch.zeros(RANK, 32),
-               "layers.9.self_attn.q_proj.lora_B": torch.zeros(32, RANK)},
-              str(tmp_path / LORA_FILE), metadata={"rank": str(RANK), "alpha": str(ALPHA)})
-    with pytest.raises(CheckpointError, match=r"unknown module layers\.9\.self_attn\.q_proj"):
-        load_lora(copy.deepcopy(base), tmp_path / LORA_FILE)
+def test_adapter_with_wrong_shapes(adapted, base, tmp_path):
+    save_adapter(adapted, tmp_path)
+    big = replace(BASE_CFG, hidden_size=64)
+    shapes = r"lora_[AB] has shape \((4, 32|32, 4)\), the model implies \((4, 64|64, 4)\)"
+    with pytest.raises(CheckpointError, match=shapes):
+        load_adapter(Transformer(big), tmp_path)
 
 
-def test_lora_file_with_base_weights(base, tmp_path):
-    """A LoRA file must not be able to overwrite base weights through its keys."""
-    save_file({"layers.0.self_attn.q_proj.weight": torch.zeros(32, 32)},
-              str(tmp_path / LORA_FILE), metadata={"rank": str(RANK), "alpha": str(ALPHA)})
+def test_adapter_for_unknown_module(base, tmp_path):
+    save_adapter_like = {"base_model.model.model.layers.9.self_attn.q_proj.lora_A.weight": torch.zeros(RANK, 32),
+                         "base_model.model.model.layers.9.self_attn.q_proj.lora_B.weight": torch.zeros(32, RANK)}
+    save_file(save_adapter_like, str(tmp_path / WEIGHTS_FILE))
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA}))
+    with pytest.raises(CheckpointError, match=r"targets model\.layers\.9\.self_attn\.q_proj"):
+        load_adapter(copy.deepcopy(base), tmp_path)
+
+
+def test_adapter_with_base_weights(base, tmp_path):
+    """An adapter file must not be able to overwrite base weights through its keys."""
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.weight": torch.zeros(32, 32)},
+              str(tmp_path / WEIGHTS_FILE))
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA}))
     model = copy.deepcopy(base)
-    with pytest.raises(CheckpointError, match=r"layers\.0\.self_attn\.q_proj\.weight"):
-        load_lora(model, tmp_path / LORA_FILE)
+    with pytest.raises(CheckpointError, match=r"not a LoRA weight.*layers\.0\.self_attn\.q_proj\.weight"):
+        load_adapter(model, tmp_path)
     assert torch.equal(model.layers[0].self_attn.q_proj.weight, base.layers[0].self_attn.q_proj.weight)
+    assert not model.has_lora

@@ -1,12 +1,14 @@
-"""Load and save checkpoints in the HF folder layout (config.json + safetensors + tokenizer).
+"""Load and save checkpoints in the HF folder layout (config.json + safetensors + tokenizer [+ PEFT adapter]).
 
-The same loader reads our shipped tiny model and real Qwen2 / Qwen3 (SDAR) / Llama / Mistral checkpoints.
-Anything wrong with a folder raises CheckpointError with one message that names the problem.
+The same loader reads our shipped tiny model and real checkpoints of every family in families.py, sharded or
+not. Weights are memory-mapped and handed to the model tensor by tensor (no second copy when the dtype
+matches). Anything wrong with a folder raises CheckpointError with one message that names the problem.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE, find_adapter, load_adapter
 from backend.model.config import CheckpointError, ModelConfig
-from backend.model.transformer import LoRALinear, Transformer
+from backend.model.families import ADAPTER_SCOPES, Family, family_of
+from backend.model.tokenizer import ensure_chat_template, mask_token_id
+from backend.model.transformer import ATTN_MODES, Transformer
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "tiny"
-LORA_FILE = "lora.safetensors"
 
 
 @dataclass
@@ -29,9 +33,18 @@ class LoadedModel:
     eos_token_id: int | None
     name: str
     folder: Path | None = None   # where it was loaded from (mode artefacts such as draft_graph.json live here)
+    family: str = "qwen3"
+    weights_hash: str = ""       # short content hash of the weight (and adapter) files: runs record it
+    logits_shifted: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(ATTN_MODES, True))
+    """Per attention mode: True when position i's logits predict token i+1, False when they predict token i."""
+    adapter_scope: str | None = None
+    """Where the loaded adapter applies: None (no adapter), "draft" (draft/block passes: Nemotron linear-spec
+    LoRA) or "mask" (MASK query positions only: I-DLM R-ISD; pass lora=(ids == mask_token_id))."""
+    block_size: int | None = None  # the checkpoint's own block size (block_size / bd_size), if it has one
+    stop_token_ids: list[int] = field(default_factory=list)
 
 
-def _read_config(folder: Path) -> dict[str, Any]:
+def read_config(folder: Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {folder} does not exist")
     path = folder / "config.json"
@@ -46,7 +59,7 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return d
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.exists():
         try:
@@ -62,26 +75,28 @@ def _weight_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"{folder}: missing model.safetensors (or a sharded index)")
 
 
-def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+def _read_tensors(files: list[Path], family: Family) -> dict[str, torch.Tensor]:
+    """Every weight under our module name, memory-mapped (nothing is read until a tensor is used)."""
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as sf:
                 for key in sf.keys():
-                    tensors[key.removeprefix("model.")] = sf.get_tensor(key)
-        except CheckpointError:
-            raise
+                    if "rotary_emb" not in key:
+                        tensors[family.our_key(key)] = sf.get_tensor(key)
         except Exception as e:  # safetensors raises several types for a corrupt file
             raise CheckpointError(f"{f}: cannot read safetensors ({e})") from None
     return tensors
 
 
-def _load_weights(model: Transformer, tensors: dict[str, torch.Tensor], folder: Path) -> None:
+def _load_weights(model: Transformer, tensors: dict[str, torch.Tensor], folder: Path,
+                  dtype: torch.dtype, device: str | torch.device) -> None:
+    """Check names and shapes, then hand each tensor to the model (converted one at a time)."""
     expected = {k: v for k, v in model.state_dict().items() if "lora_" not in k}
     if model.lm_head is None:
         tensors.pop("lm_head.weight", None)
     missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(k for k in set(tensors) - set(expected) if "rotary_emb" not in k)
+    unexpected = sorted(set(tensors) - set(expected))
     if missing:
         raise CheckpointError(f"{folder}: weights missing from the checkpoint: {missing[:5]}"
                               f"{' ...' if len(missing) > 5 else ''}")
@@ -91,58 +106,42 @@ def _load_weights(model: Transformer, tensors: dict[str, torch.Tensor], folder: 
         if tuple(tensors[k].shape) != tuple(t.shape):
             raise CheckpointError(f"{folder}: weight {k} has shape {tuple(tensors[k].shape)}, "
                                   f"config implies {tuple(t.shape)}")
-    model.load_state_dict({k: tensors[k] for k in expected}, strict=False)
+    for k in expected:
+        model.load_state_dict({k: tensors.pop(k).to(device=device, dtype=dtype)}, strict=False, assign=True)
 
 
-def load_model(folder: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> Transformer:
-    """The weights of a checkpoint folder as our Transformer (eval mode, no grad)."""
+def _adapter_dir(folder: Path, adapter: str | Path | bool | None) -> Path | None:
+    """The adapter to attach: a given folder; None = the one shipped in the checkpoint folder, if any; False = none."""
+    if adapter is False:
+        return None
+    return find_adapter(folder) if adapter is None or adapter is True else Path(adapter)
+
+
+def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               adapter: str | Path | bool | None = None) -> Transformer:
+    """The weights of a checkpoint folder as our Transformer (eval mode, no grad), with a PEFT adapter attached
+    (see _adapter_dir)."""
     folder = Path(folder)
-    cfg = ModelConfig.from_hf_dict(_read_config(folder))
-    tensors = _read_tensors(_weight_files(folder))
-    model = Transformer(cfg)
-    _load_weights(model, tensors, folder)
-    if (folder / LORA_FILE).exists():
-        load_lora(model, folder / LORA_FILE)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    d = read_config(folder)
+    cfg = ModelConfig.from_hf_dict(d)
+    family = family_of(d)
+    with torch.device("meta"):  # adapters come only from PEFT files, never from a config's lora_rank
+        model = Transformer(replace(cfg, lora_rank=0))
+    _load_weights(model, _read_tensors(weight_files(folder), family), folder, dtype, device)
+    adapter_dir = _adapter_dir(folder, adapter)
+    if adapter_dir is not None:
+        load_adapter(model, adapter_dir, family)
+    return model.eval().requires_grad_(False)
 
 
-def load_lora(model: Transformer, path: Path) -> None:
-    """Attach a LoRA adapter saved by save_lora (rank and targets from its metadata)."""
-    try:
-        with safe_open(str(path), framework="pt") as sf:
-            meta = sf.metadata() or {}
-            tensors = {k: sf.get_tensor(k) for k in sf.keys()}
-    except Exception as e:  # safetensors raises several types for a corrupt file
-        raise CheckpointError(f"{path}: cannot read LoRA safetensors ({e})") from None
-    rank, alpha = int(meta.get("rank", 0)), float(meta.get("alpha", 16.0))
-    if rank <= 0:
-        raise CheckpointError(f"{path}: LoRA file without a positive 'rank' in its metadata")
-    extra = sorted(k for k in tensors if k.rsplit(".", 1)[-1] not in ("lora_A", "lora_B"))
-    if extra:
-        raise CheckpointError(f"{path}: not LoRA weights (only lora_A / lora_B allowed): {extra[:5]}")
-    modules = dict(model.named_modules())
-    targets = sorted({k.rsplit(".", 1)[0] for k in tensors})
-    for name in targets:  # validate everything before touching the model
-        module = modules.get(name)
-        if not isinstance(module, LoRALinear):
-            raise CheckpointError(f"{path}: LoRA targets unknown module {name}")
-        out_f, in_f = module.weight.shape
-        for leaf, shape in (("lora_A", (rank, in_f)), ("lora_B", (out_f, rank))):
-            key = f"{name}.{leaf}"
-            if key not in tensors:
-                raise CheckpointError(f"{path}: {key} is missing")
-            if tuple(tensors[key].shape) != shape:
-                raise CheckpointError(f"{path}: {key} has shape {tuple(tensors[key].shape)}, "
-                                      f"rank {rank} implies {shape}")
-    for name in targets:
-        modules[name].add_adapter(rank, alpha)
-    model.load_state_dict(tensors, strict=False)
-
-
-def save_lora(model: Transformer, path: Path, rank: int, alpha: float) -> None:
-    tensors = {k: v.contiguous() for k, v in model.state_dict().items() if "lora_" in k}
-    save_file(tensors, str(path), metadata={"rank": str(rank), "alpha": str(alpha)})
+def weights_hash(files: list[Path]) -> str:
+    """12 hex digits of SHA-256 over the files' names and contents (streamed; a 16 GB checkpoint takes seconds)."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            h.update(hashlib.file_digest(fh, "sha256").digest())
+    return h.hexdigest()[:12]
 
 
 def save_checkpoint(model: Transformer, tokenizer: Any, folder: str | Path, meta: dict[str, Any]) -> None:
@@ -160,10 +159,33 @@ def save_checkpoint(model: Transformer, tokenizer: Any, folder: str | Path, meta
 
 
 def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu") -> LoadedModel:
-    """Model + tokenizer + special ids; the mask id comes from the config, else the tokenizer."""
+                    device: str | torch.device = "cpu", adapter: str | Path | bool | None = None,
+                    adapter_scope: str | None = None) -> LoadedModel:
+    """Model + tokenizer + the family's declarations. The mask id comes from config.json, else the tokenizer,
+    else the family's default; the adapter scope from the argument, else the family's, else "draft"."""
     folder = Path(folder)
-    model = load_model(folder, dtype, device)
+    if adapter_scope not in ADAPTER_SCOPES:
+        raise CheckpointError(f"unknown adapter scope {adapter_scope!r}; expected one of {ADAPTER_SCOPES}")
+    d = read_config(folder)
+    adapter_dir = _adapter_dir(folder, adapter)
+    model = load_model(folder, dtype, device, adapter_dir or False)
+    family = family_of(d)
+    tok = _load_tokenizer(folder)
+    cfg = model.cfg
+    mask_id = next((i for i in (cfg.mask_token_id, mask_token_id(tok), family.mask_token_id)
+                    if i is not None and i < cfg.vocab_size), None)
+    stops = [i for i in _stop_ids(folder, d, tok, family) if i < cfg.vocab_size]
+    files = weight_files(folder) + ([adapter_dir / WEIGHTS_FILE, adapter_dir / CONFIG_FILE] if adapter_dir else [])
+    return LoadedModel(
+        model, tok, mask_id, stops[0] if stops else None,
+        folder.name + (f"+{adapter_dir.name}" if adapter_dir and adapter_dir != folder else ""), folder,
+        family=family.name, weights_hash=weights_hash(files),
+        logits_shifted={m: m not in family.unshifted for m in ATTN_MODES},
+        adapter_scope=(adapter_scope or family.adapter_scope or "draft") if model.has_lora else None,
+        block_size=family.block_size(d), stop_token_ids=stops)
+
+
+def _load_tokenizer(folder: Path) -> Any:
     if not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise CheckpointError(f"{folder}: missing tokenizer (tokenizer.json / tokenizer_config.json)")
     from transformers import AutoTokenizer
@@ -171,8 +193,17 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
         tok = AutoTokenizer.from_pretrained(str(folder))
     except Exception as e:
         raise CheckpointError(f"{folder}: cannot load the tokenizer ({e})") from None
-    mask_id = model.cfg.mask_token_id
-    if mask_id is None and tok.mask_token is not None:
-        mask_id = tok.mask_token_id
-    eos_id = model.cfg.eos_token_id if model.cfg.eos_token_id is not None else tok.eos_token_id
-    return LoadedModel(model, tok, mask_id, eos_id, folder.name, folder)
+    ensure_chat_template(tok, folder)
+    return tok
+
+
+def _stop_ids(folder: Path, d: dict[str, Any], tok: Any, family: Family) -> list[int]:
+    """Stop tokens, the primary first: the family's, generation_config.json's, config.json's, the tokenizer's."""
+    gen = folder / "generation_config.json"
+    gen_eos = json.loads(gen.read_bytes()).get("eos_token_id") if gen.exists() else None
+    ids: list[int] = []
+    for value in (family.eos_token_id, gen_eos, d.get("eos_token_id"), tok.eos_token_id):
+        for i in value if isinstance(value, list) else [value]:
+            if isinstance(i, int) and i not in ids:
+                ids.append(i)
+    return ids

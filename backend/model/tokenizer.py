@@ -1,6 +1,7 @@
 """Byte-level BPE tokenizer trained on the offline corpus, with our special tokens and chat template."""
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -46,3 +47,24 @@ def chat_prompt(user_text: str) -> str:
 def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(folder))
+
+
+MASK_NAMES = ("<|MASK|>", "<|mask|>", "<|mdm_mask|>", "[MASK]", "<mask>")
+
+
+def mask_token_id(tok: PreTrainedTokenizerFast) -> int | None:
+    """The tokenizer's mask token: its declared mask_token, else a special token with a known mask name."""
+    if tok.mask_token is not None:
+        return tok.mask_token_id
+    vocab = tok.get_vocab()
+    return next((vocab[name] for name in MASK_NAMES if name in vocab), None)
+
+
+def ensure_chat_template(tok: PreTrainedTokenizerFast, folder: Path) -> None:
+    """Fill in a chat template shipped only as chat_template.json (processor layout) or chat_template.jinja."""
+    if tok.chat_template:
+        return
+    if (folder / "chat_template.jinja").exists():
+        tok.chat_template = (folder / "chat_template.jinja").read_text()
+    elif (folder / "chat_template.json").exists():
+        tok.chat_template = json.loads((folder / "chat_template.json").read_text()).get("chat_template")

@@ -1,6 +1,8 @@
-"""Our decoder (Qwen3/Qwen2/Llama family): paged-KV attention, attention modes, LoRA toggle, layer hooks.
+"""Our decoder (Qwen3/Qwen2/Llama/Mistral/Ministral3 family): paged-KV attention, attention modes, LoRA
+toggle (per forward or per query position), layer hooks.
 
-Logit convention: shifted. The logits at position i predict the token at position i+1.
+The decoder itself has no logit convention: a loaded model declares per attention mode whether position i's
+logits predict token i+1 (shifted) or token i (LoadedModel.logits_shifted).
 Module names mirror the HF layout (`layers.{i}.self_attn.q_proj`, ...) so checkpoints map one to one.
 """
 from __future__ import annotations
@@ -14,9 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from backend.model.config import ModelConfig
+from backend.model.rope import RopeSpec, Rotary
 
 AttnMode = Literal["causal", "block", "strict_causal"]
 ATTN_MODES: tuple[str, ...] = ("causal", "block", "strict_causal")
+LoRA = bool | Tensor
+"""A forward's adapter switch: on/off for the whole forward, or a bool [B, Q] (on at those query positions)."""
 Hook = Callable[[int, str, Tensor], None]
 """Called as hook(layer_index, point, tensor) at points hidden_in, q, k, v, attn_out, ffn_out, hidden_out."""
 
@@ -47,26 +52,28 @@ class LoRALinear(nn.Module):
         if rank:
             self.add_adapter(rank, alpha)
 
-    def add_adapter(self, rank: int, alpha: float) -> None:
+    def add_adapter(self, rank: int, alpha: float, rslora: bool = False) -> None:
+        """A fresh rank-r adapter (B = 0: the identity until trained), scaled alpha/r (rsLoRA: alpha/sqrt(r))."""
         w = self.weight  # the adapter lives where the layer lives (dtype, device), even after model.to(...)
         self.lora_A = nn.Parameter(torch.randn(rank, w.shape[1], device=w.device).to(w.dtype) / rank**0.5)
         self.lora_B = nn.Parameter(torch.zeros(w.shape[0], rank, dtype=w.dtype, device=w.device))
-        self.lora_scale = alpha / rank
+        self.lora_scale = alpha / (rank**0.5 if rslora else rank)
 
-    def forward(self, x: Tensor, lora: bool = False) -> Tensor:
+    def forward(self, x: Tensor, lora: LoRA = False) -> Tensor:
         y = F.linear(x, self.weight, self.bias)
-        if lora and self.lora_A is not None and self.lora_B is not None:
-            y = y + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.lora_scale
-        return y
+        if self.lora_A is None or self.lora_B is None or (isinstance(lora, bool) and not lora):
+            return y
+        delta = F.linear(F.linear(x, self.lora_A), self.lora_B) * self.lora_scale
+        if isinstance(lora, Tensor):  # per position: base output bit for bit where the adapter is off
+            return torch.where(lora[..., None], y + delta, y)
+        return y + delta
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin tables of shape [B, Q, 1, head_dim] for integer positions [B, Q] (HF rotate-half layout)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
-                                            device=positions.device) / head_dim)
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
-    return emb.cos(), emb.sin()
+    """Default-RoPE cos/sin tables [B, Q, 1, head_dim] for positions [B, Q] (HF rotate-half layout). A model's
+    own variant (YaRN, llama3, llama-4 query scale) is `model.rotary(positions)`."""
+    cos, sin, _ = Rotary(RopeSpec(), head_dim, theta)(positions)
+    return cos, sin
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -143,8 +150,10 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor, lora: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """Normed input [B, Q, D] -> q [B, Q, H, hd], k and v [B, Q, Hkv, hd], RoPE applied."""
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor, lora: LoRA,
+            q_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Normed input [B, Q, D] -> q [B, Q, H, hd], k and v [B, Q, Hkv, hd], RoPE applied; q_scale [B, Q, 1, 1]
+        is the position-dependent query scale of llama-4-style long-context models (None: unscaled)."""
         b, n, _ = x.shape
         hd = self.cfg.head_dim
         q = self.q_proj(x, lora).view(b, n, -1, hd)
@@ -152,7 +161,10 @@ class Attention(nn.Module):
         v = self.v_proj(x, lora).view(b, n, -1, hd)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        q = apply_rope(q, cos, sin)
+        if q_scale is not None:
+            q = q * q_scale.to(q.dtype)
+        return q, apply_rope(k, cos, sin), v
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
@@ -171,7 +183,7 @@ class MLP(nn.Module):
         self.up_proj = LoRALinear(cfg.hidden_size, cfg.intermediate_size, False, lora["up_proj"], cfg.lora_alpha)
         self.down_proj = LoRALinear(cfg.intermediate_size, cfg.hidden_size, False, lora["down_proj"], cfg.lora_alpha)
 
-    def forward(self, x: Tensor, lora: bool = False) -> Tensor:
+    def forward(self, x: Tensor, lora: LoRA = False) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x, lora)) * self.up_proj(x, lora), lora)
 
 
@@ -183,13 +195,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def ffn(self, h: Tensor, lora: bool = False) -> Tensor:
+    def ffn(self, h: Tensor, lora: LoRA = False) -> Tensor:
         """FFN branch output (without the residual) for hidden states h."""
         return self.mlp(self.post_attention_layernorm(h), lora)
 
     def forward(self, index: int, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
-                kv: KVContext | None, lora: bool, hook: Hook | None) -> Tensor:
-        q, k, v = self.self_attn.qkv(self.input_layernorm(h), cos, sin, lora)
+                kv: KVContext | None, lora: LoRA, hook: Hook | None, q_scale: Tensor | None = None) -> Tensor:
+        q, k, v = self.self_attn.qkv(self.input_layernorm(h), cos, sin, lora, q_scale)
         if kv is not None:
             pk, pv = kv.gather(index)
             kv.write(index, k, v)
@@ -212,6 +224,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg.rope, cfg.head_dim, cfg.rope_theta)
 
     @property
     def has_lora(self) -> bool:
@@ -224,21 +237,22 @@ class Transformer(nn.Module):
         return F.linear(h, w)
 
     def forward(self, ids: Tensor, positions: Tensor, attn: str = "causal", kv: KVContext | None = None,
-                mask: Tensor | None = None, lora: bool = False, hook: Hook | None = None) -> Tensor:
+                mask: Tensor | None = None, lora: LoRA = False, hook: Hook | None = None) -> Tensor:
         """Logits [B, Q, V] for a query chunk ids [B, Q] at positions [B, Q].
 
         The chunk attends to kv's prefix (if any) and to itself by `attn`; `mask` overrides the mask
         (a bool [Q, K] or [B, 1, Q, K] over [prefix ‖ chunk], used by training and multi-branch verify).
+        `lora` switches the adapter on for the whole forward (bool) or at chosen query positions (bool [B, Q]).
         """
         b, n = ids.shape
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin, q_scale = self.rotary(positions)
         if mask is None:
             mask = build_mask(n, attn, kv, b, ids.device)
         h = self.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             if hook is not None:
                 hook(i, "hidden_in", h)
-            h = layer(i, h, cos, sin, mask, kv, lora, hook)
+            h = layer(i, h, cos, sin, mask, kv, lora, hook, q_scale)
             if hook is not None:
                 hook(i, "hidden_out", h)
         return self.logits(h)

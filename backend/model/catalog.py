@@ -1,0 +1,78 @@
+"""The models directory (`specscope serve --models DIR`): which subfolders hold a loadable checkpoint.
+
+Scanning reads only config.json, the shard index and the safetensors headers, never the weights, so a
+directory of 8B checkpoints lists in milliseconds. A folder that cannot be loaded is listed with the
+loader's own error message instead of being hidden.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from backend.model.adapters import find_adapter
+from backend.model.checkpoint import read_config, weight_files
+from backend.model.config import CheckpointError, ModelConfig
+from backend.model.families import family_of
+
+
+@dataclass
+class CatalogEntry:
+    name: str
+    path: str
+    loadable: bool
+    family: str | None = None
+    parameters: int | None = None      # from the safetensors headers
+    dtype: str | None = None
+    shards: int = 0
+    adapter: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _header(files: list[Path]) -> tuple[int, str]:
+    """Parameter count and dtype(s) of the weights, from the safetensors headers only."""
+    count, dtypes = 0, set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for key in sf.keys():
+                sl = sf.get_slice(key)
+                n = 1
+                for d in sl.get_shape():
+                    n *= d
+                count += n
+                dtypes.add(sl.get_dtype())
+    return count, "/".join(sorted(dtypes))
+
+
+def describe(folder: Path) -> CatalogEntry:
+    """One folder as a catalog entry; loadable=False with the CheckpointError message when it is not."""
+    entry = CatalogEntry(folder.name, str(folder), loadable=False)
+    try:
+        d = read_config(folder)
+        ModelConfig.from_hf_dict(d)
+        files = weight_files(folder)
+        entry.family = family_of(d).name
+        entry.parameters, entry.dtype = _header(files)
+        entry.shards = len(files)
+        adapter = find_adapter(folder)
+        entry.adapter = adapter.name if adapter else None
+        entry.loadable = True
+    except CheckpointError as e:
+        entry.error = str(e)
+    except (OSError, ValueError, json.JSONDecodeError) as e:  # unreadable headers
+        entry.error = f"{folder}: {e}"
+    return entry
+
+
+def scan(models_dir: str | Path) -> list[CatalogEntry]:
+    """Every subfolder of models_dir that has a config.json, sorted by name."""
+    root = Path(models_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"models directory {root} does not exist")
+    return [describe(p) for p in sorted(root.iterdir()) if (p / "config.json").exists()]

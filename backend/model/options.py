@@ -1,0 +1,32 @@
+"""The model options every command shares (--model, --adapter, --device, --dtype, --slots) and what they load."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from backend.model.checkpoint import DEFAULT_CHECKPOINT, LoadedModel, load_checkpoint
+from backend.model.families import ADAPTER_SCOPES
+from backend.model.kv_budget import auto_slots
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="checkpoint folder (default: the shipped tiny model)")
+    p.add_argument("--adapter", help="PEFT adapter folder (default: the one shipped in the checkpoint, if any); "
+                                     "'none' ignores a shipped adapter")
+    p.add_argument("--adapter-scope", choices=[s for s in ADAPTER_SCOPES if s],
+                   help="where the adapter applies: draft passes or MASK positions (default: the model family's)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="weights and KV dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--slots", type=int, default=None, help="KV pool size in slots (default: half the free memory)")
+
+
+def load_from_args(args: argparse.Namespace) -> tuple[LoadedModel, int]:
+    """The model the options name and the KV pool size to serve it with."""
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
+    adapter = False if args.adapter == "none" else args.adapter
+    loaded = load_checkpoint(args.model or DEFAULT_CHECKPOINT, dtype, args.device, adapter, args.adapter_scope)
+    return loaded, args.slots or auto_slots(loaded.model.cfg, dtype, args.device)

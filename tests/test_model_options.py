@@ -1,0 +1,36 @@
+"""The shared model options parse into load_checkpoint's arguments and an auto-sized KV pool."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from backend.model.kv_budget import auto_slots, slot_bytes
+from backend.model.options import add_model_args, load_from_args
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    return p.parse_args(list(argv))
+
+
+def test_defaults_load_the_shipped_model_with_an_auto_sized_pool():
+    loaded, slots = load_from_args(_parse("--device", "cpu"))
+    assert loaded.name == "tiny" and next(loaded.model.parameters()).dtype == torch.float32
+    assert slots == auto_slots(loaded.model.cfg, torch.float32, "cpu") and slots >= 1024
+
+
+def test_explicit_dtype_and_slots():
+    loaded, slots = load_from_args(_parse("--device", "cpu", "--dtype", "bfloat16", "--slots", "77"))
+    assert next(loaded.model.parameters()).dtype == torch.bfloat16 and slots == 77
+
+
+def test_auto_slots_follow_free_memory(monkeypatch):
+    loaded, _ = load_from_args(_parse("--device", "cpu", "--slots", "1"))
+    cfg = loaded.model.cfg
+    per = slot_bytes(cfg, torch.bfloat16)
+    assert per == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    monkeypatch.setattr("backend.model.kv_budget.free_bytes", lambda device: 1000 * per)
+    assert auto_slots(cfg, torch.bfloat16, "cpu", fraction=0.5) == 500
+    assert auto_slots(cfg, torch.bfloat16, "cpu", fraction=0.5, at_most=100) == 100

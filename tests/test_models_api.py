@@ -1,0 +1,38 @@
+"""/api/models over a models directory: list, switch (the app's swap hook gets the new engine), refuse
+unknown and unloadable folders."""
+from __future__ import annotations
+
+import json
+import shutil
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from backend.engine.engine import Engine
+from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from backend.server.models import ModelHost, models_router
+
+
+def test_list_and_switch(tmp_path, loaded):
+    for name in ("a", "b", "broken"):
+        shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / name)
+    (tmp_path / "broken" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    swapped: list[Engine] = []
+    host = ModelHost(tmp_path, Engine(load_checkpoint(tmp_path / "a"), num_slots=256),
+                     build=lambda path: Engine(load_checkpoint(path), num_slots=256), swap=swapped.append)
+    app = FastAPI()
+    app.include_router(models_router(host))
+    client = TestClient(app)
+    listing = client.get("/api/models").json()
+    assert listing["current"] == "a" and listing["weights_hash"] == loaded.weights_hash
+    by_name = {m["name"]: m for m in listing["models"]}
+    assert by_name["a"]["loadable"] and by_name["b"]["loadable"] and not by_name["broken"]["loadable"]
+    assert "unknown architecture" in by_name["broken"]["error"]
+    switched = client.post("/api/models/b").json()
+    assert switched["current"] == "b" and len(swapped) == 1 and swapped[0].model_name == "b"
+    assert swapped[0].generate("What is 2 + 3?", "ar", {"max_new_tokens": 4}).status == "done"
+    assert client.post("/api/models/b").json()["current"] == "b" and len(swapped) == 1  # already served
+    assert client.post("/api/models/nope").status_code == 404
+    bad = client.post("/api/models/broken")
+    assert bad.status_code == 422 and "unknown architecture" in bad.json()["detail"]
+    assert client.get("/api/models").json()["current"] == "b"
