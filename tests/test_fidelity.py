@@ -77,3 +77,21 @@ def test_isd_argmax_drafts_take_the_argmax_of_q_at_any_temperature(engine):
     without_mask[:, engine.rt.mask] = float("-inf")
     assert st.specs == without_mask.argmax(-1).tolist()
     assert st.draft_logits is logits
+
+
+def test_unshifted_logits_are_realigned_by_the_runtime(loaded):
+    """A model whose `block` logits predict their own position (Nemotron's diffusion head) reaches the modes
+    in the shifted convention: row j holds the prediction for position j + 1."""
+    from dataclasses import replace
+
+    from backend.engine.engine import Engine
+
+    shifted = Engine(loaded, num_slots=256)
+    unshifted = Engine(replace(loaded, logits_shifted={**loaded.logits_shifted, "block": False}), num_slots=256)
+    req = Request("t", [1, 2, 3], None, {"max_new_tokens": 4}, None)
+    ids = torch.tensor([[5, loaded.mask_token_id, loaded.mask_token_id, 9]])
+    raw = shifted.rt.forward([req], ids, [0], "block", kind="draft")
+    got = unshifted.rt.forward([req], ids, [0], "block", kind="draft")
+    torch.testing.assert_close(got[:, :-1], raw[:, 1:])
+    torch.testing.assert_close(unshifted.rt.forward([req], ids, [0], "causal", kind="verify"),
+                               shifted.rt.forward([req], ids, [0], "causal", kind="verify"))

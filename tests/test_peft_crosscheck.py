@@ -4,10 +4,10 @@ applied at MASK positions only (I-DLM R-ISD), greedy isd reproduces ar.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
+
+from backend.tracing import RecordingTracer
 
 peft = pytest.importorskip("peft")
 from hf_tiny import TINY, ids, save_hf  # noqa: E402
@@ -90,33 +90,25 @@ def test_adapter_off_is_the_base_model(pair):
     assert (got - want).abs().max().item() < 1e-4
 
 
-class MaskScoped(torch.nn.Module):
-    """The model with its adapter on at MASK query positions of every forward (R-ISD's conditional LoRA), or
-    on everywhere when mask_only is False; what the engine does for adapter_scope == "mask"."""
-
-    def __init__(self, model: torch.nn.Module, mask_id: int, mask_only: bool = True):
-        super().__init__()
-        self.inner, self.cfg, self.mask_id, self.mask_only = model, model.cfg, mask_id, mask_only
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, **kw) -> torch.Tensor:
-        kw["lora"] = ids == self.mask_id if self.mask_only else True
-        return self.inner(ids, positions, **kw)
-
-
 def test_mask_scoped_adapter_keeps_isd_lossless(pair):
-    """Greedy isd with the adapter on at MASK positions only equals the base model's ar, prompt by prompt;
-    with the adapter on everywhere (verify positions adapted too) it does not."""
+    """The engine applies a "mask"-scope adapter at MASK query positions only: greedy isd then equals the base
+    model's ar, prompt by prompt; with the adapter forced on everywhere (verify positions adapted too) it
+    does not."""
     from backend.engine.engine import Engine
 
     _, ours, base = pair
     prompts = ["What is 12 + 30?", "Sort: 5 3 9 1", "hello world", "Count the letters in banana."]
     ar_engine = Engine(base, num_slots=1024, check_invariants=True)
-    scoped = Engine(replace(ours, model=MaskScoped(ours.model, ours.mask_token_id)), 1024, check_invariants=True)
-    everywhere = Engine(replace(ours, model=MaskScoped(ours.model, ours.mask_token_id, mask_only=False)), 1024)
+    scoped = Engine(ours, num_slots=1024, check_invariants=True)
+    everywhere = Engine(ours, num_slots=1024)
+    everywhere.rt.adapter = lambda ids, draft: True
     differs = 0
     for prompt in prompts:
         params = {"max_new_tokens": 24}
         ar = ar_engine.generate(prompt, "ar", params).output_ids
-        assert scoped.generate(prompt, "isd", params | {"n": 3}).output_ids == ar, prompt
+        tracer = RecordingTracer()
+        assert scoped.generate(prompt, "isd", params | {"n": 3}, tracer=tracer).output_ids == ar, prompt
+        phases = [p for e in tracer.events if e["type"] == "round" for p in e["phases"]]
+        assert any(p["lora"] for p in phases) and not all(p["lora"] for p in phases)
         differs += everywhere.generate(prompt, "isd", params | {"n": 3}).output_ids != ar
     assert differs > 0

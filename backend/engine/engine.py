@@ -72,6 +72,7 @@ class Engine:
             tok = self.rt.tokenizer
             tiers = self.scheduler.tiers if "block_size" in checked else []
             tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
+                                      "model_hash": self.rt.loaded.weights_hash,
                                       "block_size_tiers": [list(t) for t in tiers],
                                       "prompt": prompt, "prompt_ids": ids,
                                       "pieces": [tok.decode([i]) for i in ids]})

@@ -69,28 +69,44 @@ class Runtime:
                 kind: str, write: list[list[int]] | None = None, lora: bool = False,
                 kv_op: str = "write", mask: Tensor | None = None, model: Callable[..., Tensor] | None = None,
                 offsets: Sequence[int] | None = None) -> Tensor:
-        """Logits [R, Q, V] of query rows ids [R, Q]; row r sits at positions start[r] + offsets (default
-        0..Q-1) and attends to reqs[r]'s committed prefix. `write` gives each row's slots (None = read-only
-        forward); `mask` [R, 1, Q, P+Q] replaces the attention mode's mask. `model` replaces the model's own
-        forward (same signature), e.g. SpecFold's folded multi-branch forward. One call is one forward on the
-        critical path: +1 NFE for each distinct request (not for prefill)."""
+        """Logits [R, Q, V] of query rows ids [R, Q], shifted: row j predicts position start[r] + j + 1
+        (realigned here for a model whose logits in `attn` predict their own position). Row r sits at
+        positions start[r] + offsets (default 0..Q-1) and attends to reqs[r]'s committed prefix. `write` gives
+        each row's slots (None = read-only forward); `mask` [R, 1, Q, P+Q] replaces the attention mode's mask.
+        `lora` asks for a draft-scope adapter in this pass. `model` replaces the model's own forward (same
+        signature), e.g. SpecFold's folded multi-branch forward. One call is one forward on the critical
+        path: +1 NFE for each distinct request (not for prefill)."""
         t0 = time.perf_counter()
         rows, q = ids.shape
         steps = torch.arange(q) if offsets is None else torch.tensor(offsets)
         positions = torch.tensor(start, device=self.device)[:, None] + steps.to(self.device)
         kv = self._context(reqs, write)
+        ids = ids.to(self.device)
+        adapter = self.adapter(ids, lora)
         with torch.inference_mode():
-            logits = (model or self.model)(ids.to(self.device), positions, attn=attn, kv=kv, mask=mask, lora=lora)
+            logits = (model or self.model)(ids, positions, attn=attn, kv=kv, mask=mask, lora=adapter)
+        if not self.loaded.logits_shifted.get(attn, True):
+            logits = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)   # the last row has no successor
         ms = (time.perf_counter() - t0) * 1000
+        adapter_on = bool(adapter.any()) if isinstance(adapter, Tensor) else adapter
         for req in {id(r): r for r in reqs}.values():
             if kind != "prefill":
                 req.nfe += 1
-            req.phases.append(Phase(kind, attn, lora, q, round(ms, 3)))
+            req.phases.append(Phase(kind, attn, adapter_on, q, round(ms, 3)))
         if write is not None:
             for req, slots, row in zip(reqs, write, positions.tolist(), strict=True):
                 if req.tracer.enabled:
                     req.tracer.kv(KVEvent(kv_op, slots, row, req.round))
         return logits
+
+    def adapter(self, ids: Tensor, draft: bool) -> bool | Tensor:
+        """Where the model's adapter is on in this forward, by its declared scope: `draft` passes that ask for
+        it (Nemotron's linear-spec LoRA), or MASK positions only in every forward (I-DLM's R-ISD)."""
+        scope = self.loaded.adapter_scope if self.model.has_lora else None
+        if scope == "mask" and self.mask_id is not None:
+            on = ids == self.mask_id
+            return on if bool(on.any()) else False
+        return draft and scope == "draft"
 
     def _context(self, reqs: list[Request], write: list[list[int]] | None) -> KVContext:
         lengths = [r.cached for r in reqs]

@@ -38,7 +38,7 @@ class LinearSpec(Mode):
     def round(self, req: Request, rt: Runtime) -> RoundResult:
         size, start = block_size(req), req.cached
         block = [req.tokens[-1]] + [rt.mask] * (size - 1)
-        lora = req.params["lora"] and rt.model.has_lora
+        lora = req.params["lora"]
         conf = fill_block(req, rt, block, start, lora, req.params["threshold"])
         slots = rt.alloc(req, range(start, start + size))
         logits = rt.forward([req], torch.tensor([block]), [start], "causal", kind="verify", write=[slots])
