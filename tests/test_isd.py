@@ -58,8 +58,9 @@ def test_pq_rule_accepts_when_p_matches_q_and_corrects_from_the_residual():
     v, pq = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=1.0)
     assert v.accepted == 1 and [x["accepted"] for x in pq] == [True, False]
     assert v.correction == 4                 # the only token where p - q > 0
-    everything, _ = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=0.0)
-    assert everything.accepted == 2 and everything.correction is None
+    nothing, pq = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=0.0)
+    assert nothing.accepted == 0               # where(alpha*q > 0, p/q, 0): a zero scaled proposal rejects
+    assert pq[0]["accept_prob"] == 0.0 and pq[1]["tested"] is False
 
 
 def test_greedy_verify_is_argmax_equality():

@@ -51,8 +51,12 @@ def verify_specs(specs: list[int], logits: Tensor, draft_logits: Tensor, req: Re
         gumbel = gumbel.to(logits.device)
     verdict = isd_verify(logits, draft_logits, torch.tensor(specs, device=logits.device), req.temperature,
                          alpha, rt.mask, uniforms, gumbel)
-    pq = [{"i": i, "token": specs[i], "p": p, "q": q, "accepted": i < verdict.accepted}
+    pq = [{"i": i, "token": specs[i], "p": p, "q": q, "accepted": i < verdict.accepted, "tested": True,
+           "accept_prob": None if req.temperature <= 0 else min(1.0, p / (alpha * q)) if alpha * q > 0 else 0.0,
+           "u": None if uniforms is None else float(uniforms[i])}
           for i, (p, q) in enumerate(zip(verdict.p, verdict.q, strict=True))]
+    pq += [{"i": i, "token": specs[i], "p": None, "q": None, "accepted": False, "tested": False,
+            "accept_prob": None, "u": None} for i in range(len(pq), k)]
     return verdict, pq
 
 
