@@ -31,6 +31,7 @@ class Request:
     cancel: threading.Event = field(default_factory=threading.Event)
     tokens: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
+    slot_index: torch.Tensor | None = None   # slots mirrored on the device (Runtime keeps it in step)
     state: Any = None                        # the mode's per-request state (Mode.start)
     status: str = "waiting"
     round: int = 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -44,6 +45,7 @@ class Runtime:
     def commit(self, req: Request, slots: list[int]) -> None:
         """Append freshly written slots to the committed prefix, in position order."""
         positions = list(range(req.cached, req.cached + len(slots)))
+        self._extend_slot_index(req, slots)
         req.slots.extend(slots)
         if req.tracer.enabled and slots:
             req.tracer.kv(KVEvent("commit", slots, positions, req.round))
@@ -63,6 +65,7 @@ class Runtime:
         stray = [s for s in owned if s not in committed]
         self.release(req, stray, [-1] * len(stray), reason)
         req.slots = []
+        req.slot_index = None
 
     # -- forwards ------------------------------------------------------------------------------------
     def forward(self, reqs: list[Request], ids: Tensor, start: Sequence[int], attn: str, *,
@@ -108,18 +111,34 @@ class Runtime:
             return on if bool(on.any()) else False
         return draft and scope == "draft"
 
+    def _extend_slot_index(self, req: Request, slots: list[int]) -> None:
+        """Mirror the committed slot table in a persistent device tensor (grown by doubling), so a forward
+        reads its prefix as a view instead of rebuilding it from a Python list."""
+        start, end = req.cached, req.cached + len(slots)
+        index = req.slot_index
+        if index is None or index.numel() < end:
+            grown = torch.empty(max(64, 2 * end), dtype=torch.long, device=self.device)
+            if index is not None:
+                grown[:start] = index[:start]
+            index = req.slot_index = grown
+        index[start:end] = torch.tensor(slots, dtype=torch.long)
+
     def _context(self, reqs: list[Request], write: list[list[int]] | None) -> KVContext:
         lengths = [r.cached for r in reqs]
         width = max(lengths)
-        prefix = torch.zeros(len(reqs), width, dtype=torch.long)
-        for i, r in enumerate(reqs):
-            prefix[i, :lengths[i]] = torch.tensor(r.slots, dtype=torch.long)
         valid = None
-        if min(lengths) != width:
-            valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
-            valid = valid.to(self.device)
+        if width == 0:
+            prefix = torch.zeros(len(reqs), 0, dtype=torch.long, device=self.device)
+        elif min(lengths) == width:
+            prefix = torch.stack([cast(Tensor, r.slot_index)[:width] for r in reqs])
+        else:
+            prefix = torch.zeros(len(reqs), width, dtype=torch.long, device=self.device)
+            for i, r in enumerate(reqs):
+                prefix[i, :lengths[i]] = cast(Tensor, r.slot_index)[:lengths[i]]
+            held = torch.tensor(lengths, device=self.device)
+            valid = torch.arange(width, device=self.device)[None, :] < held[:, None]
         write_t = None if write is None else torch.tensor(write, dtype=torch.long, device=self.device)
-        return KVContext(self.pool.memory, prefix.to(self.device), valid, write_t)
+        return KVContext(self.pool.memory, prefix, valid, write_t)
 
     def pick(self, req: Request, logits: Tensor) -> tuple[Tensor, Tensor]:
         """The request's sampling rule on logits [..., V]: tokens and their probabilities."""
