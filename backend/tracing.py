@@ -10,7 +10,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -56,6 +56,9 @@ class RoundEvent:
         self.tokens, self.states = self.tokens[:index + 1], self.states[:index + 1]
         if self.conf is not None:
             self.conf = self.conf[:index + 1]
+
+
+ROUND_FIELDS = tuple(f.name for f in fields(RoundEvent))
 
 
 @dataclass
@@ -125,7 +128,8 @@ class RecordingTracer:
             self.sink(event)
 
     def round(self, event: RoundEvent) -> None:
-        payload = asdict(event)
+        payload = {name: getattr(event, name) for name in ROUND_FIELDS}
+        payload["phases"] = [dict(vars(p)) for p in event.phases]
         if not payload["extra"]:
             del payload["extra"]
         self.emit("round", payload)

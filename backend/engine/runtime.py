@@ -105,7 +105,7 @@ class Runtime:
     def adapter(self, ids: Tensor, draft: bool) -> bool | Tensor:
         """Where the model's adapter is on in this forward, by its declared scope: `draft` passes that ask for
         it (Nemotron's linear-spec LoRA), or MASK positions only in every forward (I-DLM's R-ISD)."""
-        scope = self.loaded.adapter_scope if self.model.has_lora else None
+        scope = self.loaded.adapter_scope      # None unless the model was loaded with an adapter
         if scope == "mask" and self.mask_id is not None:
             on = ids == self.mask_id
             return on if bool(on.any()) else False
