@@ -4,10 +4,11 @@ Same drafts, graph and draft-logit cache as `spiffy`; only the verify forward ch
 draft branch and position, the relative residual against the parent branch gates the work: ρ ≤ δ folds the
 position (its q/k/v, attention state and FFN output come from the nearest ancestor that recomputed it, the
 attention corrected exactly for the keys this branch changed); residual streams are never folded
-(backend/engine/folding.py). δ = 0 folds only bit-identical inputs: logits equal the dense forward's and the
-output equals spiffy's. A block's first state (no drafts) runs the dense forward. NFE as spiffy.
-backend=torch runs the float64 PyTorch reference; backend=triton runs the kernel pipeline
-(kernels/folded_forward.py): Triton kernels on CUDA, their PyTorch twins on CPU.
+(kernels/reference.py). ffn_gate=paper (default) lets that one gate cover the FFN too, as the paper does;
+ffn_gate=strict gates the FFN again on its own input, and only strict at δ = 0 (bit-identical inputs only)
+equals the dense forward, so the output equals spiffy's. A block's first state (no drafts) runs the dense
+forward. NFE as spiffy. backend=torch runs the packed float32 PyTorch path (kernels/packed_forward.py);
+backend=triton the kernel pipeline (kernels/folded_forward.py): Triton on CUDA, their PyTorch twins on CPU.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from typing import cast
 
 from torch import Tensor
 
-from backend.engine.folding import FoldedForward
 from backend.engine.modes import register
 from backend.engine.modes.base import RoundView
 from backend.engine.modes.block_diffusion import BlockState
@@ -24,7 +24,9 @@ from backend.engine.modes.spiffy import Spiffy, SpiffyState
 from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
-from kernels.folded_forward import KernelFoldedForward
+from kernels.folded_forward import make_folded_forward
+from kernels.gate import FFN_GATES
+from kernels.reference import FoldedForward
 
 
 @dataclass
@@ -42,8 +44,11 @@ class SpecFold(Spiffy):
     params = Spiffy.params + (
         Param("delta", float, 0.1, 0.0, 1.0,
               "fold a position when its relative residual to the parent branch is <= delta"),
-        Param("backend", str, "torch", help="torch: float64 PyTorch reference; triton: the kernels (their PyTorch "
+        Param("backend", str, "torch", help="torch: packed float32 PyTorch; triton: the kernels (their PyTorch "
                                             "twins off CUDA)", choices=("torch", "triton")),
+        Param("ffn_gate", str, "paper", help="paper: the layer-input gate also reuses FFN outputs; strict: a "
+                                             "second gate on the FFN input (δ=0 then equals spiffy)",
+              choices=FFN_GATES),
     )
 
     def start(self, req: Request, rt: Runtime) -> None:
@@ -65,8 +70,8 @@ class SpecFold(Spiffy):
         r = ids.shape[0]
         if r == 1:
             return super().verify_forward(req, rt, st, ids, parents)
-        forward = KernelFoldedForward if req.params["backend"] == "triton" else FoldedForward
-        folded = forward(rt.model, parents, req.params["delta"])
+        folded = make_folded_forward(rt.model, parents, req.params["delta"], ffn_gate=req.params["ffn_gate"],
+                                     backend=req.params["backend"])
         logits = rt.forward([req] * r, ids, [st.start] * r, "block", kind="verify", model=folded)
         st.folding = folded
         for counts in (folded.recomputed, folded.ffn_recomputed):
