@@ -1,9 +1,10 @@
 """SpecFold's folded verify on the CPU in plain PyTorch float32: cost follows the recomputed rows.
 
 Per layer: the gate (kernels.gate.recompute_flags) → the recomputed (branch, position) rows gathered once
-into a packed list → RMSNorm + one matmul per projection (the model's own modules) on that list only → for
-every row, its source's query and prefix state (the softmax state of the recomputed packed rows over the
-shared prefix) plus its own branch's N block keys, exactly as the kernels' folded correction → o_proj and the
+into a packed list → RMSNorm + one matmul per projection (the model's own modules) on that list only →
+attention: the prefix state (output, log-sum-exp) of the packed rows over the shared prefix, then every row
+takes its source's query and prefix state and merges in its own branch's N block keys, exactly as the
+kernels' folded correction does (in log-sum-exp form, float32, nothing subtracted) → o_proj and the
 residual on every row → the FFN on the packed rows (ffn_gate=paper: the same rows; strict: a second gate),
 every row adding its source's FFN output. Sources resolve through an ancestor table built once per forward
 (no per-branch loop); one read-back of the counters per forward. Same gate and contract as the float64
@@ -54,9 +55,19 @@ class Packing:
 def attention_lse(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Unmasked softmax attention of q [B, Hkv, L, hd] over k, v [B, Hkv, S, hd] (a query group stacked along
     L shares its KV head) -> output [B, Hkv, L, hd] and log-sum-exp [B, Hkv, L], float32. ATen's fused CPU
-    flash-attention kernel: the public SDPA does not return the log-sum-exp that merging states needs."""
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q.float(), k.float(), v.float())
+    flash-attention kernel (the public SDPA does not return the log-sum-exp that merging states needs);
+    `attention_lse_plain` on other devices."""
+    q, k, v = q.float(), k.float(), v.float()
+    if q.device.type != "cpu":
+        return attention_lse_plain(q, k, v)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
     return out, lse
+
+
+def attention_lse_plain(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """`attention_lse` in plain ops (scores materialised)."""
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
 def folded_attention(q: Tensor, k: Tensor, v: Tensor, source: Tensor, prefix_k: Tensor,

@@ -6,7 +6,7 @@ from test_spiffy import engine_with_graph, graph_json
 
 from backend.engine.modes.spiffy import Spiffy
 from kernels.folded_forward import make_folded_forward
-from kernels.packed_forward import Packing, ancestor_table, folded_attention
+from kernels.packed_forward import Packing, ancestor_table, attention_lse, attention_lse_plain, folded_attention
 from kernels.reference import resolve_sources
 
 
@@ -46,6 +46,13 @@ def test_folded_attention_equals_exact_attention_over_own_kv(parents, heads, kv_
     want, _ = reference_attention(q, k, v, rec, parents, pk, pv)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want.flatten(2), atol=1e-5, rtol=1e-5)
+
+
+def test_fused_cpu_attention_state_equals_plain_ops():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(3, 2, length, 16, generator=g) * 3 for length in (10, 7, 7))
+    for got, want in zip(attention_lse(q, k, v), attention_lse_plain(q, k, v), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("ffn_gate", ["paper", "strict"])
