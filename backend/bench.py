@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
+    p.add_argument("--variant", action="append", default=[], metavar="MODE:KEY=VALUE[,KEY=VALUE]",
+                   help="also bench MODE with these parameters as a row of its own, e.g. specfold:ffn_gate=strict")
     p.add_argument("--out", default="bench_results")
 
 
@@ -65,6 +67,19 @@ def verify_ms(tracers: list[RecordingTracer]) -> float | None:
 def median_or_none(xs: list[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return statistics.median(vals) if vals else None
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
+    """"specfold:ffn_gate=strict,delta=0.2" -> ("specfold", {"ffn_gate": "strict", "delta": 0.2})."""
+    mode, _, pairs = spec.partition(":")
+    params: dict[str, Any] = {}
+    for pair in filter(None, pairs.split(",")):
+        key, _, value = pair.partition("=")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return mode, params
 
 
 def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repeats: int) -> dict[str, Any]:
@@ -93,7 +108,7 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
     wall_off, wall_on = statistics.median(walls[False]), statistics.median(walls[True])
     extra = mode_metrics(runs)
     return {
-        "mode": mode, "nfe": nfe, "tokens": tokens, "tpf": tokens / nfe if nfe else None,
+        "mode": mode, "params": params, "nfe": nfe, "tokens": tokens, "tpf": tokens / nfe if nfe else None,
         "wall_s": wall_off, "tok_per_s": tokens / wall_off,
         "accept_len_mean": sum(int(k) * v for k, v in hist.items()) / rounds if rounds else None,
         "accept_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
@@ -148,8 +163,8 @@ def peer_generate(folder: Path, engine: Engine, tasks: list[Task], max_new_token
 def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> None:
     """Fill same_as_reference (fraction of prompts with identical tokens), tokens/s ratios to ar
     (speedup_vs_ar) and to the peer (vs_peer), and the verify-forward speed-up over the reference mode."""
-    for mode, row in rows.items():
-        ref = get_mode(mode).lossless_vs or "ar"
+    for row in rows.values():
+        ref = get_mode(row["mode"]).lossless_vs or "ar"
         row["reference"] = ref
         if ref in rows:
             pairs = zip(row["outputs"], rows[ref]["outputs"], strict=True)
@@ -178,20 +193,20 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
         lines.append(f"| {PEER} generate (peer) | — | — | {peer['tok_per_s']:.0f} | "
                      f"{fmt(peer['tok_per_s'] / rows['ar']['tok_per_s'] if 'ar' in rows else None, '.2f', '×')} | "
                      f"1.00× | — | — | {fmt(peer.get('same_as_ar'), '.0%', ' vs ar')} | — | — | — |")
-    for r in rows.values():
+    for label, r in rows.items():
         same = r.get("same_as_reference")
         same_txt = "—" if same is None else f"{100 * same:.0f} % vs {r['reference']}"
         verify = fmt(r.get("verify_forward_ms"), ".1f")
         if r.get("verify_speedup_vs_reference"):
             verify += f" ({r['verify_speedup_vs_reference']:.2f}× vs {r['reference']})"
         lines.append(
-            f"| {r['mode']} | {r['nfe']} | {r['tpf']:.2f} | {r['tok_per_s']:.0f} | "
+            f"| {label} | {r['nfe']} | {r['tpf']:.2f} | {r['tok_per_s']:.0f} | "
             f"{fmt(r.get('speedup_vs_ar'), '.2f', '×')} | {fmt(r.get('vs_peer'), '.2f', '×')} | "
             f"{r['accept_len_mean'] or 0:.2f} | {100 * r['accuracy']['average']:.0f} % | "
             f"{same_txt} | "
             f"{r['tracing_ratio']:.2f} | {verify} | {r['kv_peak']} |")
-    extras = [f"- {r['mode']}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["mode_metrics"].items()))
-              for r in rows.values() if r["mode_metrics"]]
+    extras = [f"- {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["mode_metrics"].items()))
+              for label, r in rows.items() if r["mode_metrics"]]
     return (f"Prompts: {meta['prompts']} held-out tasks, max_new_tokens {meta['max_new_tokens']}, greedy, "
             f"{meta['repeats']} repeats (median wall), model {meta['model']}, {meta['threads']} torch thread(s). "
             f"Ratios are tokens/s ratios from this one run.\n\n" + head + "\n".join(lines) + "\n"
@@ -207,7 +222,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(loaded, num_slots=8192)
     tasks = task_set("heldout", args.per_kind)
     params = {"max_new_tokens": args.max_new_tokens}
-    rows = {m: bench_mode(engine, m, tasks, params, args.repeats) for m in tqdm(modes, desc="modes")}
+    runs = [(m, m, {}) for m in modes] + [(spec, *parse_variant(spec)) for spec in args.variant]
+    rows = {label: bench_mode(engine, mode, tasks, {**params, **extra}, args.repeats)
+            for label, mode, extra in tqdm(runs, desc="modes")}
     peer = None if args.no_peer else peer_generate(Path(args.checkpoint), engine, tasks, args.max_new_tokens,
                                                    args.repeats)
     compare_to_references(rows, peer)

@@ -113,7 +113,6 @@ def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, de
     return h, torch.stack([g.branch_counts, g_ffn.branch_counts])
 
 
-
 FOLD_BACKENDS = ("torch", "reference", "triton")
 """torch: float32 packed PyTorch (the CPU path); reference: float64 oracle (tests); triton: kernels (twins off CUDA)."""
 
