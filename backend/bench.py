@@ -1,15 +1,16 @@
 """Benchmark every decoding mode on one fixed held-out prompt set; every ratio comes from this one run.
 
     specscope bench [--modes ar,block_diffusion,linear_spec] [--per-kind 6] [--repeats 5] [--threads 1]
-                    [--out bench_results]
+                    [--clock wall|cpu] [--variant specfold:ffn_gate=strict] [--no-peer] [--out bench_results]
 
 Per mode: NFE, TPF, tokens/s, accepted-length histogram, exact-match accuracy on the synthetic tasks,
 token equality with the mode's lossless reference (`ar` by default), tokens/s as a ratio to `ar` and to the
 peer baseline (HF `transformers` `generate`, greedy, eager attention, its default DynamicCache, on the same
-checkpoint and prompts), the tracing-on / tracing-off wall-time ratio (in-process RecordingTracer vs none),
+checkpoint and prompts), the tracing-on / tracing-off time ratio (in-process RecordingTracer vs none),
 the mean batched verify-forward time against the reference mode's (e.g. SpecFold's folded verify vs
-spiffy's dense one) and the mode's own metrics (e.g. fold_ratio), read generically from its runs. Wall times
-are medians over repeats, tracing on and off interleaved. Writes bench.json and bench.md to --out.
+spiffy's dense one) and the mode's own metrics (e.g. fold_ratio), read generically from its runs. Times (wall
+clock, or --clock cpu: this process's CPU time) are medians over repeats, tracing on and off interleaved.
+Writes bench.json and bench.md to --out.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import json
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,10 @@ from backend.tracing import NULL_TRACER, RecordingTracer
 STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "kv_peak",
             "kv_leaked", "rounds"}
 PEER = "transformers"
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+"""cpu: this process's CPU time, robust to other processes on a shared machine (use it with --threads 1: with
+more threads it also counts their spinning)."""
+Clock = Callable[[], float]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,19 +48,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's own)")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="time runs by wall clock or by this process's CPU time (shared machines, --threads 1)")
     p.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
     p.add_argument("--variant", action="append", default=[], metavar="MODE:KEY=VALUE[,KEY=VALUE]",
                    help="also bench MODE with these parameters as a row of its own, e.g. specfold:ffn_gate=strict")
     p.add_argument("--out", default="bench_results")
 
 
-def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict,
-               tracing: bool) -> tuple[float, list[RunResult], list[RecordingTracer]]:
+def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict, tracing: bool,
+               clock: Clock) -> tuple[float, list[RunResult], list[RecordingTracer]]:
     tracers = [RecordingTracer() for _ in tasks] if tracing else []
-    t0 = time.perf_counter()
+    t0 = clock()
     results = [engine.generate(t.prompt, mode, params, tracer=tracers[i] if tracing else NULL_TRACER)
                for i, t in enumerate(tasks)]
-    return time.perf_counter() - t0, results, tracers
+    return clock() - t0, results, tracers
 
 
 def verify_ms(tracers: list[RecordingTracer]) -> float | None:
@@ -82,15 +90,16 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
     return mode, params
 
 
-def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repeats: int) -> dict[str, Any]:
-    walls: dict[bool, list[float]] = {False: [], True: []}
+def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repeats: int,
+               clock: Clock) -> dict[str, Any]:
+    times: dict[bool, list[float]] = {False: [], True: []}
     outputs: dict[bool, list[RunResult]] = {}
     verify: list[float | None] = []
     engine.generate(tasks[0].prompt, mode, params)          # warm-up, untimed
     for rep in range(repeats):
         for tracing in ((False, True) if rep % 2 == 0 else (True, False)):
-            wall, outputs[tracing], traced = timed_pass(engine, mode, tasks, params, tracing)
-            walls[tracing].append(wall)
+            spent, outputs[tracing], traced = timed_pass(engine, mode, tasks, params, tracing, clock)
+            times[tracing].append(spent)
             if tracing:
                 verify.append(verify_ms(traced))
     runs = outputs[False]
@@ -105,15 +114,15 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
         correct[t.kind] += r.text.strip() == t.answer
     kinds = sorted({t.kind for t in tasks})
     per_kind = {k: correct[k] / sum(t.kind == k for t in tasks) for k in kinds}
-    wall_off, wall_on = statistics.median(walls[False]), statistics.median(walls[True])
+    t_off, t_on = statistics.median(times[False]), statistics.median(times[True])
     extra = mode_metrics(runs)
     return {
         "mode": mode, "params": params, "nfe": nfe, "tokens": tokens, "tpf": tokens / nfe if nfe else None,
-        "wall_s": wall_off, "tok_per_s": tokens / wall_off,
+        "time_s": t_off, "tok_per_s": tokens / t_off,
         "accept_len_mean": sum(int(k) * v for k, v in hist.items()) / rounds if rounds else None,
         "accept_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
         "accuracy": {**per_kind, "average": sum(per_kind.values()) / len(per_kind)},
-        "tracing_ratio": wall_on / wall_off,
+        "tracing_ratio": t_on / t_off,
         "tracing_identical": [r.output_ids for r in outputs[True]] == [r.output_ids for r in runs],
         "kv_leaked": sum(r.metrics["kv_leaked"] for r in runs),
         "kv_peak": max(r.metrics["kv_peak"] for r in runs),
@@ -134,8 +143,8 @@ def mode_metrics(runs: list[RunResult]) -> dict[str, float]:
     return {k: sum(vs) if all(isinstance(v, int) for v in vs) else sum(vs) / len(vs) for k, vs in values.items()}
 
 
-def peer_generate(folder: Path, engine: Engine, tasks: list[Task], max_new_tokens: int,
-                  repeats: int) -> dict[str, Any]:
+def peer_generate(folder: Path, engine: Engine, tasks: list[Task], max_new_tokens: int, repeats: int,
+                  clock: Clock) -> dict[str, Any]:
     """The peer baseline: HF transformers `generate` (greedy, eager attention, its default DynamicCache) on
     the same checkpoint and chat-encoded prompts; tokens counted as ours (up to, without, EOS)."""
     from transformers import AutoModelForCausalLM
@@ -143,21 +152,21 @@ def peer_generate(folder: Path, engine: Engine, tasks: list[Task], max_new_token
     model.eval()
     eos = engine.rt.eos_id
     prompts = [torch.tensor([engine.encode_prompt(t.prompt, raw=False)]) for t in tasks]
-    walls, outputs = [], []
+    times, outputs = [], []
     with torch.inference_mode():                              # warm-up, untimed
         model.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), max_new_tokens=4, do_sample=False,
                        eos_token_id=eos, pad_token_id=eos)
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         with torch.inference_mode():
             outs = [model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                    do_sample=False, eos_token_id=eos, pad_token_id=eos)[0, ids.shape[1]:].tolist()
                     for ids in prompts]
-        walls.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
         outputs = [o[:o.index(eos)] if eos in o else o for o in outs]
-    wall = statistics.median(walls)
+    spent = statistics.median(times)
     tokens = sum(len(o) for o in outputs)
-    return {"mode": PEER, "tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall, "outputs": outputs}
+    return {"mode": PEER, "tokens": tokens, "time_s": spent, "tok_per_s": tokens / spent, "outputs": outputs}
 
 
 def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> None:
@@ -208,8 +217,9 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
     extras = [f"- {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["mode_metrics"].items()))
               for label, r in rows.items() if r["mode_metrics"]]
     return (f"Prompts: {meta['prompts']} held-out tasks, max_new_tokens {meta['max_new_tokens']}, greedy, "
-            f"{meta['repeats']} repeats (median wall), model {meta['model']}, {meta['threads']} torch thread(s). "
-            f"Ratios are tokens/s ratios from this one run.\n\n" + head + "\n".join(lines) + "\n"
+            f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']}, {meta['threads']} "
+            f"torch thread(s). Ratios are tokens/s ratios from this one run; verify ms are wall times from the "
+            f"traces.\n\n" + head + "\n".join(lines) + "\n"
             + ("\nMode metrics (counts summed, ratios averaged over prompts):\n\n" + "\n".join(extras) + "\n"
                if extras else ""))
 
@@ -223,13 +233,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = task_set("heldout", args.per_kind)
     params = {"max_new_tokens": args.max_new_tokens}
     runs = [(m, m, {}) for m in modes] + [(spec, *parse_variant(spec)) for spec in args.variant]
-    rows = {label: bench_mode(engine, mode, tasks, {**params, **extra}, args.repeats)
+    clock = CLOCKS[args.clock]
+    rows = {label: bench_mode(engine, mode, tasks, {**params, **extra}, args.repeats, clock)
             for label, mode, extra in tqdm(runs, desc="modes")}
     peer = None if args.no_peer else peer_generate(Path(args.checkpoint), engine, tasks, args.max_new_tokens,
-                                                   args.repeats)
+                                                   args.repeats, clock)
     compare_to_references(rows, peer)
     meta = {"prompts": len(tasks), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-            "model": engine.model_name, "threads": torch.get_num_threads()}
+            "model": engine.model_name, "threads": torch.get_num_threads(), "clock": args.clock}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer}, indent=1))

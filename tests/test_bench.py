@@ -15,7 +15,7 @@ def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     args = p.parse_args(["--modes", "ar,spiffy,specfold", "--per-kind", "1", "--repeats", "1",
-                         "--max-new-tokens", "8", "--variant", "specfold:ffn_gate=strict,delta=0",
+                         "--max-new-tokens", "8", "--clock", "cpu", "--variant", "specfold:ffn_gate=strict,delta=0",
                          "--out", str(tmp_path)])
     rows = bench.run(args)
     doc = json.loads((tmp_path / "bench.json").read_text())
