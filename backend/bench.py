@@ -72,6 +72,23 @@ def verify_ms(tracers: list[RecordingTracer]) -> float | None:
     return sum(ms) / len(ms) if ms else None
 
 
+def phase_ms(tracers: list[RecordingTracer]) -> Counter[str]:
+    """Wall ms spent in forwards, by phase kind (prefill, decode, denoise, verify, ...), in traced runs."""
+    ms: Counter[str] = Counter()
+    for t in tracers:
+        for e in t.events:
+            if e["type"] == "round":
+                for p in e["phases"]:
+                    ms[p["kind"]] += p["ms"]
+    return ms
+
+
+def time_split(phases: Counter[str], wall_ms: float) -> dict[str, float]:
+    """Share of the runs' wall time per forward kind, and `other` (sampling, mode and engine Python, tracing)."""
+    split = {k: v / wall_ms for k, v in phases.most_common()}
+    return {**split, "other": 1 - sum(split.values())}
+
+
 def median_or_none(xs: list[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return statistics.median(vals) if vals else None
@@ -95,6 +112,8 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
     times: dict[bool, list[float]] = {False: [], True: []}
     outputs: dict[bool, list[RunResult]] = {}
     verify: list[float | None] = []
+    phases: Counter[str] = Counter()
+    traced_ms = 0.0
     engine.generate(tasks[0].prompt, mode, params)          # warm-up, untimed
     for rep in range(repeats):
         for tracing in ((False, True) if rep % 2 == 0 else (True, False)):
@@ -102,6 +121,8 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
             times[tracing].append(spent)
             if tracing:
                 verify.append(verify_ms(traced))
+                phases += phase_ms(traced)
+                traced_ms += sum(r.metrics["wall_ms"] for r in outputs[True])
     runs = outputs[False]
     nfe = sum(r.metrics["nfe"] for r in runs)
     tokens = sum(r.metrics["tokens"] for r in runs)
@@ -129,6 +150,7 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
         "mode_metrics": extra,
         "fold_ratio": extra.get("fold_ratio"),        # the UI's bench tab reads it here
         "verify_forward_ms": median_or_none(verify),
+        "time_split": time_split(phases, traced_ms),
         "outputs": [r.output_ids for r in runs],
     }
 
@@ -214,12 +236,16 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
             f"{r['accept_len_mean'] or 0:.2f} | {100 * r['accuracy']['average']:.0f} % | "
             f"{same_txt} | "
             f"{r['tracing_ratio']:.2f} | {verify} | {r['kv_peak']} |")
+    split = [f"- {label}: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in r["time_split"].items())
+             for label, r in rows.items()]
     extras = [f"- {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["mode_metrics"].items()))
               for label, r in rows.items() if r["mode_metrics"]]
     return (f"Prompts: {meta['prompts']} held-out tasks, max_new_tokens {meta['max_new_tokens']}, greedy, "
             f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']}, {meta['threads']} "
             f"torch thread(s). Ratios are tokens/s ratios from this one run; verify ms are wall times from the "
             f"traces.\n\n" + head + "\n".join(lines) + "\n"
+            + "\nWhere the time goes (traced runs, wall): forwards by kind, other = sampling, mode and engine "
+              "Python, tracing:\n\n" + "\n".join(split) + "\n"
             + ("\nMode metrics (counts summed, ratios averaged over prompts):\n\n" + "\n".join(extras) + "\n"
                if extras else ""))
 

@@ -26,6 +26,9 @@ def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
         assert abs(row["vs_peer"] - row["tok_per_s"] / peer["tok_per_s"]) < 1e-9
         assert abs(row["speedup_vs_ar"] - row["tok_per_s"] / rows["ar"]["tok_per_s"]) < 1e-9
         assert row["tracing_ratio"] > 0
+        assert 0 < sum(v for k, v in row["time_split"].items() if k != "other") <= 1
+    assert set(rows["ar"]["time_split"]) == {"prefill", "decode", "other"}
+    assert "verify" in rows["specfold"]["time_split"]
     strict = rows["specfold:ffn_gate=strict,delta=0"]
     assert strict["params"]["ffn_gate"] == "strict" and strict["reference"] == "spiffy"
     assert strict["same_as_reference"] == 1.0   # strict at δ=0 is lossless against spiffy
