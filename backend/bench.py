@@ -6,11 +6,11 @@
 Per mode: NFE, TPF, tokens/s, accepted-length histogram, exact-match accuracy on the synthetic tasks,
 token equality with the mode's lossless reference (`ar` by default), tokens/s as a ratio to `ar` and to the
 peer baseline (HF `transformers` `generate`, greedy, eager attention, its default DynamicCache, on the same
-checkpoint and prompts), the tracing-on / tracing-off time ratio (in-process RecordingTracer vs none),
-the mean batched verify-forward time against the reference mode's (e.g. SpecFold's folded verify vs
-spiffy's dense one) and the mode's own metrics (e.g. fold_ratio), read generically from its runs. Times (wall
-clock, or --clock cpu: this process's CPU time) are medians over repeats, tracing on and off interleaved.
-Writes bench.json and bench.md to --out.
+checkpoint and prompts), the tracing-on / tracing-off time ratio (in-process RecordingTracer vs none), the
+median batched verify-forward time against the reference mode's (e.g. SpecFold's folded verify vs spiffy's
+dense one), the share of time per forward kind, and the mode's own metrics (e.g. fold_ratio), read
+generically from its runs. Times (wall clock, or --clock cpu: this process's CPU time) are medians over
+repeats, tracing on and off interleaved. Writes bench.json and bench.md to --out.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,41 +58,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict, tracing: bool,
-               clock: Clock) -> tuple[float, list[RunResult], list[RecordingTracer]]:
+               clock: Clock) -> tuple[float, list[RunResult]]:
     tracers = [RecordingTracer() for _ in tasks] if tracing else []
     t0 = clock()
     results = [engine.generate(t.prompt, mode, params, tracer=tracers[i] if tracing else NULL_TRACER)
                for i, t in enumerate(tasks)]
-    return clock() - t0, results, tracers
+    return clock() - t0, results
 
 
-def verify_ms(tracers: list[RecordingTracer]) -> float | None:
-    """Mean wall time of one batched `verify` forward (multi-branch modes) in one traced pass."""
-    ms = [p["ms"] for t in tracers for e in t.events if e["type"] == "round"
-          for p in e["phases"] if p["kind"] == "verify"]
-    return sum(ms) / len(ms) if ms else None
+@dataclass
+class ForwardClock:
+    """Installed as the engine runtime's `forward`: times every forward with the bench's clock, by kind
+    (prefill, decode, denoise, verify, ...); the traces' phase times are wall times."""
+    forward: Callable[..., Any]
+    clock: Clock
+    ms: dict[str, list[float]] = field(default_factory=dict)
+
+    def __call__(self, *args: Any, kind: str, **kwargs: Any) -> Any:
+        t0 = self.clock()
+        out = self.forward(*args, kind=kind, **kwargs)
+        self.ms.setdefault(kind, []).append((self.clock() - t0) * 1000)
+        return out
 
 
-def phase_ms(tracers: list[RecordingTracer]) -> Counter[str]:
-    """Wall ms spent in forwards, by phase kind (prefill, decode, denoise, verify, ...), in traced runs."""
-    ms: Counter[str] = Counter()
-    for t in tracers:
-        for e in t.events:
-            if e["type"] == "round":
-                for p in e["phases"]:
-                    ms[p["kind"]] += p["ms"]
-    return ms
-
-
-def time_split(phases: Counter[str], wall_ms: float) -> dict[str, float]:
-    """Share of the runs' wall time per forward kind, and `other` (sampling, mode and engine Python, tracing)."""
-    split = {k: v / wall_ms for k, v in phases.most_common()}
+def time_split(ms: dict[str, list[float]], total_s: float) -> dict[str, float]:
+    """Share of the passes' time per forward kind, and `other` (sampling, mode and engine Python, tracing)."""
+    split = dict(sorted(((k, sum(v) / 1000 / total_s) for k, v in ms.items()), key=lambda kv: -kv[1]))
     return {**split, "other": 1 - sum(split.values())}
-
-
-def median_or_none(xs: list[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return statistics.median(vals) if vals else None
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
@@ -111,18 +104,17 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
                clock: Clock) -> dict[str, Any]:
     times: dict[bool, list[float]] = {False: [], True: []}
     outputs: dict[bool, list[RunResult]] = {}
-    verify: list[float | None] = []
-    phases: Counter[str] = Counter()
-    traced_ms = 0.0
     engine.generate(tasks[0].prompt, mode, params)          # warm-up, untimed
-    for rep in range(repeats):
-        for tracing in ((False, True) if rep % 2 == 0 else (True, False)):
-            spent, outputs[tracing], traced = timed_pass(engine, mode, tasks, params, tracing, clock)
-            times[tracing].append(spent)
-            if tracing:
-                verify.append(verify_ms(traced))
-                phases += phase_ms(traced)
-                traced_ms += sum(r.metrics["wall_ms"] for r in outputs[True])
+    rt = engine.rt
+    forwards = rt.forward = ForwardClock(rt.forward, clock)  # type: ignore[method-assign]
+    try:
+        for rep in range(repeats):
+            for tracing in ((False, True) if rep % 2 == 0 else (True, False)):
+                spent, outputs[tracing] = timed_pass(engine, mode, tasks, params, tracing, clock)
+                times[tracing].append(spent)
+    finally:
+        del rt.forward                                       # the class's own method again
+    verify = forwards.ms.get("verify")
     runs = outputs[False]
     nfe = sum(r.metrics["nfe"] for r in runs)
     tokens = sum(r.metrics["tokens"] for r in runs)
@@ -149,8 +141,8 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
         "kv_peak": max(r.metrics["kv_peak"] for r in runs),
         "mode_metrics": extra,
         "fold_ratio": extra.get("fold_ratio"),        # the UI's bench tab reads it here
-        "verify_forward_ms": median_or_none(verify),
-        "time_split": time_split(phases, traced_ms),
+        "verify_forward_ms": statistics.median(verify) if verify else None,
+        "time_split": time_split(forwards.ms, sum(times[False]) + sum(times[True])),
         "outputs": [r.output_ids for r in runs],
     }
 
@@ -240,14 +232,16 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
              for label, r in rows.items()]
     extras = [f"- {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["mode_metrics"].items()))
               for label, r in rows.items() if r["mode_metrics"]]
-    return (f"Prompts: {meta['prompts']} held-out tasks, max_new_tokens {meta['max_new_tokens']}, greedy, "
-            f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']}, {meta['threads']} "
-            f"torch thread(s). Ratios are tokens/s ratios from this one run; verify ms are wall times from the "
-            f"traces.\n\n" + head + "\n".join(lines) + "\n"
-            + "\nWhere the time goes (traced runs, wall): forwards by kind, other = sampling, mode and engine "
-              "Python, tracing:\n\n" + "\n".join(split) + "\n"
-            + ("\nMode metrics (counts summed, ratios averaged over prompts):\n\n" + "\n".join(extras) + "\n"
-               if extras else ""))
+    intro = (f"Prompts: {meta['prompts']} held-out tasks, max_new_tokens {meta['max_new_tokens']}, greedy, "
+             f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']}, "
+             f"{meta['threads']} torch thread(s). Ratios are tokens/s ratios from this one run; verify ms: median "
+             f"per verify forward.\n\n")
+    text = intro + head + "\n".join(lines) + "\n"
+    text += ("\nWhere the time goes: forwards by kind, other = sampling, mode and engine Python, tracing:\n\n"
+             + "\n".join(split) + "\n")
+    if extras:
+        text += "\nMode metrics (counts summed, ratios averaged over prompts):\n\n" + "\n".join(extras) + "\n"
+    return text
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
