@@ -1,11 +1,16 @@
 """Benchmark every decoding mode on one fixed held-out prompt set; every ratio comes from this one run.
 
-    specscope bench [--modes ar,block_diffusion,linear_spec] [--per-kind 6] [--repeats 3] [--out bench_results]
+    specscope bench [--modes ar,block_diffusion,linear_spec] [--per-kind 6] [--repeats 5] [--threads 1]
+                    [--clock wall|cpu] [--variant specfold:ffn_gate=strict] [--no-peer] [--out bench_results]
 
 Per mode: NFE, TPF, tokens/s, accepted-length histogram, exact-match accuracy on the synthetic tasks,
-token equality with the mode's lossless reference (`ar` by default), the speed-up over `ar` and the
-tracing-on / tracing-off wall-time ratio. Wall times are medians over repeats, tracing on and off
-interleaved. Writes bench.json and bench.md to --out.
+token equality with the mode's lossless reference (`ar` by default), tokens/s as a ratio to `ar` and to the
+peer baseline (HF `transformers` `generate`, greedy, eager attention, its default DynamicCache, on the same
+checkpoint and prompts), the tracing-on / tracing-off time ratio (in-process RecordingTracer vs none), the
+median batched verify-forward time against the reference mode's (e.g. SpecFold's folded verify vs spiffy's
+dense one), the share of time per forward kind, and the mode's own metrics (e.g. fold_ratio), read
+generically from its runs. Times (wall clock, or --clock cpu: this process's CPU time) are medians over
+repeats, tracing on and off interleaved. Writes bench.json and bench.md to --out.
 """
 from __future__ import annotations
 
@@ -14,9 +19,12 @@ import json
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from backend.engine.engine import Engine, RunResult
@@ -25,44 +33,88 @@ from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from backend.model.tasks import Task, task_set
 from backend.tracing import NULL_TRACER, RecordingTracer
 
-STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "fold_ratio",
-            "kv_peak", "kv_leaked", "rounds"}
+STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "kv_peak",
+            "kv_leaked", "rounds"}
+PEER = "transformers"
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+"""cpu: this process's CPU time, robust to other processes on a shared machine (use it with --threads 1: with
+more threads it also counts their spinning)."""
+Clock = Callable[[], float]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="", help="comma-separated modes (default: all registered)")
     p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     p.add_argument("--per-kind", type=int, default=6, help="held-out prompts per task kind")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's own)")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="time runs by wall clock or by this process's CPU time (shared machines, --threads 1)")
+    p.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
+    p.add_argument("--variant", action="append", default=[], metavar="MODE:KEY=VALUE[,KEY=VALUE]",
+                   help="also bench MODE with these parameters as a row of its own, e.g. specfold:ffn_gate=strict")
     p.add_argument("--out", default="bench_results")
 
 
-def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict,
-               tracing: bool) -> tuple[float, list[RunResult], list[RecordingTracer]]:
+def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict, tracing: bool,
+               clock: Clock) -> tuple[float, list[RunResult]]:
     tracers = [RecordingTracer() for _ in tasks] if tracing else []
-    t0 = time.perf_counter()
+    t0 = clock()
     results = [engine.generate(t.prompt, mode, params, tracer=tracers[i] if tracing else NULL_TRACER)
                for i, t in enumerate(tasks)]
-    return time.perf_counter() - t0, results, tracers
+    return clock() - t0, results
 
 
-def verify_ms(tracers: list[RecordingTracer]) -> float | None:
-    """Mean wall time of one batched `verify` forward (multi-branch modes), from the traced pass."""
-    ms = [p["ms"] for t in tracers for e in t.events if e["type"] == "round"
-          for p in e["phases"] if p["kind"] == "verify"]
-    return sum(ms) / len(ms) if ms else None
+@dataclass
+class ForwardClock:
+    """Installed as the engine runtime's `forward`: times every forward with the bench's clock, by kind
+    (prefill, decode, denoise, verify, ...); the traces' phase times are wall times."""
+    forward: Callable[..., Any]
+    clock: Clock
+    ms: dict[str, list[float]] = field(default_factory=dict)
+
+    def __call__(self, *args: Any, kind: str, **kwargs: Any) -> Any:
+        t0 = self.clock()
+        out = self.forward(*args, kind=kind, **kwargs)
+        self.ms.setdefault(kind, []).append((self.clock() - t0) * 1000)
+        return out
 
 
-def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repeats: int) -> dict[str, Any]:
-    walls: dict[bool, list[float]] = {False: [], True: []}
+def time_split(ms: dict[str, list[float]], total_s: float) -> dict[str, float]:
+    """Share of the passes' time per forward kind, and `other` (sampling, mode and engine Python, tracing)."""
+    split = dict(sorted(((k, sum(v) / 1000 / total_s) for k, v in ms.items()), key=lambda kv: -kv[1]))
+    return {**split, "other": 1 - sum(split.values())}
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
+    """"specfold:ffn_gate=strict,delta=0.2" -> ("specfold", {"ffn_gate": "strict", "delta": 0.2})."""
+    mode, _, pairs = spec.partition(":")
+    params: dict[str, Any] = {}
+    for pair in filter(None, pairs.split(",")):
+        key, _, value = pair.partition("=")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return mode, params
+
+
+def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repeats: int,
+               clock: Clock) -> dict[str, Any]:
+    times: dict[bool, list[float]] = {False: [], True: []}
     outputs: dict[bool, list[RunResult]] = {}
-    tracers: list[RecordingTracer] = []
-    for rep in range(repeats):
-        for tracing in ((False, True) if rep % 2 == 0 else (True, False)):
-            wall, outputs[tracing], traced = timed_pass(engine, mode, tasks, params, tracing)
-            walls[tracing].append(wall)
-            tracers = traced or tracers
+    engine.generate(tasks[0].prompt, mode, params)          # warm-up, untimed
+    rt = engine.rt
+    forwards = rt.forward = ForwardClock(rt.forward, clock)  # type: ignore[method-assign]
+    try:
+        for rep in range(repeats):
+            for tracing in ((False, True) if rep % 2 == 0 else (True, False)):
+                spent, outputs[tracing] = timed_pass(engine, mode, tasks, params, tracing, clock)
+                times[tracing].append(spent)
+    finally:
+        del rt.forward                                       # the class's own method again
+    verify = forwards.ms.get("verify")
     runs = outputs[False]
     nfe = sum(r.metrics["nfe"] for r in runs)
     tokens = sum(r.metrics["tokens"] for r in runs)
@@ -75,21 +127,22 @@ def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repea
         correct[t.kind] += r.text.strip() == t.answer
     kinds = sorted({t.kind for t in tasks})
     per_kind = {k: correct[k] / sum(t.kind == k for t in tasks) for k in kinds}
-    wall_off, wall_on = statistics.median(walls[False]), statistics.median(walls[True])
-    folds = [r.metrics["fold_ratio"] for r in runs if r.metrics.get("fold_ratio") is not None]
+    t_off, t_on = statistics.median(times[False]), statistics.median(times[True])
+    extra = mode_metrics(runs)
     return {
-        "mode": mode, "nfe": nfe, "tokens": tokens, "tpf": tokens / nfe if nfe else None,
-        "wall_s": wall_off, "tok_per_s": tokens / wall_off,
+        "mode": mode, "params": params, "nfe": nfe, "tokens": tokens, "tpf": tokens / nfe if nfe else None,
+        "time_s": t_off, "tok_per_s": tokens / t_off,
         "accept_len_mean": sum(int(k) * v for k, v in hist.items()) / rounds if rounds else None,
         "accept_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
         "accuracy": {**per_kind, "average": sum(per_kind.values()) / len(per_kind)},
-        "tracing_ratio": wall_on / wall_off,
+        "tracing_ratio": t_on / t_off,
         "tracing_identical": [r.output_ids for r in outputs[True]] == [r.output_ids for r in runs],
         "kv_leaked": sum(r.metrics["kv_leaked"] for r in runs),
         "kv_peak": max(r.metrics["kv_peak"] for r in runs),
-        "mode_metrics": mode_metrics(runs),
-        "fold_ratio": sum(folds) / len(folds) if folds else None,
-        "verify_forward_ms": verify_ms(tracers),
+        "mode_metrics": extra,
+        "fold_ratio": extra.get("fold_ratio"),        # the UI's bench tab reads it here
+        "verify_forward_ms": statistics.median(verify) if verify else None,
+        "time_split": time_split(forwards.ms, sum(times[False]) + sum(times[True])),
         "outputs": [r.output_ids for r in runs],
     }
 
@@ -104,50 +157,115 @@ def mode_metrics(runs: list[RunResult]) -> dict[str, float]:
     return {k: sum(vs) if all(isinstance(v, int) for v in vs) else sum(vs) / len(vs) for k, vs in values.items()}
 
 
-def compare_to_references(rows: dict[str, dict[str, Any]]) -> None:
-    """Fill same_as_reference (fraction of prompts with identical tokens) and speedup_vs_ar."""
-    for mode, row in rows.items():
-        ref = get_mode(mode).lossless_vs or "ar"
+def peer_generate(folder: Path, engine: Engine, tasks: list[Task], max_new_tokens: int, repeats: int,
+                  clock: Clock) -> dict[str, Any]:
+    """The peer baseline: HF transformers `generate` (greedy, eager attention, its default DynamicCache) on
+    the same checkpoint and chat-encoded prompts; tokens counted as ours (up to, without, EOS)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    eos = engine.rt.eos_id
+    prompts = [torch.tensor([engine.encode_prompt(t.prompt, raw=False)]) for t in tasks]
+    times, outputs = [], []
+    with torch.inference_mode():                              # warm-up, untimed
+        model.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), max_new_tokens=4, do_sample=False,
+                       eos_token_id=eos, pad_token_id=eos)
+    for _ in range(repeats):
+        t0 = clock()
+        with torch.inference_mode():
+            outs = [model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                   do_sample=False, eos_token_id=eos, pad_token_id=eos)[0, ids.shape[1]:].tolist()
+                    for ids in prompts]
+        times.append(clock() - t0)
+        outputs = [o[:o.index(eos)] if eos in o else o for o in outs]
+    spent = statistics.median(times)
+    tokens = sum(len(o) for o in outputs)
+    return {"mode": PEER, "tokens": tokens, "time_s": spent, "tok_per_s": tokens / spent, "outputs": outputs}
+
+
+def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> None:
+    """Fill same_as_reference (fraction of prompts with identical tokens), tokens/s ratios to ar
+    (speedup_vs_ar) and to the peer (vs_peer), and the verify-forward speed-up over the reference mode."""
+    for row in rows.values():
+        ref = get_mode(row["mode"]).lossless_vs or "ar"
         row["reference"] = ref
         if ref in rows:
             pairs = zip(row["outputs"], rows[ref]["outputs"], strict=True)
             row["same_as_reference"] = sum(a == b for a, b in pairs) / len(row["outputs"])
+            ref_ms, ms = rows[ref].get("verify_forward_ms"), row.get("verify_forward_ms")
+            if ref_ms and ms:
+                row["verify_speedup_vs_reference"] = ref_ms / ms
         if "ar" in rows:
-            row["speedup_vs_ar"] = rows["ar"]["wall_s"] / row["wall_s"]
+            row["speedup_vs_ar"] = row["tok_per_s"] / rows["ar"]["tok_per_s"]
+        if peer is not None:
+            row["vs_peer"] = row["tok_per_s"] / peer["tok_per_s"]
+    if peer is not None and "ar" in rows:
+        pairs = zip(peer["outputs"], rows["ar"]["outputs"], strict=True)
+        peer["same_as_ar"] = sum(a == b for a, b in pairs) / len(peer["outputs"])
 
 
-def markdown(rows: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
-    head = ("| mode | NFE | TPF | tok/s | speed-up vs ar | mean accepted | accuracy | same as ref | "
-            "tracing on/off | KV peak |\n|---|---|---|---|---|---|---|---|---|---|\n")
+def fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    return "—" if x is None else f"{x:{spec}}{suffix}"
+
+
+def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta: dict[str, Any]) -> str:
+    head = ("| mode | NFE | TPF | tok/s | vs ar | vs transformers | mean accepted | accuracy | same as ref | "
+            "tracing on/off | verify ms (vs ref) | KV peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
-    for r in rows.values():
+    if peer is not None:
+        lines.append(f"| {PEER} generate (peer) | — | — | {peer['tok_per_s']:.0f} | "
+                     f"{fmt(peer['tok_per_s'] / rows['ar']['tok_per_s'] if 'ar' in rows else None, '.2f', '×')} | "
+                     f"1.00× | — | — | {fmt(peer.get('same_as_ar'), '.0%', ' vs ar')} | — | — | — |")
+    for label, r in rows.items():
         same = r.get("same_as_reference")
         same_txt = "—" if same is None else f"{100 * same:.0f} % vs {r['reference']}"
+        verify = fmt(r.get("verify_forward_ms"), ".1f")
+        if r.get("verify_speedup_vs_reference"):
+            verify += f" ({r['verify_speedup_vs_reference']:.2f}× vs {r['reference']})"
         lines.append(
-            f"| {r['mode']} | {r['nfe']} | {r['tpf']:.2f} | {r['tok_per_s']:.0f} | "
-            f"{r.get('speedup_vs_ar', float('nan')):.2f}× | {r['accept_len_mean'] or 0:.2f} | "
-            f"{100 * r['accuracy']['average']:.0f} % | "
+            f"| {label} | {r['nfe']} | {r['tpf']:.2f} | {r['tok_per_s']:.0f} | "
+            f"{fmt(r.get('speedup_vs_ar'), '.2f', '×')} | {fmt(r.get('vs_peer'), '.2f', '×')} | "
+            f"{r['accept_len_mean'] or 0:.2f} | {100 * r['accuracy']['average']:.0f} % | "
             f"{same_txt} | "
-            f"{r['tracing_ratio']:.2f} | {r['kv_peak']} |")
-    return (f"Prompts: {meta['prompts']} held-out tasks, max_new_tokens {meta['max_new_tokens']}, "
-            f"greedy, {meta['repeats']} repeats (median wall), model {meta['model']}.\n\n" + head
-            + "\n".join(lines) + "\n")
+            f"{r['tracing_ratio']:.2f} | {verify} | {r['kv_peak']} |")
+    split = [f"- {label}: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in r["time_split"].items())
+             for label, r in rows.items()]
+    extras = [f"- {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["mode_metrics"].items()))
+              for label, r in rows.items() if r["mode_metrics"]]
+    intro = (f"Prompts: {meta['prompts']} held-out tasks, max_new_tokens {meta['max_new_tokens']}, greedy, "
+             f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']}, "
+             f"{meta['threads']} torch thread(s). Ratios are tokens/s ratios from this one run; verify ms: median "
+             f"per verify forward.\n\n")
+    text = intro + head + "\n".join(lines) + "\n"
+    text += ("\nWhere the time goes: forwards by kind, other = sampling, mode and engine Python, tracing:\n\n"
+             + "\n".join(split) + "\n")
+    if extras:
+        text += "\nMode metrics (counts summed, ratios averaged over prompts):\n\n" + "\n".join(extras) + "\n"
+    return text
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     modes = [m for m in args.modes.split(",") if m] or mode_names()
-    engine = Engine(load_checkpoint(args.checkpoint), num_slots=8192)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_checkpoint(args.checkpoint)
+    engine = Engine(loaded, num_slots=8192)
     tasks = task_set("heldout", args.per_kind)
     params = {"max_new_tokens": args.max_new_tokens}
-    rows = {m: bench_mode(engine, m, tasks, params, args.repeats) for m in tqdm(modes, desc="modes")}
-    compare_to_references(rows)
+    runs = [(m, m, {}) for m in modes] + [(spec, *parse_variant(spec)) for spec in args.variant]
+    clock = CLOCKS[args.clock]
+    rows = {label: bench_mode(engine, mode, tasks, {**params, **extra}, args.repeats, clock)
+            for label, mode, extra in tqdm(runs, desc="modes")}
+    peer = None if args.no_peer else peer_generate(Path(args.checkpoint), engine, tasks, args.max_new_tokens,
+                                                   args.repeats, clock)
+    compare_to_references(rows, peer)
     meta = {"prompts": len(tasks), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-            "model": engine.model_name}
+            "model": engine.model_name, "threads": torch.get_num_threads(), "clock": args.clock}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows}, indent=1))
-    (out / "bench.md").write_text(markdown(rows, meta))
-    print(markdown(rows, meta))
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer}, indent=1))
+    (out / "bench.md").write_text(markdown(rows, peer, meta))
+    print(markdown(rows, peer, meta))
     return rows
 
 

@@ -1,8 +1,8 @@
 """A whole SpecFold verification forward through the kernels: per layer gate → sources → packed QKV →
 prefix+block attention (recomputed rows) → folded correction (folded rows) → o_proj and residual on every
-row → FFN gate → sources → packed FFN → every row adds its source's FFN output.
+row → (ffn_gate=strict: FFN gate → sources) → packed FFN → every row adds its source's FFN output.
 
-Same contract and counters as the PyTorch reference backend/engine/folding.FoldedForward. The ops run as
+Same contract and counters as the float64 reference kernels/reference.FoldedForward. The ops run as
 Triton kernels on CUDA tensors and as their PyTorch twins elsewhere (`triton` forces either)."""
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from backend.engine.folding import FoldedForward, shared_slots
-from backend.model.transformer import DecoderLayer, KVContext, Transformer, rope_cos_sin
+from backend.model.transformer import DecoderLayer, KVContext, Transformer
 from kernels import attention, ffn, gate, on_triton, qkv, sources
+from kernels.packed_forward import PackedFoldedForward
+from kernels.reference import FoldedForward, shared_slots
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,10 @@ class KernelFoldedForward(FoldedForward):
     def _forward(self, ops: FoldOps, ids: Tensor, positions: Tensor, kv: KVContext | None) -> Tensor:
         model, cfg = self.model, self.model.cfg
         r, n = ids.shape
-        cos, sin = (t[0, :, 0].contiguous() for t in rope_cos_sin(positions[:1], cfg.head_dim, cfg.rope_theta))
+        cos, sin, q_scale = model.rotary(positions[:1])
+        if q_scale is not None:
+            raise ValueError("the kernel pipeline has no llama-4 query scale; use backend=torch")
+        cos, sin = (t[0, :, 0].contiguous() for t in (cos, sin))
         h = model.embed_tokens(ids).reshape(r * n, -1)
         parents = gate.parent_rows(self.parents, ids.device)
         blank = h.new_zeros(1, cfg.num_key_value_heads, cfg.head_dim)       # K/V memory when there is no prefix
@@ -76,14 +80,15 @@ class KernelFoldedForward(FoldedForward):
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
             cache_k, cache_v = (kv.cache.k[index], kv.cache.v[index]) if kv is not None else (blank, blank)
             h, layer_counts = fold_layer(ops, layer, h.view(r, n, -1), parents, self.delta, cos, sin, cache_k,
-                                         cache_v, slots)
+                                         cache_v, slots, self.ffn_gate)
             counts.append(layer_counts)
         self.recomputed, self.ffn_recomputed = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
         return model.logits(h.view(r, n, -1))
 
 
 def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, delta: float, cos: Tensor,
-               sin: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+               sin: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor,
+               ffn_gate: str = "paper") -> tuple[Tensor, Tensor]:
     """One SpecFold layer on h [R, N, D] (parents from gate.parent_rows) -> (h' [R*N, D], recompute counts
     [2, R]: QKV and FFN per branch, left on the device)."""
     cfg = layer.self_attn.cfg
@@ -101,19 +106,29 @@ def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, de
     ops.attention(q_t, k_t, v_t, g.recomputed_rows, src, cache_k, cache_v, slots, o_t, state)
     ops.correction(q_t, k_t, v_t, g.folded_rows, src, o_t, state)
     h = h + layer.self_attn.o_proj(o_t.flatten(1))
-    g_ffn = ops.gate(h.view(r, n, -1), parents, delta)
+    g_ffn, src_ffn = g, src
+    if ffn_gate == "strict":
+        g_ffn = ops.gate(h.view(r, n, -1), parents, delta)
+        src_ffn = ops.sources(g_ffn.recompute, parents)
     table = h.new_empty(r * n, h.shape[1])
     ops.ffn(h, g_ffn.recomputed_rows, ffn_w, table)
-    ops.add_sources(h, table, ops.sources(g_ffn.recompute, parents))
+    ops.add_sources(h, table, src_ffn)
     return h, torch.stack([g.branch_counts, g_ffn.branch_counts])
 
 
+FOLD_BACKENDS = ("torch", "reference", "triton")
+"""torch: float32 packed PyTorch (the CPU path); reference: float64 oracle (tests); triton: kernels (twins off CUDA)."""
 
-def make_folded_forward(model: Transformer, parents: list[int], delta: float, *, ffn_gate: str,
-                        backend: str) -> FoldedForward:
-    """The folded verify forward for a draft graph's rows: `backend` torch (PyTorch) or triton (kernels)."""
-    if ffn_gate != "strict":
-        raise ValueError(f"ffn_gate {ffn_gate!r} is not implemented yet")
+
+def make_folded_forward(model: Transformer, parents: list[int], delta: float, *, ffn_gate: str = "paper",
+                        backend: str = "torch") -> FoldedForward:
+    """SpecFold's folded verify over the rows of one draft graph (parents[0] = -1, parents[i] < i): a callable
+    with Transformer.forward's signature whose `recomputed` / `ffn_recomputed` [layers][rows] count, after a
+    call, the positions whose QKV / FFN were recomputed. ffn_gate: paper | strict (kernels.gate.FFN_GATES)."""
+    if backend == "torch":
+        return PackedFoldedForward(model, parents, delta, ffn_gate)
+    if backend == "reference":
+        return FoldedForward(model, parents, delta, ffn_gate)
     if backend == "triton":
-        return KernelFoldedForward(model, parents, delta)
-    return FoldedForward(model, parents, delta)
+        return KernelFoldedForward(model, parents, delta, ffn_gate)
+    raise ValueError(f"folded forward backend {backend!r}: expected one of {FOLD_BACKENDS}")

@@ -14,6 +14,9 @@ from torch import Tensor
 
 from kernels import tile
 
+FFN_GATES = ("paper", "strict")
+"""paper: the layer-input gate also decides FFN reuse; strict: a second gate on the FFN input."""
+
 
 @dataclass
 class Gate:
@@ -84,11 +87,16 @@ def fold_gate_triton(h: Tensor, parents: Tensor, delta: float) -> Gate:
     return Gate(rec.bool(), rows, int(total[0].item()), branch_rows, branch_counts)
 
 
-def fold_gate_torch(h: Tensor, parents: Tensor, delta: float) -> Gate:
-    r, n, _ = h.shape
+def recompute_flags(h: Tensor, parents: Tensor, delta: float) -> Tensor:
+    """[R, N] bool: row 0 always; row i where ‖h_i − h_par(i)‖² > δ²‖h_par(i)‖² (parents [R], any int dtype)."""
     x, y = h.float(), h[parents.long()].float()
     rec = (x - y).pow(2).sum(-1) > delta * delta * y.pow(2).sum(-1)
     rec[0] = True
+    return rec
+
+
+def fold_gate_torch(h: Tensor, parents: Tensor, delta: float) -> Gate:
+    rec = recompute_flags(h, parents, delta)
     flat = rec.flatten()
     rows = torch.cat([flat.nonzero()[:, 0], (~flat).nonzero()[:, 0]]).int()
     order = torch.argsort((~rec).int(), dim=1, stable=True).int()   # recomputed positions first, ascending

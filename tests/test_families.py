@@ -168,3 +168,25 @@ def test_qwen_families(tmp_path, config_cls, arch, extra, family, block, mask):
     assert loaded.logits_shifted == dict.fromkeys(ATTN_MODES, True)
     x = ids()
     assert torch.equal(loaded.model(x, _positions(2, 0, SEQ)), plain.model(x, _positions(2, 0, SEQ)))
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_folded_verify_uses_the_models_rope_variant(ministral, backend):
+    """SpecFold's folded forward applies the model's own RoPE (YaRN, llama-4 query scale): with the strict
+    gate at δ = 0 its logits equal the dense block forward of every branch."""
+    from kernels.folded_forward import make_folded_forward
+
+    model = load_checkpoint(ministral[2]).model
+    p, b, parents = 6, 8, [-1, 0, 0, 1]
+    prefix = ids(batch=1, seq=p, seed=7)
+    blocks = ids(batch=len(parents), seq=b, seed=8)
+    blocks[:, 3:] = 100
+    blocks[1, 4], blocks[2, 5], blocks[3, 4] = 7, 9, 7
+    cache = PagedKV.empty(model.cfg, 32, torch.float32, "cpu")
+    slots = torch.arange(p)[None]
+    model(prefix, _positions(1, 0, p), kv=KVContext(cache, slots[:, :0], write_slots=slots))
+    pos = _positions(len(parents), p, p + b)
+    read = KVContext(cache, slots.expand(len(parents), p))
+    dense = model(blocks, pos, attn="block", kv=read)
+    folded = make_folded_forward(model, parents, 0.0, ffn_gate="strict", backend=backend)
+    assert (folded(blocks, pos, attn="block", kv=read) - dense).abs().max().item() < 1e-4

@@ -22,6 +22,7 @@ from backend.engine.request import Request
 from backend.engine.runtime import Runtime
 from backend.tracing import RoundEvent
 from kernels.folded_forward import make_folded_forward
+from kernels.gate import FFN_GATES
 
 
 @dataclass
@@ -81,9 +82,9 @@ class SpecFold(Spiffy):
     params = Spiffy.params + (
         Param("delta", float, 0.1, 0.0, 1.0,
               "fold a position when its relative residual to the parent branch is <= delta"),
-        Param("ffn_gate", str, "strict", help="paper: the layer-input gate also decides FFN reuse; strict: a "
+        Param("ffn_gate", str, "paper", help="paper: the layer-input gate also decides FFN reuse; strict: a "
                                              "second gate on the post-attention stream (δ=0 == spiffy)",
-              choices=("paper", "strict")),
+              choices=FFN_GATES),
         Param("backend", str, "torch", help="torch: the PyTorch folded forward; triton: the kernels (their "
                                             "PyTorch twins off CUDA)", choices=("torch", "triton")),
     )

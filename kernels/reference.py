@@ -1,4 +1,4 @@
-"""SpecFold's folded multi-branch forward in PyTorch: the reference twin of the future Triton kernels.
+"""SpecFold's folded multi-branch forward in float64 PyTorch: the test oracle of the kernels and the CPU path.
 
 R rows hold R block states of one request (row 0 = the main branch, `parents[i] < i` for the drafts). All
 rows attend `block`-wise to the same read-only prefix and to their own block. Per layer, per draft branch i,
@@ -6,13 +6,15 @@ per position n, the gate on the layer input ρ = ‖H_i[n] − H_par(i)[n]‖₂
 ρ > δ recomputes the position; ρ ≤ δ folds it. A folded position takes its q/k/v from its *source*, the
 nearest ancestor that recomputed n (fold chains resolve in one hop), and its attention output is the
 source's streaming-softmax state (m, Z, O) corrected exactly for the block keys on which the two branches
-differ: the source's contributions at those keys are removed, the branch's own added. The FFN output is
-folded the same way, by the same relative residual taken on the FFN input (the post-attention residual
-stream). One gate per layer, as in the paper, would reuse FFN outputs whose input attention had changed:
-at δ = 0 that is off by up to 7 in the logits of the shipped model; with the second gate δ = 0 folds only
-bit-identical inputs and equals the dense forward up to rounding. QKV projection and FFN run on the
-recomputed rows only, packed; o_proj and the residual adds run on every row: residual streams are never
-folded.
+differ: the source's contributions at those keys are removed, the branch's own added.
+
+The FFN output is folded by `ffn_gate`. "paper" (default, the paper's rule): the one gate on the layer input
+covers the FFN too, a folded position adds its source's FFN output, although its attention output (and so
+its FFN input) may differ from the source's. "strict": a second gate, the same relative residual taken on
+the FFN input (the post-attention residual stream). Only strict at δ = 0 folds nothing but bit-identical
+inputs and equals the dense forward up to rounding; the paper's rule at δ = 0 is off by up to 7 in the
+logits of the shipped model. QKV projection and FFN run on the recomputed rows only, packed; o_proj and
+the residual adds run on every row: residual streams are never folded.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from backend.model.transformer import DecoderLayer, KVContext, Transformer, rope_cos_sin
+from backend.model.transformer import DecoderLayer, KVContext, Transformer
+from kernels.gate import FFN_GATES, parent_rows, recompute_flags
 
 
 def prefix_scores(q: Tensor, k: Tensor) -> Tensor:
@@ -106,15 +109,6 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, recompute: Tensor, parents
     return out
 
 
-def fold_gate(h: Tensor, parents: Tensor, delta: float) -> Tensor:
-    """Recompute flags [R, N]: row 0 always; draft row i where ρ = ‖h_i − h_par(i)‖ / ‖h_par(i)‖ > δ."""
-    child, parent = h[1:].float(), h[parents[1:]].float()
-    rho = (child - parent).norm(dim=-1) / parent.norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
-    flags = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)
-    flags[1:] = rho > delta
-    return flags
-
-
 def packed(fn: Callable[[Tensor], Tensor], h: Tensor, recompute: Tensor, parents: list[int]) -> Tensor:
     """fn (position-wise) on the recomputed rows of h [R, N, D] only; folded rows take their source's."""
     ri, rn = recompute.nonzero(as_tuple=True)
@@ -132,8 +126,13 @@ class FoldedForward:
     model: Transformer
     parents: list[int]           # parents[0] = -1 (main), parents[i] < i
     delta: float
+    ffn_gate: str = "paper"      # paper: the layer-input gate covers the FFN; strict: a second gate on its input
     recomputed: list[list[int]] = field(default_factory=list)
     ffn_recomputed: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.ffn_gate not in FFN_GATES:
+            raise ValueError(f"ffn_gate {self.ffn_gate!r}: expected one of {FFN_GATES}")
 
     @staticmethod
     def check_call(attn: str, mask: Tensor | None) -> None:
@@ -143,33 +142,35 @@ class FoldedForward:
     def __call__(self, ids: Tensor, positions: Tensor, attn: str = "block", kv: KVContext | None = None,
                  mask: Tensor | None = None, lora: bool = False) -> Tensor:
         self.check_call(attn, mask)
-        model, cfg = self.model, self.model.cfg
-        parents = torch.tensor(self.parents, device=ids.device)
-        cos, sin = rope_cos_sin(positions[:1], cfg.head_dim, cfg.rope_theta)   # rows share positions
+        model = self.model
+        parents = parent_rows(self.parents, ids.device)
+        cos, sin, q_scale = model.rotary(positions[:1])   # rows share positions (the model's RoPE variant)
         h = model.embed_tokens(ids)
+        slots = shared_slots(kv) if kv is not None else None
         self.recomputed, self.ffn_recomputed = [], []
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
-            rec = fold_gate(h, parents, self.delta)
+            rec = recompute_flags(h, parents, self.delta)
             ri, rn = rec.nonzero(as_tuple=True)
-            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h[ri, rn])[None], cos[:, rn], sin[:, rn], lora)
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h[ri, rn])[None], cos[:, rn], sin[:, rn], lora,
+                                          None if q_scale is None else q_scale[:, rn])
             q_t, k_t, v_t = (t.new_zeros(*rec.shape, *t.shape[2:]) for t in (q, k, v))
             q_t[ri, rn], k_t[ri, rn], v_t[ri, rn] = q[0], k[0], v[0]
-            prefix_k, prefix_v = shared_prefix(kv, index, k)
+            prefix_k, prefix_v = shared_prefix(kv, slots, index, k)
             o = branch_attention(q_t, k_t, v_t, rec, self.parents, prefix_k, prefix_v)
             h = h + layer.self_attn.o_proj(o.flatten(2).to(h.dtype), lora)
-            ffn_rec = fold_gate(h, parents, self.delta)
+            ffn_rec = recompute_flags(h, parents, self.delta) if self.ffn_gate == "strict" else rec
             h = h + packed(partial(layer.ffn, lora=lora), h, ffn_rec, self.parents)
             self.recomputed.append(rec.sum(1).tolist())
             self.ffn_recomputed.append(ffn_rec.sum(1).tolist())
         return model.logits(h)
 
 
-def shared_prefix(kv: KVContext | None, layer: int, like: Tensor) -> tuple[Tensor, Tensor]:
-    """The prefix K/V [P, Hkv, hd] every row reads (gathered once), empty without a KV context."""
-    if kv is None:
-        empty = like.new_zeros(0, *like.shape[2:])
+def shared_prefix(kv: KVContext | None, slots: Tensor | None, layer: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """The prefix K/V [P, Hkv, hd] every row reads at `slots` (from `shared_slots`), empty without a KV
+    context; like [..., Hkv, hd] gives the empty one's shape."""
+    if kv is None or slots is None:
+        empty = like.new_zeros(0, *like.shape[-2:])
         return empty, empty
-    slots = shared_slots(kv)
     return kv.cache.k[layer][slots], kv.cache.v[layer][slots]
 
 

@@ -1,0 +1,37 @@
+"""`specscope bench`: the peer baseline, the ratios and the variants of one small run."""
+import argparse
+import json
+
+from backend import bench
+
+
+def test_parse_variant_types_values():
+    assert bench.parse_variant("specfold:ffn_gate=strict,delta=0.2") == ("specfold", {"ffn_gate": "strict",
+                                                                                      "delta": 0.2})
+    assert bench.parse_variant("ar") == ("ar", {})
+
+
+def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--modes", "ar,spiffy,specfold", "--per-kind", "1", "--repeats", "1",
+                         "--max-new-tokens", "8", "--clock", "cpu", "--variant", "specfold:ffn_gate=strict,delta=0",
+                         "--out", str(tmp_path)])
+    rows = bench.run(args)
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    peer = doc["peer"]
+    assert peer["same_as_ar"] == 1.0            # HF generate, greedy, same checkpoint: ar's tokens
+    assert set(rows) == {"ar", "spiffy", "specfold", "specfold:ffn_gate=strict,delta=0"}
+    for row in rows.values():
+        assert abs(row["vs_peer"] - row["tok_per_s"] / peer["tok_per_s"]) < 1e-9
+        assert abs(row["speedup_vs_ar"] - row["tok_per_s"] / rows["ar"]["tok_per_s"]) < 1e-9
+        assert row["tracing_ratio"] > 0
+        assert 0 < sum(v for k, v in row["time_split"].items() if k != "other") <= 1
+    assert set(rows["ar"]["time_split"]) == {"prefill", "decode", "other"}
+    assert "verify" in rows["specfold"]["time_split"]
+    strict = rows["specfold:ffn_gate=strict,delta=0"]
+    assert strict["params"]["ffn_gate"] == "strict" and strict["reference"] == "spiffy"
+    assert strict["same_as_reference"] == 1.0   # strict at δ=0 is lossless against spiffy
+    assert 0 < rows["specfold"]["mode_metrics"]["fold_ratio"] <= 1 and rows["spiffy"]["fold_ratio"] is None
+    assert rows["specfold"]["verify_speedup_vs_reference"] > 0
+    assert "transformers generate (peer)" in (tmp_path / "bench.md").read_text()
