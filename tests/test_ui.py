@@ -66,10 +66,14 @@ def test_param_widgets_and_values() -> None:
         {"name": "threshold", "type": "float", "default": 0.9, "min": 0.0, "max": 1.0, "help": ""},
         {"name": "lora", "type": "bool", "default": True, "min": None, "max": None, "help": ""}]}]
     kinds = [type(param_component(p, p["name"])).__name__ for p in specs[0]["params"]]
-    assert kinds == ["Slider", "Number", "Slider", "Checkbox"]
+    assert kinds == ["Number", "Number", "Slider", "Checkbox"]
+    assert param_component(specs[0]["params"][0], "k", 5).value == 5, "the user's earlier choice, not the default"
+    assert param_component(specs[0]["params"][0], "k").value == 64
     chosen = {"m": {"max_new_tokens": 16.0, "threshold": 1, "lora": False, "seed": None}}
     assert mode_params(specs, "m", chosen) == {"max_new_tokens": 16, "threshold": 1.0, "lora": False}
     assert mode_params(specs, "other", chosen) == {}
+    out_of_range = {"m": {"max_new_tokens": 99999, "seed": -3}}
+    assert mode_params(specs, "m", out_of_range) == {"max_new_tokens": 4096, "seed": 0}
 
 
 def test_client_against_live_server(engine, tmp_path) -> None:
