@@ -182,9 +182,10 @@ window.specscopeViz = (() => {
       if (matched && matched.id === b.id && !b.cache_hit) {
         badges.push(`<span class="ss-badge ss-ref" data-jump="${matched.k}">= round ${matched.round}'s main state ↗</span>`);
       }
-      const parent = b.parent === null || b.parent === undefined ? "main" : `b${b.parent}`;
+      const root = b.parent === null || b.parent === undefined;
+      const name = root ? `b${b.id} = main` : `b${b.id} ← b${b.parent}`;
       return `<div class="ss-branch${matched && matched.id === b.id ? " ssv-matched" : ""}">` +
-        `<span class="ss-branch-id">b${esc(b.id)} ← ${esc(parent)}</span>${badges.join("")}` +
+        `<span class="ss-branch-id">${esc(name)}</span>${badges.join("")}` +
         `<div class="ss-grid">${cells}</div></div>`;
     }).join("");
     const note = matched ? `branch b${matched.id} matched the next main state (round ${matched.round} is a cache hit)`
@@ -297,7 +298,7 @@ window.specscopeViz = (() => {
     const n = Math.max((r.tokens || []).length, 1);
     const conf = r.conf || [];
     const tau = (r.extra || {}).threshold ?? doc.params.threshold;
-    const W = 600, H = 200, L = 44, B = 34, T = 10;
+    const W = 800, H = 200, L = 44, B = 34, T = 14;
     const bw = (W - L - 8) / n;
     const y = (v) => T + (H - T - B) * (1 - v);
     let bars = "";
@@ -310,7 +311,7 @@ window.specscopeViz = (() => {
       if (c === null || c === undefined) continue;
       const st = state((r.states || [])[i]);
       bars += `<rect x="${x + bw * 0.1}" y="${y(c)}" width="${bw * 0.8}" height="${y(0) - y(c)}" ` +
-        `class="ss-s-${st} ssv-bar" data-pos="${start + i}"><title>pos ${start + i} · ${esc(st)}\n` +
+        `class="ssv-bar" style="fill:var(--ss-${st})" data-pos="${start + i}"><title>pos ${start + i} · ${esc(st)}\n` +
         `token ${esc(JSON.stringify(ctx.piece(r.tokens[i])))}\nconf ${fmt(c)}</title></rect>`;
     }
     const grid = [0, 0.5, 1].map((v) => `<line x1="${L}" x2="${W - 8}" y1="${y(v)}" y2="${y(v)}" class="ssv-gridline"/>` +
@@ -318,7 +319,7 @@ window.specscopeViz = (() => {
     const line = tau ? `<line x1="${L}" x2="${W - 8}" y1="${y(tau)}" y2="${y(tau)}" class="ssv-tau"/>` +
       `<text x="${W - 10}" y="${y(tau) - 4}" class="ssv-tick ssv-tau-label" text-anchor="end">τ = ${tau}</text>` : "";
     return `<div class="ss-round-head"><b>confidence per position</b> · round ${r.round}</div>` +
-      `<svg class="ssv-conf" viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" role="img" ` +
+      `<svg class="ssv-conf" viewBox="0 0 ${W} ${H}" role="img" ` +
       `aria-label="confidence per position">${grid}${bars}${line}` +
       `<text x="${(L + W) / 2}" y="${H - 4}" class="ssv-axis" text-anchor="middle">position</text>` +
       `<text x="12" y="${(T + H - B) / 2}" class="ssv-axis" text-anchor="middle" ` +

@@ -335,6 +335,22 @@ def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
     assert link.startswith("?run=r_")  # opens the run in the visualizer
 
 
+def test_phone_compare_table_scrolls_in_its_box(page) -> None:
+    """Issue 16.8: at 390×844 the wide metrics table scrolls sideways in its own box; the page does not."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        page.wait_for_timeout(300)
+        box = page.locator("#cmp-table .ss-scroll")
+        assert box.evaluate("e => getComputedStyle(e).overflowX") == "auto"
+        assert box.evaluate("e => e.scrollWidth > e.clientWidth"), "the table is wider than the phone"
+        box.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+        assert box.evaluate("e => e.scrollLeft") > 0, "every column is reachable"
+        assert page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth") <= 1
+        page.screenshot(path=str(ARTIFACTS / "compare-phone.png"), full_page=True)
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})
+
+
 def test_runs_filter_export_delete(page) -> None:
     page.get_by_role("tab", name="Runs").click()
     page.wait_for_function("() => document.querySelector('#runs-table').innerText.includes('block_diffusion')")
@@ -346,9 +362,12 @@ def test_runs_filter_export_delete(page) -> None:
     page.wait_for_selector("#runs-message >> text=Exported")
     page.wait_for_selector("#runs-file a")
     shot(page, "runs")
-    doomed = page.input_value("#runs-selected textarea")
-    page.click("#runs-delete")  # issue 16.10: a delete asks first
+    saved = httpx.get(f"{page.url.split('?')[0].rstrip('/')}/api/comparisons").json()
+    doomed = next(c for c in saved if c["label"] == "three modes")["run_ids"][0]  # its ar run
+    page.fill("#runs-selected textarea", doomed)
+    page.click("#runs-delete")  # issue 16.10: a delete asks first, naming the comparison it leaves (16.7)
     page.wait_for_selector("#runs-confirm-text >> text=for good?")
+    assert "three modes" in page.locator("#runs-confirm-text").inner_text()
     assert doomed in page.locator("#runs-table").inner_text()
     page.click("#runs-confirm")
     page.wait_for_selector("#runs-message >> text=Deleted")
