@@ -56,9 +56,11 @@ window.specscopeViz = (() => {
     const before = [];  // committed tokens before each round
     for (const r of doc.rounds) { before.push(seq.length); seq.push(...(r.committed || [])); }
     const maskIds = new Set(doc.mask_ids || []);
-    const hits = new Map();  // verified round -> {branch id, hit round}
+    const hits = new Map();  // verified round -> [{branch id, the later round whose main state it was, its index}]
     doc.rounds.forEach((r, k) => (r.branches || []).forEach((b) => {
-      if (b.cache_hit && b.verified_round !== undefined) hits.set(b.verified_round, { id: b.id, round: r.round, k });
+      if (!b.cache_hit || b.verified_round === undefined) return;
+      if (!hits.has(b.verified_round)) hits.set(b.verified_round, []);
+      hits.get(b.verified_round).push({ id: b.id, round: r.round, k });
     }));
     const byRound = new Map(doc.rounds.map((r, k) => [r.round, k]));
     return { piece, seq, before, maskIds, hits, byRound };
@@ -171,7 +173,7 @@ window.specscopeViz = (() => {
     const start = r.block_start || 0;
     const main = r.tokens || [];
     const states = r.states || [];
-    const matched = ctx.hits.get(r.round);
+    const matches = ctx.hits.get(r.round) || [];
     const rows = branches.map((b) => {
       const cells = (b.tokens || []).map((t, i) => {
         const st = main[i] === t ? states[i] : ctx.maskIds.has(t) ? "mask" : "draft";
@@ -179,17 +181,16 @@ window.specscopeViz = (() => {
       }).join("");
       const badges = [];
       if (b.cache_hit) badges.push(`<span class="ss-badge ss-ok">cache hit · verified in round ${esc(b.verified_round)}</span>`);
-      if (matched && matched.id === b.id && !b.cache_hit) {
-        badges.push(`<span class="ss-badge ss-ref" data-jump="${matched.k}">= round ${matched.round}'s main state ↗</span>`);
-      }
+      const mine = matches.filter((m) => m.id === b.id);
+      for (const m of mine) badges.push(`<span class="ss-badge ss-ref" data-jump="${m.k}">= round ${m.round}'s main state ↗</span>`);
       const root = b.parent === null || b.parent === undefined;
       const name = root ? `b${b.id} = main` : `b${b.id} ← b${b.parent}`;
-      return `<div class="ss-branch${matched && matched.id === b.id ? " ssv-matched" : ""}">` +
+      return `<div class="ss-branch${mine.length ? " ssv-matched" : ""}">` +
         `<span class="ss-branch-id">${esc(name)}</span>${badges.join("")}` +
         `<div class="ss-grid">${cells}</div></div>`;
     }).join("");
-    const note = matched ? `branch b${matched.id} matched the next main state (round ${matched.round} is a cache hit)`
-      : "no branch of this round matched the next main state";
+    const note = matches.length ? matches.map((m) => `branch b${m.id} matched the main state of round ${m.round} ` +
+      `(a cache hit there)`).join("; ") : "no branch of this round matched a later main state";
     return `<div class="ss-round-head"><b>draft branches</b> · round ${r.round} · ${branches.length} branches · ` +
       `${esc(note)}<div class="ss-phases">yellow = drafted token that differs from the main block; [M] = still ` +
       `masked in that branch</div></div><div class="ss-branches">${rows}</div>`;
