@@ -90,6 +90,16 @@ def test_client_against_live_server(engine, tmp_path) -> None:
     async def bad() -> list[dict]:
         return [e async for e in client.generate("hi", "no_such_mode")]
 
+    async def stopped() -> list[dict]:
+        seen: list[dict] = []
+        code = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
+        async for e in client.generate(code, "ar", {"max_new_tokens": 400, "raw": True}, stop=lambda: len(seen) > 3):
+            seen.append(e)
+        return seen
+
+    async def replayed(run_id: str, since: int = 0) -> list[dict]:
+        return [e async for e in client.replay(run_id, since)]
+
     with serving(app, port):
         assert client.health()["status"] == "ok"
         assert {"ar", "linear_spec"} <= {m["name"] for m in client.modes()}
@@ -107,6 +117,11 @@ def test_client_against_live_server(engine, tmp_path) -> None:
         made = client.create_comparison("pair", "What is 1 + 2?", [run_id, other])
         assert client.comparison(made["comparison_id"])["run_ids"] == [run_id, other]
         assert asyncio.run(bad())[-1]["type"] == "error"
+        end = asyncio.run(stopped())[-1]  # stop() sends cancel; the stream still ends with the run's run_end
+        assert end["type"] == "run_end" and end["status"] == "cancelled"
+        replay = asyncio.run(replayed(run_id))
+        assert replay == events
+        assert [e["seq"] for e in asyncio.run(replayed(run_id, 3))] == [e["seq"] for e in events[3:]]
         client.delete_run(other)
         with pytest.raises(BackendError, match="404"):
             client.run(other)
