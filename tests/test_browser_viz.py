@@ -162,10 +162,12 @@ def test_isd_shows_pq_acceptance_probability_and_why_none(page, server) -> None:
     open_run(page, server, "isd", verified)
     isd = page.locator("#viz-isd").inner_text()
     assert "min(1, p/(αq))" in isd and "u < min(1, p/(αq))" in isd  # T = 0.7
-    conf = page.locator("#viz-conf")
-    if conf.is_visible():  # one bar is as wide as one position, not the whole chart
-        assert page.evaluate("() => document.querySelector('#viz-conf').layout.xaxis.range[1] - "
-                             "document.querySelector('#viz-conf').layout.xaxis.range[0]") > 2
+    with_conf = page.evaluate("() => document.querySelector('.ssv').ssViz.doc.rounds.findIndex(r => r.round > 0 && "
+                              "(r.conf || []).some(c => c !== null))")
+    open_run(page, server, "isd", with_conf)
+    bars = page.eval_on_selector_all("#viz-conf rect.ssv-bar", "rs => rs.map(r => Number(r.getAttribute('width')))")
+    slots = page.evaluate("k => document.querySelector('.ssv').ssViz.doc.rounds[k].tokens.length", with_conf)
+    assert bars and all(w < 800 / slots for w in bars), "a bar is one position wide, not the whole chart"
 
 
 @pytest.mark.parametrize("mode", ["spiffy", "specfold"])
