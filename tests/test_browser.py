@@ -274,6 +274,31 @@ def test_visualizer_steps_and_moves_cursor(page) -> None:
     wait_round(page, n_rounds - 1)
 
 
+def test_visualizer_follows_a_chat_run_live(page) -> None:
+    """Issue 16.2: a run opened while it streams is followed round by round and settles when it ends."""
+    page.get_by_role("tab", name="Chat").click()
+    choose(page, "#chat-mode", "ar")
+    page.wait_for_selector("text=ar:")
+    set_number(page, "#param-max_new_tokens", 300)
+    page.check("#param-raw input[type=checkbox]")
+    before = page.input_value("#chat-run textarea")
+    page.fill("#chat-input textarea", "import os\n\n\nclass Config:\n    def __init__(self, path):\n        ")
+    page.click("#chat-send")
+    page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
+    run_id = page.input_value("#chat-run textarea")
+    page.click("#chat-open")
+    page.wait_for_function("id => document.querySelector('#viz-summary')?.innerText.includes(id)", arg=run_id)
+    assert "live: following" in page.locator("#viz-summary").inner_text()
+    page.wait_for_function("() => document.querySelector('#viz-summary').innerText.includes(' done ')",
+                           timeout=180_000)
+    last = page.eval_on_selector("#viz-slider", "e => e.max")
+    assert int(last) > 10 and round_label(page) == f"round {last} of {last}"
+    assert stored_run(page, run_id)["n_rounds"] == int(last) + 1
+    page.get_by_role("tab", name="Chat").click()
+    page.uncheck("#param-raw input[type=checkbox]")
+    set_number(page, "#param-max_new_tokens", 12)
+
+
 def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
     page.get_by_role("tab", name="Compare").click()
     set_number(page, "#cmp-max-new", 12)
@@ -304,9 +329,13 @@ def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
 def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
     """Issue 16.7: N for isd swept beside ar; results of the last comparison vanish at once; stable mode colours,
     a distinct dash per run of a mode; the chart's token counts equal the table's; CSV export; SVG figures."""
-    page.evaluate("""() => { window.__cleared = false;
-        new MutationObserver(() => { if (!document.querySelector('#cmp-table .ss-table')) window.__cleared = true; })
-          .observe(document.querySelector('#cmp-table'), {childList: true, subtree: true}); }""")
+    page.evaluate("""() => { window.__whileRunning = [];  // each frame: while progress shows, is the old table gone?
+        const tick = () => {
+          if (document.querySelector('#cmp-status').innerText.includes('running'))
+            window.__whileRunning.push(!document.querySelector('#cmp-table .ss-table'));
+          if (!window.__stopWatching) requestAnimationFrame(tick);
+        };
+        tick(); }""")
     for name in ("block_diffusion", "linear_spec"):
         page.locator("#cmp-modes label", has_text=name).click()
     page.fill("#cmp-variants textarea", "isd n=2,3")
@@ -314,7 +343,8 @@ def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
     page.click("#cmp-run")
     page.wait_for_function("() => document.querySelector('#cmp-max-new input').value === '1'")
     page.wait_for_function("() => document.querySelectorAll('#cmp-table tbody tr').length === 3")
-    assert page.evaluate("() => window.__cleared")
+    seen = page.evaluate("() => { window.__stopWatching = true; return window.__whileRunning; }")
+    assert seen and all(seen), "the previous results are gone while the new comparison runs"
     table = page.locator("#cmp-table").inner_text()
     assert "isd n=2" in table and "isd n=3" in table
     data = page.evaluate("() => document.querySelector('#cmp-chart .js-plotly-plot').data"

@@ -65,29 +65,28 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         with gr.Accordion("legend", open=False):
             gr.HTML(legend_html())
 
-    def load(run_id: str | None, request: gr.Request) -> tuple[str, str]:
-        """The run's document (or a warning): drawn once, stepped in the browser."""
+    def load(run_id: str | None, request: gr.Request) -> tuple[str, str, bool]:
+        """The run's document (or a warning), drawn once and stepped in the browser; whether it was still running."""
         watching[request.session_hash or ""] = run_id or ""
         if not run_id:
-            return "", ""
+            return "", "", False
         client = backend.client(request)
         try:
             trace = backend.trace(client, run_id)
-            return "", document_json(viz_document(trace, backend.piece(client, trace)))
+            return "", document_json(viz_document(trace, backend.piece(client, trace))), trace.status == "running"
         except (BackendUnavailable, BackendError) as exc:
-            return warning_html(exc), gr.skip()
+            return warning_html(exc), gr.skip(), False
 
-    async def follow(run_id: str | None, request: gr.Request) -> AsyncIterator[Any]:
-        """While the shown run is recording: a new document per batch of events, then the final stored one."""
+    async def follow(run_id: str | None, running: bool, request: gr.Request) -> AsyncIterator[Any]:
+        """While the shown run is recording: a new document per batch of events, then the final stored one (also
+        when the run ended between the first document and this follow)."""
         yield gr.skip()  # a generator that yields nothing would blank the visualizer
         session = request.session_hash or ""
-        if not run_id:
+        if not run_id or not running:
             return
         client = backend.client(request)
         try:
             trace = await asyncio.to_thread(backend.trace, client, run_id)
-            if trace.status != "running":
-                return
             piece = await asyncio.to_thread(backend.piece, client, trace)
             shown = time.monotonic()
             async for now in follow_events(client, trace):
@@ -111,7 +110,8 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         return gr.Dropdown(choices=[(f"{r['run_id']} · {r['mode']} · {r['status']} · {r['prompt'][:40]}",
                                      r["run_id"]) for r in runs])
 
-    run.change(load, run, [message, app], **FAST).then(follow, run, app, **FAST)
+    running = gr.State(False)
+    run.change(load, run, [message, app, running], **FAST).then(follow, [run, running], app, **FAST)
     refresh.click(list_runs, None, run, **FAST)
     tab.select(list_runs, None, run, **FAST)
     return VizTab(run=run)
