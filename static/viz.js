@@ -51,6 +51,9 @@ window.specscopeViz = (() => {
   // -- per-run precomputation ----------------------------------------------------------------------------------------
 
   function prepare(doc) {
+    for (const r of doc.rounds) {  // numbers drawn into markup are numbers, whatever an imported trace holds
+      for (const key of ["round", "block_start", "accepted_len", "nfe"]) r[key] = Number(r[key] || 0);
+    }
     const piece = (t) => (doc.pieces[String(t)] ?? `#${t}`);
     const seq = [...doc.prompt_ids];
     const before = [];  // committed tokens before each round
@@ -96,7 +99,7 @@ window.specscopeViz = (() => {
     const facts = [`block at ${r.block_start} (size ${(r.tokens || []).length})`, `accepted ${r.accepted_len}`,
                    `committed ${(r.committed || []).length}`, `NFE +${r.nfe}`];
     if (r.case) facts.push(`case <b>${esc(r.case)}</b>`);
-    if (x.threshold !== undefined) facts.push(`τ ${fmt(x.threshold)}`);
+    if (x.threshold !== undefined) facts.push(`τ ${esc(fmt(x.threshold))}`);
     if (x.n !== undefined) facts.push(`n ${esc(x.n)}`);
     if (x.trim !== undefined) facts.push(`KV trimmed ${esc(x.trim)}`);
     if (x.forwards_saved !== undefined) facts.push(`forwards saved so far ${esc(x.forwards_saved)}`);
@@ -150,10 +153,10 @@ window.specscopeViz = (() => {
     if (temp > 0) head.push("min(1, p/(αq))", "u");
     head.push("verdict");
     const rows = pq.map((e, i) => {
-      const cells = [e.i ?? i, esc(show(ctx.piece(e.token), 24)), fmt(e.p), fmt(e.q)];
+      const cells = [esc(e.i ?? i), esc(show(ctx.piece(e.token), 24)), esc(fmt(e.p)), esc(fmt(e.q))];
       if (temp > 0) {
-        cells.push(e.q ? fmt(Math.min(1, e.p / (alpha * e.q))) : "—");
-        cells.push(e.u !== undefined ? fmt(e.u) : "not recorded");
+        cells.push(e.q ? fmt(Math.min(1, Number(e.p) / (alpha * Number(e.q)))) : "—");
+        cells.push(e.u !== undefined ? esc(fmt(e.u)) : "not recorded");
       }
       cells.push(e.accepted ? '<span class="ss-badge ss-ok">accepted</span>' : '<span class="ss-badge ss-bad">rejected</span>');
       return `<tr>${cells.map((c) => `<td>${c}</td>`).join("")}</tr>`;
@@ -200,9 +203,9 @@ window.specscopeViz = (() => {
     if (!counts || !counts.length) return "";
     const head = counts[0].map((_, j) => `<th>b${j}</th>`).join("");
     const rows = counts.map((layer, l) => `<tr><th>L${l}</th>${layer.map((c) => {
-      const a = width ? Math.min(1, c / width) : 0;
+      const a = width ? Math.min(1, Number(c) / width) || 0 : 0;
       return `<td style="background:rgba(37,99,235,${(0.08 + 0.8 * a).toFixed(2)})" title="layer ${l} · ` +
-        `recomputed ${c} of ${width}">${c}</td>`;
+        `recomputed ${esc(c)} of ${width}">${esc(c)}</td>`;
     }).join("")}</tr>`).join("");
     return `<div><b>${esc(title)}</b><div class="ss-scroll"><table class="ssv-heat"><thead><tr><th></th>${head}` +
       `</tr></thead><tbody>${rows}</tbody></table></div></div>`;
@@ -237,7 +240,7 @@ window.specscopeViz = (() => {
       if (drafts.size) notes.push(`branch drafts ${[...drafts].map((t) => show(ctx.piece(t), 12)).join(", ")}`);
       rows.push(`<tr data-jump="${k}"><td>${r.round}</td><td><span class="ss-badge ss-s-${state(st)}">${esc(st)}` +
                 `</span></td><td>${esc(MASKED.has(st) ? "[M]" : show(ctx.piece(r.tokens[i]), 24))}</td>` +
-                `<td>${fmt((r.conf || [])[i])}</td><td>${esc(notes.join(" · "))}</td></tr>`);
+                `<td>${esc(fmt((r.conf || [])[i]))}</td><td>${esc(notes.join(" · "))}</td></tr>`);
     });
     const n = doc.prompt_ids.length;
     const where = pos < n ? "a prompt token" : `output token ${pos - n}`;
@@ -313,12 +316,12 @@ window.specscopeViz = (() => {
       const st = state((r.states || [])[i]);
       bars += `<rect x="${x + bw * 0.1}" y="${y(c)}" width="${bw * 0.8}" height="${y(0) - y(c)}" ` +
         `class="ssv-bar" style="fill:var(--ss-${st})" data-pos="${start + i}"><title>pos ${start + i} · ${esc(st)}\n` +
-        `token ${esc(JSON.stringify(ctx.piece(r.tokens[i])))}\nconf ${fmt(c)}</title></rect>`;
+        `token ${esc(JSON.stringify(ctx.piece(r.tokens[i])))}\nconf ${esc(fmt(c))}</title></rect>`;
     }
     const grid = [0, 0.5, 1].map((v) => `<line x1="${L}" x2="${W - 8}" y1="${y(v)}" y2="${y(v)}" class="ssv-gridline"/>` +
       `<text x="${L - 6}" y="${y(v) + 4}" class="ssv-tick" text-anchor="end">${v}</text>`).join("");
     const line = tau ? `<line x1="${L}" x2="${W - 8}" y1="${y(tau)}" y2="${y(tau)}" class="ssv-tau"/>` +
-      `<text x="${W - 10}" y="${y(tau) - 4}" class="ssv-tick ssv-tau-label" text-anchor="end">τ = ${tau}</text>` : "";
+      `<text x="${W - 10}" y="${y(tau) - 4}" class="ssv-tick ssv-tau-label" text-anchor="end">τ = ${esc(tau)}</text>` : "";
     return `<div class="ss-round-head"><b>confidence per position</b> · round ${r.round}</div>` +
       `<div class="ss-scroll"><svg class="ssv-conf" viewBox="0 0 ${W} ${H}" role="img" ` +
       `aria-label="confidence per position">${grid}${bars}${line}` +

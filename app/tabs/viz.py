@@ -27,6 +27,7 @@ watch('value', draw);
 FOLLOW_EVERY_S = 0.4     # at most one document per this many seconds while following
 FOLLOW_RETRY_S = 0.5     # wait before asking for more events of a run still recording
 FOLLOW_LIMIT_S = 1800.0  # stop following a run that has not ended after this long
+MAX_SESSIONS = 1024      # sessions whose shown run is remembered
 
 
 @dataclass
@@ -67,7 +68,10 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
 
     def load(run_id: str | None, request: gr.Request) -> tuple[str, str, bool]:
         """The run's document (or a warning), drawn once and stepped in the browser; whether it was still running."""
+        watching.pop(request.session_hash or "", None)
         watching[request.session_hash or ""] = run_id or ""
+        while len(watching) > MAX_SESSIONS:  # the oldest sessions are long gone
+            watching.pop(next(iter(watching)))
         if not run_id:
             return "", "", False
         client = backend.client(request)
