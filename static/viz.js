@@ -222,7 +222,7 @@ window.specscopeViz = (() => {
   // -- token history -------------------------------------------------------------------------------------------------
 
   function historyHtml(doc, ctx, pos) {
-    const rows = [];
+    const entries = [];  // one per round whose block holds the position; unchanged runs are merged below
     doc.rounds.forEach((r, k) => {
       const i = pos - (r.block_start || 0);
       if (i < 0 || i >= (r.tokens || []).length) return;
@@ -238,16 +238,22 @@ window.specscopeViz = (() => {
         notes.push(`replaced draft ${show(ctx.piece(r.extra.replaced_draft), 20)}`);
       }
       if (drafts.size) notes.push(`branch drafts ${[...drafts].map((t) => show(ctx.piece(t), 12)).join(", ")}`);
-      rows.push(`<tr data-jump="${k}"><td>${r.round}</td><td><span class="ss-badge ss-s-${state(st)}">${esc(st)}` +
-                `</span></td><td>${esc(MASKED.has(st) ? "[M]" : show(ctx.piece(r.tokens[i]), 24))}</td>` +
-                `<td>${esc(fmt((r.conf || [])[i]))}</td><td>${esc(notes.join(" · "))}</td></tr>`);
+      const token = MASKED.has(st) ? "[M]" : show(ctx.piece(r.tokens[i]), 24);
+      const entry = { k, from: r.round, to: r.round, st, token, conf: fmt((r.conf || [])[i]), notes: notes.join(" · ") };
+      const last = entries[entries.length - 1];
+      if (last && last.to === r.round - 1 && last.st === st && last.token === token && last.conf === entry.conf &&
+          last.notes === entry.notes) last.to = r.round;
+      else entries.push(entry);
     });
+    const rows = entries.map((x) => `<tr data-jump="${x.k}" data-from="${x.from}" data-to="${x.to}"><td>` +
+      `${x.from === x.to ? x.from : `${x.from}–${x.to}`}</td><td><span class="ss-badge ss-s-${state(x.st)}">` +
+      `${esc(x.st)}</span></td><td>${esc(x.token)}</td><td>${esc(x.conf)}</td><td>${esc(x.notes)}</td></tr>`);
     const n = doc.prompt_ids.length;
     const where = pos < n ? "a prompt token" : `output token ${pos - n}`;
     return `<div class="ss-round-head"><b>history of position ${pos}</b> (${esc(where)}) · click a row to jump ` +
       `<button class="ssv-btn" data-close="1">close</button></div>` + (rows.length
-      ? `<div class="ss-scroll"><table class="ss-table"><thead><tr><th>round</th><th>state</th><th>token</th>` +
-        `<th>confidence</th><th>details</th></tr></thead><tbody>${rows.join("")}</tbody></table></div>`
+      ? `<div class="ss-scroll"><table class="ss-table ssv-history"><thead><tr><th>round</th><th>state</th>` +
+        `<th>token</th><th>confidence</th><th>details</th></tr></thead><tbody>${rows.join("")}</tbody></table></div>`
       : `<div class="ssv-note">position ${pos} was never in a round's block (${esc(where)}).</div>`) +
       `<div class="ssv-note">top-k alternatives are not recorded by the engine.</div>`;
   }
@@ -434,8 +440,9 @@ window.specscopeViz = (() => {
       h.hidden = this.pos === null;
       if (this.pos !== null) {
         h.innerHTML = historyHtml(this.doc, this.ctx, this.pos);
-        const row = h.querySelector(`tr[data-jump="${this.k}"]`);
-        if (row) row.classList.add("ssv-current");
+        const round = this.doc.rounds[this.k].round;
+        h.querySelectorAll("tr[data-from]").forEach((row) => row.classList.toggle("ssv-current",
+          Number(row.dataset.from) <= round && round <= Number(row.dataset.to)));
       }
     }
 
