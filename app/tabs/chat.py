@@ -60,7 +60,8 @@ def param_component(p: Spec, key: str, value: Any = None) -> gr.Checkbox | gr.Dr
     clamped by the handler and shown clamped, never refused with an error)."""
     value = p["default"] if value is None else value
     lo, hi = p.get("min"), p.get("max")
-    bounds = f" [{lo:g}, {hi:g}]" if lo is not None and hi is not None else ""
+    shown = (lambda v: str(int(v))) if p["type"] == "int" else (lambda v: f"{v:g}")
+    bounds = f" [{shown(lo)}, {shown(hi)}]" if lo is not None and hi is not None else ""
     common = {"label": p["name"], "info": (p.get("help") or "") + bounds or None, "key": key,
               "elem_id": f"param-{p['name']}", "interactive": True}
     if p["type"] == "bool":
