@@ -19,8 +19,9 @@ MASKED = ("mask", "padding")
 MASK_LABEL = "[M]"
 VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 # No Plotly template: naming one deep-copies it on every figure (~100 ms); Plotly.js defaults are plain white.
-LAYOUT: dict[str, Any] = {"template": None, "plot_bgcolor": "white", "margin": {"l": 50, "r": 20, "t": 40, "b": 40},
-                          "font": {"size": 11}}
+# The modebar (SVG export, zoom) stands on the right edge, never over a title on a narrow screen.
+LAYOUT: dict[str, Any] = {"template": None, "plot_bgcolor": "white", "margin": {"l": 50, "r": 30, "t": 40, "b": 40},
+                          "font": {"size": 11}, "modebar": {"orientation": "v"}}
 
 
 def show_piece(text: str, limit: int = 14) -> str:
@@ -156,8 +157,8 @@ def kv_figure(intervals: Sequence[Event], n_rounds: int) -> go.Figure:
             hovertemplate="%{y} · position %{customdata[0]}<br>alloc round %{customdata[1]} → free round "
                           "%{customdata[2]}<br>%{customdata[3]}<extra></extra>"))
     add_cursor(fig)
-    layout = {**LAYOUT, "margin": {"l": 60, "r": 20, "t": 60, "b": 40}}
-    fig.update_layout(**layout, title={"text": "KV slots: alloc → free round, by end reason", "y": 0.98,
+    layout = {**LAYOUT, "margin": {"l": 60, "r": 30, "t": 60, "b": 40}}
+    fig.update_layout(**layout, title={"text": "KV slots: alloc → free round", "y": 0.98,
                                        "yanchor": "top"},
                       barmode="overlay", xaxis={**int_axis("round", n_rounds), "range": [-0.5, n_rounds - 0.5]},
                       height=min(220 + 6 * len(slots), 640), legend=legend_top())
