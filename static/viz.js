@@ -330,7 +330,7 @@ window.specscopeViz = (() => {
       `<text x="${W - 10}" y="${y(tau) - 4}" class="ssv-tick ssv-tau-label" text-anchor="end">τ = ${esc(tau)}</text>` : "";
     return `<div class="ss-round-head"><b>confidence per position</b> · round ${r.round}</div>` +
       `<div class="ss-scroll"><svg class="ssv-conf" viewBox="0 0 ${W} ${H}" role="img" ` +
-      `aria-label="confidence per position">${grid}${bars}${line}` +
+      `aria-label="confidence per position">${grid}${ticks}${bars}${line}` +
       `<text x="${(L + W) / 2}" y="${H - 4}" class="ssv-axis" text-anchor="middle">position</text>` +
       `<text x="12" y="${(T + H - B) / 2}" class="ssv-axis" text-anchor="middle" ` +
       `transform="rotate(-90 12 ${(T + H - B) / 2})">confidence</text></svg></div>`;
