@@ -7,9 +7,9 @@ protocols, so the UI can drive a local backend or a remote GPU one. Any connecti
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 from websockets.asyncio.client import connect
@@ -114,12 +114,15 @@ class Client:
 
     # -- websocket ----------------------------------------------------------------------------------------------------
 
-    async def generate(self, prompt: str, mode: str, params: dict[str, Any] | None = None) -> AsyncIterator[dict]:
+    async def generate(self, prompt: str, mode: str, params: dict[str, Any] | None = None,
+                       stop: Callable[[], bool] | None = None) -> AsyncIterator[dict]:
         """The trace events of one run, as the backend streams them, ending with run_end or error.
 
-        Closing the iterator early closes the socket, which cancels the run on the backend.
+        Once `stop()` is true the run is cancelled (a `cancel` message) and the stream still ends with its
+        `run_end` (status cancelled). Closing the iterator early closes the socket, which also cancels the run.
         """
         message = {"type": "generate", "prompt": prompt, "mode": mode, "params": params or {}}
+        cancelled = False
         try:
             async with connect(self.ws_url + "/ws/generate", additional_headers=self.headers,
                                open_timeout=self.timeout, max_size=None) as ws:
@@ -129,9 +132,24 @@ class Client:
                     yield event
                     if event.get("type") in FINAL_EVENTS:
                         return
+                    if stop is not None and not cancelled and stop():
+                        cancelled = True
+                        await ws.send(json.dumps({"type": "cancel"}))
         except (OSError, TimeoutError, WebSocketException) as exc:
             raise BackendUnavailable(f"backend unavailable at {self.ws_url} ({type(exc).__name__}: {exc})") from exc
         raise BackendUnavailable(f"backend at {self.ws_url} closed the stream before run_end")
+
+    async def replay(self, run_id: str, since_seq: int = 0) -> AsyncIterator[dict]:
+        """A stored run's events from `since_seq` on, as fast as possible, until the backend closes the stream
+        (after run_end; for a run still recording, when it has sent what is stored or, with live follow, at its
+        end)."""
+        url = f"{self.ws_url}/ws/replay/{quote(run_id)}?speed=0&since_seq={int(since_seq)}"
+        try:
+            async with connect(url, additional_headers=self.headers, open_timeout=self.timeout, max_size=None) as ws:
+                async for raw in ws:
+                    yield json.loads(raw)
+        except (OSError, TimeoutError, WebSocketException) as exc:
+            raise BackendUnavailable(f"backend unavailable at {self.ws_url} ({type(exc).__name__}: {exc})") from exc
 
 
 def detail(response: httpx.Response) -> str:

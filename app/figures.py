@@ -10,17 +10,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from app.palette import CASES, KV_REASONS, STATES, kv_color, state_colors
+from app.palette import CASES, KV_REASONS, STATES, kv_color
+from app.specmetrics import spec_metrics
 from app.trace import Cell, Event, Piece, RunTrace, id_piece
 
 MASKED = ("mask", "padding")
 MASK_LABEL = "[M]"
 VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 # No Plotly template: naming one deep-copies it on every figure (~100 ms); Plotly.js defaults are plain white.
-LAYOUT: dict[str, Any] = {"template": None, "plot_bgcolor": "white", "margin": {"l": 50, "r": 20, "t": 40, "b": 40},
-                          "font": {"size": 11}}
+# The modebar (SVG export, zoom) stands on the right edge, never over a title on a narrow screen.
+LAYOUT: dict[str, Any] = {"template": None, "plot_bgcolor": "white", "margin": {"l": 50, "r": 30, "t": 40, "b": 40},
+                          "font": {"size": 11}, "modebar": {"orientation": "v"}}
 
 
 def show_piece(text: str, limit: int = 14) -> str:
@@ -100,56 +101,44 @@ def token_grid_html(round_ev: Event, piece: Piece = id_piece, context: Sequence[
             f'<span class="ss-block">{block}</span></div></div>')
 
 
-def branches_html(round_ev: Event, piece: Piece = id_piece) -> str:
-    """Multi-branch view: one row per draft branch; cells that differ from the main block are drafts."""
-    branches = round_ev.get("branches") or []
-    if not branches:
-        return ""
-    start = int(round_ev.get("block_start") or 0)
-    main = list(round_ev.get("tokens") or [])
-    main_states = list(round_ev.get("states") or [])
-    rows = []
-    for b in branches:
-        cells = []
-        for i, token in enumerate(b.get("tokens") or []):
-            same = i < len(main) and main[i] == token
-            state = main_states[i] if same and i < len(main_states) else "draft"
-            cells.append(cell_html(start + i, token, state, piece, [f"branch {b.get('id')}"]))
-        hit = '<span class="ss-badge ss-ok">cache hit</span>' if b.get("cache_hit") else ""
-        rows.append(f'<div class="ss-branch"><span class="ss-branch-id">b{esc(b.get("id"))} ← '
-                    f'{esc(b.get("parent"))}</span>{hit}<div class="ss-grid">{"".join(cells)}</div></div>')
-    head = (f'<div class="ss-round-head"><b>draft branches</b> · round {esc(round_ev.get("round"))} · '
-            f'{len(branches)} branches (cells that differ from the main block are drafts)</div>')
-    return f'<div class="ss-branches">{head}{"".join(rows)}</div>'
-
-
 # -- charts ---------------------------------------------------------------------------------------------------------
 
 
-def add_cursor(fig: go.Figure, current: int | None, **where: Any) -> None:
-    if current is not None:
-        fig.add_vline(x=current, line={"color": "#111827", "width": 2, "dash": "dot"}, name="cursor", **where)
+def add_cursor(fig: go.Figure, **where: Any) -> None:
+    """The round cursor (a dotted vertical line at round 0) that static/viz.js moves without redrawing."""
+    fig.add_vline(x=0, line={"color": "#111827", "width": 2, "dash": "dot"}, name="cursor", **where)
 
 
-def accepted_length_figure(rounds: Sequence[Event], current: int | None = None) -> go.Figure:
-    """Accepted length per round (bars) with the committed count, and a cursor on the current round."""
+def int_axis(title: str, span: int) -> dict[str, Any]:
+    """An integer axis: whole-number ticks only (no 0.5 ticks on short ranges)."""
+    return {"title": title, "tickformat": "d", "dtick": 1 if span <= 12 else None}
+
+
+def legend_top() -> dict[str, Any]:
+    return {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"}
+
+
+def accepted_length_figure(rounds: Sequence[Event]) -> go.Figure:
+    """Accepted length per round (bars) with the committed count; click a bar to jump to its round."""
     x = [r["round"] for r in rounds]
+    accepted = [r.get("accepted_len") or 0 for r in rounds]
+    committed = [len(r.get("committed") or []) for r in rounds]
     fig = go.Figure([
-        go.Bar(x=x, y=[r.get("accepted_len") for r in rounds], name="accepted length", marker_color="#22c55e",
-               customdata=[[len(r.get("committed") or []), r.get("nfe")] for r in rounds],
+        go.Bar(x=x, y=accepted, name="accepted", marker_color="#22c55e",
+               customdata=[[c, r.get("nfe")] for c, r in zip(committed, rounds, strict=True)],
                hovertemplate="round %{x}<br>accepted %{y}<br>committed %{customdata[0]}<br>"
                              "NFE +%{customdata[1]}<extra></extra>"),
-        go.Scatter(x=x, y=[len(r.get("committed") or []) for r in rounds], name="committed", mode="lines+markers",
+        go.Scatter(x=x, y=committed, name="committed", mode="lines+markers",
                    line={"color": "#3b82f6", "shape": "hv"}, hoverinfo="skip"),
     ])
-    add_cursor(fig, current)
-    fig.update_layout(**LAYOUT, title="accepted length per round", height=240, bargap=0.15,
-                      xaxis_title="round", yaxis_title="tokens", legend={"orientation": "h", "y": 1.12, "x": 1,
-                                                                         "xanchor": "right"})
+    add_cursor(fig)
+    fig.update_layout(**LAYOUT, title="accepted per round (click: jump)", height=260, bargap=0.15,
+                      xaxis=int_axis("round", len(x)), yaxis=int_axis("tokens", max(accepted + committed, default=0)),
+                      legend=legend_top())
     return fig
 
 
-def kv_figure(intervals: Sequence[Event], n_rounds: int, current: int | None = None) -> go.Figure:
+def kv_figure(intervals: Sequence[Event], n_rounds: int) -> go.Figure:
     """KV slot lifecycle: one horizontal bar per occupancy (alloc round -> free round), coloured by end reason."""
     fig = go.Figure()
     slots = sorted({int(iv["slot"]) for iv in intervals})
@@ -167,93 +156,109 @@ def kv_figure(intervals: Sequence[Event], n_rounds: int, current: int | None = N
                                                                                                strict=True)],
             hovertemplate="%{y} · position %{customdata[0]}<br>alloc round %{customdata[1]} → free round "
                           "%{customdata[2]}<br>%{customdata[3]}<extra></extra>"))
-    add_cursor(fig, current)
-    fig.update_layout(**LAYOUT, title="KV slot lifecycle (alloc → free, by slot)", barmode="overlay",
-                      xaxis={"title": "round", "range": [-0.5, n_rounds + 0.5]},
-                      height=min(200 + 6 * len(slots), 640), legend={"orientation": "h", "y": -0.15})
+    add_cursor(fig)
+    layout = {**LAYOUT, "margin": {"l": 60, "r": 30, "t": 60, "b": 40}}
+    fig.update_layout(**layout, title={"text": "KV slots: alloc → free round", "y": 0.98,
+                                       "yanchor": "top"},
+                      barmode="overlay", xaxis={**int_axis("round", n_rounds), "range": [-0.5, n_rounds - 0.5]},
+                      height=min(220 + 6 * len(slots), 640), legend=legend_top())
     fig.update_yaxes(categoryorder="array", categoryarray=[f"slot {s}" for s in reversed(slots)],
-                     showticklabels=len(slots) <= 40, title="slot")
+                     showticklabels=len(slots) <= 40, title="KV slot")
     return fig
 
 
-def confidence_figure(round_ev: Event, piece: Piece = id_piece, threshold: float | None = None) -> go.Figure:
-    """Confidence per block position coloured by state, with the threshold τ as a dashed line."""
-    start = int(round_ev.get("block_start") or 0)
-    conf = list(round_ev.get("conf") or [])
-    states = list(round_ev.get("states") or [])
-    tokens = list(round_ev.get("tokens") or [])
-    idx = [i for i, c in enumerate(conf) if c is not None]
-    fig = go.Figure(go.Bar(
-        x=[start + i for i in idx], y=[conf[i] for i in idx],
-        marker_color=[state_colors(states[i] if i < len(states) else "")[0] for i in idx],
-        marker_line={"color": "#334155", "width": 0.5},
-        customdata=[[piece(tokens[i]) if i < len(tokens) else "", states[i] if i < len(states) else ""]
-                    for i in idx],
-        hovertemplate="pos %{x} · %{customdata[1]}<br>token %{customdata[0]}<br>conf %{y:.3f}<extra></extra>"))
-    tau = threshold if threshold is not None else (round_ev.get("extra") or {}).get("threshold")
-    if tau:  # τ = 0 (fill everything in one pass) draws no line
-        fig.add_hline(y=tau, line={"color": "#dc2626", "dash": "dash"}, annotation_text=f"τ = {tau:g}",
-                      annotation_position="top left")
-    fig.update_layout(**LAYOUT, title=f"confidence per position · round {round_ev.get('round')}", height=240,
-                      xaxis={"title": "position", "dtick": 1 if len(idx) <= 32 else None},
-                      yaxis={"range": [0, 1.05], "title": "confidence"}, showlegend=False)
+def acceptance_position_figure(rates: Sequence[float]) -> go.Figure:
+    """vLLM's acceptance_rate_per_position: the share of verify steps whose i-th draft was accepted."""
+    x = list(range(1, len(rates) + 1))
+    fig = go.Figure(go.Bar(x=x, y=list(rates), marker_color="#8b5cf6", text=[f"{v:.0%}" for v in rates],
+                           textposition="outside", cliponaxis=False,
+                           hovertemplate="draft position %{x}<br>accepted in %{y:.1%} of verify steps<extra></extra>"))
+    fig.update_layout(**LAYOUT, title="acceptance rate per position", height=240, showlegend=False,
+                      xaxis=int_axis("draft position", len(x)),
+                      yaxis={"title": "acceptance rate", "range": [0, 1.12], "tickformat": ".0%"})
     return fig
 
 
-def isd_figure(rounds: Sequence[Event], current: int | None = None) -> go.Figure:
-    """ISD: the V/R/C case of every round (bar height = accepted length) and p/q per spec of the current round."""
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.45, 0.55], vertical_spacing=0.18,
-                        subplot_titles=("round case (V / R / C)", f"p / q per spec · round {current}"))
+def isd_case_figure(rounds: Sequence[Event]) -> go.Figure:
+    """ISD: the V/R/C case of every round (bar height = accepted length); click a bar to jump to its round."""
+    fig = go.Figure()
     for case, (color, meaning) in CASES.items():
         chosen = [r for r in rounds if r.get("case") == case]
         fig.add_trace(go.Bar(x=[r["round"] for r in chosen], y=[r.get("accepted_len") for r in chosen], name=case,
                              marker_color=color, hovertemplate=f"round %{{x}}<br>{meaning}<br>accepted %{{y}}"
-                                                               "<extra></extra>"), row=1, col=1)
-    add_cursor(fig, current, row=1, col=1)
-    now = next((r for r in rounds if r.get("round") == current), None)
-    pq = list((now or {}).get("pq") or [])
-    specs = [f"spec {i}" for i in range(len(pq))]
-    verdict = ["✓" if e.get("accepted") else "✗" for e in pq]
-    fig.add_trace(go.Bar(x=specs, y=[e.get("p") for e in pq], name="p (verifier)", marker_color="#0ea5e9",
-                         text=verdict, textposition="outside"), row=2, col=1)
-    fig.add_trace(go.Bar(x=specs, y=[e.get("q") for e in pq], name="q (draft)", marker_color="#f97316"),
-                  row=2, col=1)
-    fig.update_layout(**LAYOUT, height=420, barmode="group", bargap=0.4, legend={"orientation": "h", "y": -0.12})
-    fig.update_yaxes(range=[0, 1.15], row=2, col=1)
+                                                               "<extra></extra>"))
+    add_cursor(fig)
+    top = max((r.get("accepted_len") or 0 for r in rounds), default=0)
+    fig.update_layout(**LAYOUT, title="ISD round case (V / R / C)", height=240, legend=legend_top(),
+                      xaxis=int_axis("round", len(rounds)), yaxis=int_axis("accepted", top))
     return fig
 
 
-def fold_figure(round_ev: Event) -> go.Figure:
-    """SpecFold: recomputed positions per layer × branch for one round's verification."""
-    fold = [list(row) for row in round_ev.get("fold") or []]
-    fig = go.Figure(go.Heatmap(
-        z=fold, x=[f"b{j}" for j in range(len(fold[0]) if fold else 0)], y=list(range(len(fold))),
-        colorscale="Blues", colorbar={"title": "recomputed"},
-        hovertemplate="layer %{y} · branch %{x}<br>recomputed %{z}<extra></extra>"))
-    fig.update_layout(**LAYOUT, title=f"fold: recomputed positions, layer × branch · round {round_ev.get('round')}",
-                      height=300, xaxis_title="branch", yaxis_title="layer")
-    return fig
+MODE_COLORS = {"ar": "#64748b", "block_diffusion": "#f59e0b", "linear_spec": "#3b82f6", "isd": "#ef4444",
+               "spiffy": "#10b981", "specfold": "#8b5cf6"}
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross")
+
+
+def mode_color(mode: str) -> str:
+    """A mode's colour, the same in every comparison."""
+    return MODE_COLORS.get(mode, "#0f172a")
+
+
+def run_labels(runs: Sequence[RunTrace]) -> list[str]:
+    """Each run's name in a comparison: its mode, plus the parameters that differ between runs of that mode."""
+    labels = []
+    for run in runs:
+        same_mode = [r.params for r in runs if r.mode == run.mode]
+        varied = sorted(k for k in run.params if any(p.get(k) != run.params[k] for p in same_mode))
+        labels.append(" ".join([run.mode, *(f"{k}={run.params[k]}" for k in varied)]))
+    return labels
 
 
 def comparison_figure(runs: Sequence[RunTrace]) -> go.Figure:
-    """Cumulative committed tokens vs cumulative NFE, one step line per run, on one shared axis."""
+    """Output tokens (as the table counts them) vs cumulative NFE, one step line per run: stable colour per mode,
+    a different dash and marker per run of the same mode, so identical lines stay visible."""
     fig = go.Figure()
-    for run in runs:
+    seen: dict[str, int] = {}
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        k = seen[run.mode] = seen.get(run.mode, -1) + 1
         nfe, tokens = run.progress()
-        fig.add_trace(go.Scatter(x=nfe, y=tokens, mode="lines+markers", line={"shape": "hv"},
-                                 name=f"{run.mode} · {run.run_id[-6:]}",
-                                 hovertemplate="NFE %{x}<br>tokens %{y}<extra>" + esc(run.mode) + "</extra>"))
-    fig.update_layout(**LAYOUT, title="committed tokens vs forward passes (NFE)", height=320,
-                      xaxis_title="cumulative NFE", yaxis_title="committed tokens",
-                      legend={"orientation": "h", "y": -0.2})
+        limit = run.metrics.get("tokens")
+        if limit is not None:  # the table's count (EOS and stop tokens excluded)
+            tokens = [min(t, int(limit)) for t in tokens]
+        fig.add_trace(go.Scatter(x=nfe, y=tokens, mode="lines+markers", line={"shape": "hv",
+                                 "color": mode_color(run.mode), "dash": DASHES[k % len(DASHES)], "width": 2},
+                                 marker={"symbol": SYMBOLS[k % len(SYMBOLS)], "size": 7},
+                                 name=f"{label} · {run.run_id[-6:]}",
+                                 hovertemplate="NFE %{x}<br>tokens %{y}<extra>" + esc(label) + "</extra>"))
+    fig.update_layout(**LAYOUT, title="output tokens vs forward passes (NFE)", height=340,
+                      xaxis={"title": "cumulative NFE", "tickformat": "d"},
+                      yaxis={"title": "output tokens", "tickformat": "d"}, legend={"orientation": "h", "y": -0.25})
     return fig
 
 
 # -- tables, diffs, sparklines --------------------------------------------------------------------------------------
 
 METRIC_COLUMNS = (("tokens", "tokens", 0), ("nfe", "NFE", 0), ("tpf", "TPF", 2), ("tok_per_s", "tok/s", 1),
-                  ("wall_ms", "wall ms", 0), ("accept_len_mean", "mean accepted", 2), ("kv_peak", "KV peak", 0),
-                  ("kv_leaked", "KV leaked", 0))
+                  ("wall_ms", "wall ms", 0), ("accept_len_mean", "mean accepted", 2),
+                  ("mean_acceptance_length", "mean acc. length (vLLM)", 2),
+                  ("draft_acceptance_rate", "draft acc. rate", 2), ("fold_ratio", "fold ratio", 2),
+                  ("kv_peak", "KV peak", 0), ("kv_leaked", "KV leaked", 0))
+
+
+def run_metrics(run: RunTrace) -> dict[str, Any]:
+    """A run's stored metrics plus its vLLM-style spec-decode metrics."""
+    return {**run.metrics, **(spec_metrics(run) or {})}
+
+
+def metrics_rows(runs: Sequence[RunTrace]) -> list[list[Any]]:
+    """The comparison table as data (header first): one row per run, for the HTML table and the CSV export."""
+    head = ["run", "mode", "label", "status", *[label for _, label, _ in METRIC_COLUMNS]]
+    rows = []
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        m = run_metrics(run)
+        rows.append([run.run_id, run.mode, label, run.status, *[m.get(key) for key, _, _ in METRIC_COLUMNS]])
+    return [head, *rows]
 
 
 def badge(css: str, text: str) -> str:
@@ -273,13 +278,14 @@ def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], lossless: Mapping[st
 
 def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = None,
                        lossless: Mapping[str, str | None] | None = None) -> str:
-    """One row per run with its metrics, a badge saying whether its output equals the reference's, and the check
-    of the mode's own lossless claim (`lossless`: mode -> the mode whose output it must equal)."""
+    """One row per run with its metrics, a badge saying whether its output equals the reference's, the check of
+    the mode's own lossless claim (`lossless`: mode -> the mode whose output it must equal) and a link that opens
+    the run in the visualizer. Scrolls sideways on a narrow screen."""
     head = "".join(f"<th>{esc(label)}</th>" for _, label, _ in METRIC_COLUMNS)
     rows = []
-    for run in runs:
-        m = run.metrics
-        cells = "".join(f"<td>{esc(fmt(m.get(key), digits))}</td>" for key, _, digits in METRIC_COLUMNS)
+    for run, values in zip(runs, metrics_rows(runs)[1:], strict=True):
+        cells = "".join(f"<td>{esc(fmt(v, digits))}</td>" for v, (_, _, digits) in zip(values[4:], METRIC_COLUMNS,
+                                                                                          strict=True))
         if reference is None:
             same = ""
         elif run is reference:
@@ -288,11 +294,12 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
             same = badge("ss-ok", "same output as reference")
         else:
             same = badge("ss-bad", "differs from reference")
-        rows.append(f'<tr><td><b>{esc(run.mode)}</b><br><code>{esc(run.run_id)}</code></td>'
-                    f'<td>{esc(run.status)}</td>{cells}<td>{same}</td>'
+        link = f'<a class="ss-open" href="?run={esc(run.run_id)}&amp;round=0" target="_blank">open ↗</a>'
+        rows.append(f'<tr><td><b style="color:{mode_color(run.mode)}">{esc(values[2])}</b><br>'
+                    f'<code>{esc(run.run_id)}</code> {link}</td><td>{esc(run.status)}</td>{cells}<td>{same}</td>'
                     f'<td>{lossless_badge(run, runs, lossless or {})}</td></tr>')
-    return (f'<table class="ss-table"><thead><tr><th>mode / run</th><th>status</th>{head}<th>output</th>'
-            f'<th>lossless claim</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    return (f'<div class="ss-scroll"><table class="ss-table"><thead><tr><th>run</th><th>status</th>{head}'
+            f'<th>output</th><th>lossless claim</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
 
 
 def token_diff_html(reference: Sequence[int], output: Sequence[int], piece: Piece = id_piece) -> str:
@@ -312,6 +319,15 @@ def token_diff_html(reference: Sequence[int], output: Sequence[int], piece: Piec
     return f'<div class="ss-diff">{"".join(parts) or "<i>empty</i>"}</div>'
 
 
+WHITESPACE = str.maketrans({" ": "&#32;", "\n": "&#10;", "\t": "&#9;", "\r": "&#13;"})
+
+
+def pre_html(text: str) -> str:
+    """Text as a preformatted block, escaped, its whitespace as character references (so a chat message's
+    indentation and blank lines survive Gradio's clean-up of leading whitespace)."""
+    return f'<pre class="ss-answer">{esc(text).translate(WHITESPACE)}</pre>'
+
+
 def warning_html(problem: Exception | str) -> str:
     return badge("ss-bad", f"⚠ {problem}")
 
@@ -327,15 +343,17 @@ def sparkline(values: Sequence[float]) -> str:
     return "".join(bars[min(int(v / top * (len(bars) - 1) + 0.5), len(bars) - 1)] for v in values)
 
 
-def run_stats_markdown(run: RunTrace) -> str:
-    """The stats line shown under a chat answer."""
+def run_stats_html(run: RunTrace) -> str:
+    """The stats line shown under a chat answer (HTML: the chat renders no Markdown)."""
     m = run.metrics
     if run.error:
-        return f"⚠ {run.error}"
+        return f"⚠ {esc(run.error)}"
     accepted = run.accepted_lens[1:]  # round 0 is the prefill
-    return (f"**{esc(run.mode)}** · TPF {fmt(m.get('tpf'), 2)} · NFE {fmt(m.get('nfe'))} · "
-            f"{fmt(m.get('tok_per_s'), 1)} tok/s · accepted/round {sparkline(accepted) or '—'} "
-            f"(max {max(accepted, default=0)}) · run `{run.run_id}` ({esc(run.status)})")
+    note = "⏹ stopped · " if run.status == "cancelled" else ""
+    return (f'<span class="ss-stats">{note}<b>{esc(run.mode)}</b> · TPF {fmt(m.get("tpf"), 2)} · NFE '
+            f'{fmt(m.get("nfe"))} · {fmt(m.get("tok_per_s"), 1)} tok/s · accepted/round '
+            f'{sparkline(accepted) or "—"} (max {max(accepted, default=0)}) · run <code>{esc(run.run_id)}</code> '
+            f'({esc(run.status)})</span>')
 
 
 def legend_html() -> str:

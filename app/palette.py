@@ -13,7 +13,6 @@ STATES: dict[str, tuple[str, str, str]] = {
     "pending": ("#d8b4fe", "#581c87", "pending (ISD): verified next round"),
     "padding": ("#f8fafc", "#94a3b8", "padding (ISD unused masks)"),
 }
-UNKNOWN_STATE = ("#ffffff", "#111827", "unknown state")
 
 # KV interval end reason -> (colour, meaning); None = still held at the end of the run (a leak)
 KV_REASONS: dict[str | None, tuple[str, str]] = {
@@ -33,16 +32,13 @@ CASES: dict[str, tuple[str, str]] = {
 }
 
 
-def state_colors(state: str) -> tuple[str, str]:
-    background, text, _ = STATES.get(state, UNKNOWN_STATE)
-    return background, text
-
-
 def kv_color(reason: str | None) -> str:
     return KV_REASONS.get(reason, ("#64748b", ""))[0]
 
 
 def palette_css() -> str:
-    """CSS rules colouring token cells by state (`.ss-s-<state>`)."""
-    return "\n".join(f".ss-s-{state}{{background:{bg};color:{fg};}}" for state, (bg, fg, _) in STATES.items())
-
+    """CSS rules colouring token cells by state (`.ss-s-<state>`) and the same colours as `--ss-<state>` variables
+    (read by static/viz.js for its charts)."""
+    variables = ";".join(f"--ss-{state}:{bg}" for state, (bg, _, _) in STATES.items())
+    rules = "\n".join(f".ss-s-{state}{{background:{bg};color:{fg};}}" for state, (bg, fg, _) in STATES.items())
+    return f":root{{{variables}}}\n{rules}"

@@ -3,9 +3,8 @@
     python -m app.perf [--db sqlite:///sessions/perf.db]
 
 Records a 512-token `ar` run and a long `block_diffusion` run (thousands of rounds), stores them, then
-measures what one step of the visualizer costs on the server: the REST read of one round, and building the
-round's panels from the cached trace. Also times opening the long run (trace fetch + the per-run charts)
-and the size of what the browser receives.
+measures the REST read of one round and what opening a run costs on the server: the trace fetch and the
+visualizer document (app/vizdoc.py), with the size the browser receives once; stepping is then browser-only.
 """
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ import time
 
 from fastapi.testclient import TestClient
 
-from app.tabs.viz import round_panels, run_charts
 from app.trace import RunTrace, make_piece
+from app.vizdoc import document_json, viz_document
 from backend.engine.engine import Engine
 from backend.server import create_app
 from backend.store import Store
@@ -53,13 +52,11 @@ def measure(client: TestClient, vocab: list[str], label: str, run_id: str) -> No
     n = len(trace.rounds)
     mid = n // 2
     rest = ms(lambda: client.get(f"/api/runs/{run_id}/rounds?start={mid}&stop={mid + 1}"))
-    step = ms(lambda: round_panels(trace, mid, piece))
     open_ms = ms(lambda: fetch(client, run_id), repeat=3)
-    charts = run_charts(trace)
-    chart_ms = ms(lambda: run_charts(trace), repeat=3)
-    print(f"{label}: {n} rounds | step: REST one round {rest:.1f} ms + panels {step:.1f} ms | "
-          f"open: fetch {open_ms:.0f} ms + charts {chart_ms:.0f} ms, "
-          f"{sum(len(c) for c in charts) / 1e3:.0f} kB of chart JSON")
+    doc_ms = ms(lambda: viz_document(trace, piece), repeat=3)
+    size = len(document_json(viz_document(trace, piece)))
+    print(f"{label}: {n} rounds | REST one round {rest:.1f} ms | open: fetch {open_ms:.0f} ms + visualizer "
+          f"document {doc_ms:.0f} ms, {size / 1e3:.0f} kB (steps then run in the browser)")
 
 
 def main() -> None:

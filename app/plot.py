@@ -1,8 +1,7 @@
 """Plotly charts drawn in the browser by the plotly package's own plotly.min.js (served, never vendored).
 
 A chart is a gr.HTML whose value is a figure's JSON; its js_on_load draws it with Plotly.react and redraws it when
-the value changes. Charts marked `cursor` have a vertical "cursor" shape that `moveCursor` moves in the browser, so
-stepping through rounds never resends them.
+the value changes; the modebar's camera button saves the figure as SVG.
 """
 from __future__ import annotations
 
@@ -25,21 +24,18 @@ const draw = () => {
   if (!props.value) { Plotly.purge(gd); return; }
   const fig = JSON.parse(props.value);
   gd.style.height = `${fig.layout.height || 400}px`;  // a resize keeps the figure's height, only width follows
-  Plotly.react(gd, fig.data, fig.layout, {displaylogo: false, responsive: true});
+  Plotly.react(gd, fig.data, fig.layout,
+               {displaylogo: false, responsive: true, toImageButtonOptions: {format: 'svg'}});
 };
 new ResizeObserver(() => { const gd = plot(); if (gd && gd.data) Plotly.Plots.resize(gd); }).observe(element);
 draw();
 watch('value', draw);
 """
 
-# an event's client-side js: (round) -> move the cursor of every cursor chart (see static/specscope.js)
-MOVE_CURSOR_JS = "(round) => { window.specscopeMoveCursor(round); }"
-
-
-def chart(elem_id: str, cursor: bool = False, visible: bool = True) -> gr.HTML:
+def chart(elem_id: str, visible: bool = True) -> gr.HTML:
     return gr.HTML(value="", html_template='<div class="ss-plot"></div>', js_on_load=DRAW_JS,
                    head=f'<script src="{PLOTLY_ROUTE}"></script>', elem_id=elem_id, visible=visible,
-                   elem_classes=["ss-chart", "ss-cursor-chart"] if cursor else ["ss-chart"])
+                   elem_classes=["ss-chart"])
 
 
 def figure_json(fig: go.Figure | None) -> str:

@@ -44,6 +44,7 @@ class RunTrace:
     end: Event | None = None
     error: str | None = None
     kv: list[Event] = field(default_factory=list)
+    next_seq: int = 0  # the seq after the last event taken (where a live follow resumes)
 
     @classmethod
     def from_events(cls, events: Iterable[Event], kv: Sequence[Event] = ()) -> RunTrace:
@@ -60,6 +61,7 @@ class RunTrace:
 
     def add(self, event: Event) -> None:
         """Take one more event of this run (as streamed)."""
+        self.next_seq = max(self.next_seq, int(event.get("seq", -1)) + 1)
         kind = event.get("type")
         if kind == "run_start":
             self.mode, self.model = event.get("mode") or "", event.get("model") or ""

@@ -83,8 +83,13 @@ def build_ui(backend: Backend) -> gr.Blocks:
         def open_run(run_id: str) -> tuple[Any, Any]:
             return (gr.Tabs(selected="viz"), run_id) if run_id else (gr.skip(), gr.skip())
 
+        def open_from_url(request: gr.Request) -> tuple[Any, Any]:
+            """`/?run=<id>&round=<n>` opens that run in the visualizer (static/viz.js then goes to the round)."""
+            return open_run(request.query_params.get("run", "").strip())
+
         checked = [status, chat.modes, chat.mode, compare.modes, compare.reference, runs.mode]
         demo.load(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
+        demo.load(open_from_url, None, [tabs, viz.run], concurrency_limit=None, show_progress="hidden")
         health_timer.tick(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
         for button, source in ((chat.open_button, chat.run_id), (runs.open_button, runs.selected)):
             button.click(open_run, source, [tabs, viz.run], concurrency_limit=None)
@@ -102,7 +107,7 @@ def mount_ui(fastapi_app: FastAPI, backend_url: str | None = None, token: str | 
     demo = build_ui(Backend(backend_url, token))
     serve_plotly_js(fastapi_app)
     css = (STATIC / "specscope.css").read_text() + "\n" + palette_css()
-    head = f"<script>{(STATIC / 'specscope.js').read_text()}</script>"
+    head = "".join(f"<script>{(STATIC / name).read_text()}</script>" for name in ("specscope.js", "viz.js"))
     theme = gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)
     login = {"auth": token_login(token), "auth_message": "Enter the server token as the password."} if token else {}
     return gr.mount_gradio_app(fastapi_app, demo, path="/", css=css, head=head, theme=theme, footer_links=[],

@@ -143,11 +143,40 @@ def chat(page, mode: str) -> None:
 
 
 def round_label(page) -> str:
-    return page.locator("#viz-grid .ss-round-head b").first.inner_text()
+    return page.locator("#viz-label").inner_text()
+
+
+def wait_round(page, n: int) -> None:
+    page.wait_for_function("n => document.querySelector('#viz-label').innerText.startsWith(`round ${n} of`)", arg=n)
 
 
 def cursor_x(page, plot: str) -> float:
-    return page.evaluate(f"() => document.querySelector('{plot} .js-plotly-plot').layout.shapes[0].x0")
+    return page.evaluate(f"() => document.querySelector('{plot}').layout.shapes.find(s => s.name === 'cursor').x0")
+
+
+def send(page, text: str) -> str:
+    """Send a chat message; wait for its answer's stats; the new run's id."""
+    before = page.input_value("#chat-run textarea")
+    page.fill("#chat-input textarea", text)
+    page.click("#chat-send")
+    page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
+    page.wait_for_function("() => [...document.querySelectorAll('#chat-bot .bot')].pop().innerText.includes('TPF')")
+    return page.input_value("#chat-run textarea")
+
+
+def stored_run(page, run_id: str) -> dict:
+    """A run as the backend stored it, once its end is stored (the answer may show a moment before)."""
+    url = f"{page.url.split('?')[0].rstrip('/')}/api/runs/{run_id}"
+    for _ in range(100):
+        run = httpx.get(url).json()
+        if run["status"] != "running":
+            return run
+        page.wait_for_timeout(100)
+    raise AssertionError(f"run {run_id} did not end")
+
+
+def last_answer(page) -> str:
+    return page.locator("#chat-bot .bot").last.inner_text()
 
 
 def test_chat_streams_in_two_modes(page) -> None:
@@ -160,30 +189,125 @@ def test_chat_streams_in_two_modes(page) -> None:
     shot(page, "chat")
 
 
+def test_param_widgets_show_the_values_the_run_uses(page) -> None:
+    """Issue 16.1: values set for a mode survive switching to another mode and back, and reach the run."""
+    choose(page, "#chat-mode", "isd")
+    page.wait_for_selector("text=isd:")
+    set_number(page, "#param-max_new_tokens", 5)
+    set_number(page, "#param-n", 2)
+    choose(page, "#chat-mode", "ar")
+    page.wait_for_selector("text=ar:")
+    choose(page, "#chat-mode", "isd")
+    page.wait_for_selector("text=isd:")
+    assert page.input_value("#param-max_new_tokens input[type=number]") == "5"
+    assert page.input_value("#param-n input[type=number]") == "2"
+    run = stored_run(page, send(page, PROMPT))
+    assert run["params"]["max_new_tokens"] == 5 and run["params"]["n"] == 2
+
+
+def test_out_of_range_numbers_are_clamped_not_errors(page) -> None:
+    """Issue 16.9: 0 and 99999 become the nearest bound, shown in the box; no 500 (the console test checks)."""
+    set_number(page, "#param-max_new_tokens", 99999)
+    page.locator("#param-max_new_tokens input[type=number]").blur()
+    page.wait_for_function("() => document.querySelector('#param-max_new_tokens input[type=number]').value === "
+                           "'4096'")
+    set_number(page, "#param-max_new_tokens", 12)
+
+
+def test_answers_are_text_not_markdown(page) -> None:
+    """Issue 16.3: the user's `**bold**` stays literal; the answer keeps its line breaks, indentation and quotes."""
+    choose(page, "#chat-mode", "ar")
+    page.wait_for_selector("text=ar:")
+    set_number(page, "#param-max_new_tokens", 24)
+    page.check("#param-raw input[type=checkbox]")
+    message = 'def f():\n    """**bold** doc"""\n    return'
+    run = stored_run(page, send(page, message))
+    user = page.locator("#chat-bot .user").last
+    assert user.locator("strong, b").count() == 0 and "**bold**" in user.inner_text()
+    assert user.locator("pre").inner_text() == message
+    assert run["mode"] == "ar" and run["prompt"] == message
+    assert page.locator("#chat-bot .bot").last.locator("pre.ss-answer").inner_text() == run["output"]
+    page.uncheck("#param-raw input[type=checkbox]")
+
+
+def test_stop_ends_the_run_and_shows_it(page) -> None:
+    """Issue 16.6: Stop cancels the run; the answer keeps its text with a "stopped" note and the run's stats."""
+    choose(page, "#chat-mode", "spiffy")
+    page.wait_for_selector("text=spiffy:")
+    set_number(page, "#param-max_new_tokens", 256)
+    page.check("#param-raw input[type=checkbox]")
+    before = page.input_value("#chat-run textarea")
+    page.fill("#chat-input textarea", "import os\n\n\nclass Config:\n    def __init__(self, path):\n        ")
+    page.click("#chat-send")
+    page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
+    page.click("#chat-stop")
+    page.wait_for_selector("#chat-bot .bot:last-of-type >> text=stopped")
+    assert "(cancelled)" in last_answer(page) and "TPF" in last_answer(page)
+    run_id = page.input_value("#chat-run textarea")
+    run = stored_run(page, run_id)
+    assert run["status"] == "cancelled" and run["n_tokens"] < 256
+    page.uncheck("#param-raw input[type=checkbox]")
+    chat(page, "ar")  # the visualizer test opens this last run (one round per token)
+
+
 def test_visualizer_steps_and_moves_cursor(page) -> None:
     page.click("#chat-open")
     page.wait_for_selector("#viz-grid .ss-tok")
-    page.wait_for_selector("#viz-accepted .js-plotly-plot")
-    assert round_label(page) == "round 0"
+    page.wait_for_selector("#viz-accepted .main-svg")
+    wait_round(page, 0)
     page.click("#viz-next")
-    page.wait_for_function("() => document.querySelector('#viz-grid .ss-round-head b').innerText === 'round 1'")
+    wait_round(page, 1)
     assert cursor_x(page, "#viz-accepted") == 1
     page.locator("#viz-summary").click()
     page.keyboard.press("ArrowRight")
-    page.wait_for_function("() => document.querySelector('#viz-grid .ss-round-head b').innerText === 'round 2'")
+    wait_round(page, 2)
     page.click("#viz-prev")
-    page.wait_for_function("() => document.querySelector('#viz-grid .ss-round-head b').innerText === 'round 1'")
-    page.wait_for_function("() => document.querySelector('#viz-accepted .js-plotly-plot').layout.shapes[0].x0 == 1")
-    page.wait_for_selector("#viz-kv .js-plotly-plot")
+    wait_round(page, 1)
+    assert cursor_x(page, "#viz-kv") == 1
+    layout = page.evaluate("() => document.querySelector('#viz-kv').layout")
+    n_rounds = int(page.eval_on_selector("#viz-slider", "e => e.max")) + 1
+    assert layout["xaxis"]["range"] == [-0.5, n_rounds - 0.5]  # issue 16.10: no round past the last
+    assert layout["xaxis"]["tickformat"] == "d" and layout["yaxis"]["title"]["text"]  # integer ticks, y titles
     shot(page, "visualizer")
-    set_number(page, "#viz-speed", 10)
+    page.select_option("#viz-speed", "10")
     page.click("#viz-play")  # autoplay runs to the last round, then stops
-    last = page.evaluate("() => document.querySelector('#viz-slider input[type=range]').max")
-    page.wait_for_function("n => document.querySelector('#viz-grid .ss-round-head b').innerText === 'round ' + n",
-                           arg=last)
+    wait_round(page, n_rounds - 1)
 
 
-def test_compare_three_modes(page) -> None:
+def test_visualizer_follows_a_chat_run_live(page) -> None:
+    """Issue 16.2: a run opened while it streams is followed round by round and settles when it ends (here: when
+    the chat's Stop cancels it)."""
+    page.get_by_role("tab", name="Chat").click()
+    choose(page, "#chat-mode", "specfold")  # slow rounds (a float64 reference verify): the run outlasts the checks
+    page.wait_for_selector("text=specfold:")
+    set_number(page, "#param-max_new_tokens", 512)
+    page.check("#param-raw input[type=checkbox]")
+    before = page.input_value("#chat-run textarea")
+    page.fill("#chat-input textarea", "import os\n\n\nclass Config:\n    def __init__(self, path):\n        ")
+    page.click("#chat-send")
+    page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
+    run_id = page.input_value("#chat-run textarea")
+    page.click("#chat-open")
+    page.wait_for_function("id => document.querySelector('#viz-summary')?.innerText.includes(id)", arg=run_id)
+    assert "live: following" in page.locator("#viz-summary").inner_text()
+    seen = int(page.eval_on_selector("#viz-slider", "e => e.max"))
+    page.wait_for_function("n => Number(document.querySelector('#viz-slider').max) > n", arg=seen, timeout=90_000)
+    page.get_by_role("tab", name="Chat").click()
+    page.click("#chat-stop")
+    page.wait_for_selector("#chat-bot .bot:last-of-type >> text=stopped", timeout=90_000)
+    page.get_by_role("tab", name="Visualizer").click()
+    page.wait_for_function("() => document.querySelector('#viz-summary').innerText.includes(' cancelled ')",
+                           timeout=60_000)
+    last = page.eval_on_selector("#viz-slider", "e => e.max")
+    assert round_label(page) == f"round {last} of {last}"  # it followed to the end
+    assert stored_run(page, run_id)["n_rounds"] == int(last) + 1
+    assert "live: following" not in page.locator("#viz-summary").inner_text()
+    page.get_by_role("tab", name="Chat").click()
+    page.uncheck("#param-raw input[type=checkbox]")
+    set_number(page, "#param-max_new_tokens", 12)
+
+
+def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
     page.get_by_role("tab", name="Compare").click()
     set_number(page, "#cmp-max-new", 12)
     page.click("#cmp-run")
@@ -199,9 +323,70 @@ def test_compare_three_modes(page) -> None:
     page.click("#cmp-save")
     page.wait_for_selector("#cmp-status >> text=Saved as")
     shot(page, "compare")
-    page.click("#cmp-open")  # the saved comparison (selected after saving) reopens from the store
+    page.locator("#cmp-modes label", has_text="block_diffusion").click()  # change the settings…
+    set_number(page, "#cmp-max-new", 7)
+    page.click("#cmp-open")  # …the saved comparison (selected after saving) brings them back
     page.wait_for_selector("#cmp-status >> text=Comparison three modes")
     assert page.locator("#cmp-table tbody tr").count() == 3
+    page.wait_for_function("() => document.querySelector('#cmp-max-new input').value === '12'")
+    ticked = page.eval_on_selector_all("#cmp-modes input:checked", "es => es.map(e => e.parentElement.innerText)")
+    assert sorted(t.strip() for t in ticked) == ["ar", "block_diffusion", "linear_spec"]
+    assert page.input_value("#cmp-reference input") == "ar"
+
+
+def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
+    """Issue 16.7: N for isd swept beside ar; results of the last comparison vanish at once; stable mode colours,
+    a distinct dash per run of a mode; the chart's token counts equal the table's; CSV export; SVG figures."""
+    page.evaluate("""() => { window.__whileRunning = [];  // each frame: while progress shows, is the old table gone?
+        const tick = () => {
+          if (document.querySelector('#cmp-status').innerText.includes('running'))
+            window.__whileRunning.push(!document.querySelector('#cmp-table .ss-table'));
+          if (!window.__stopWatching) requestAnimationFrame(tick);
+        };
+        tick(); }""")
+    for name in ("block_diffusion", "linear_spec"):
+        page.locator("#cmp-modes label", has_text=name).click()
+    page.fill("#cmp-variants textarea", "isd n=2,3")
+    set_number(page, "#cmp-max-new", 0)  # out of range: runs with 1 … and shows it
+    page.click("#cmp-run")
+    page.wait_for_function("() => document.querySelector('#cmp-max-new input').value === '1'")
+    page.wait_for_function("() => document.querySelectorAll('#cmp-table tbody tr').length === 3")
+    seen = page.evaluate("() => { window.__stopWatching = true; return window.__whileRunning; }")
+    assert seen and all(seen), "the previous results are gone while the new comparison runs"
+    table = page.locator("#cmp-table").inner_text()
+    assert "isd n=2" in table and "isd n=3" in table
+    data = page.evaluate("() => document.querySelector('#cmp-chart .js-plotly-plot').data"
+                         ".map(d => [d.name, d.line.color, d.line.dash, d.y[d.y.length - 1]])")
+    isd = [d for d in data if d[0].startswith("isd")]
+    assert len({d[1] for d in isd}) == 1 and len({d[2] for d in isd}) == 2
+    tokens = page.eval_on_selector_all("#cmp-table tbody tr", "rs => rs.map(r => r.cells[2].innerText)")
+    assert [str(d[3]) for d in data] == tokens
+    page.click("#cmp-csv")
+    page.wait_for_selector("#cmp-csv-file a")
+    with page.expect_download() as got:
+        page.click("#cmp-csv-file a")
+    lines = Path(got.value.path()).read_text().splitlines()
+    assert lines[0].startswith("run,mode,label,status,tokens") and len(lines) == 4
+    assert page.evaluate("() => document.querySelector('#cmp-chart .js-plotly-plot')._context"
+                         ".toImageButtonOptions.format") == "svg"
+    link = page.locator("#cmp-table a.ss-open").first.get_attribute("href")
+    assert link.startswith("?run=r_")  # opens the run in the visualizer
+
+
+def test_phone_compare_table_scrolls_in_its_box(page) -> None:
+    """Issue 16.8: at 390×844 the wide metrics table scrolls sideways in its own box; the page does not."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        page.wait_for_timeout(300)
+        box = page.locator("#cmp-table .ss-scroll")
+        assert box.evaluate("e => getComputedStyle(e).overflowX") == "auto"
+        assert box.evaluate("e => e.scrollWidth > e.clientWidth"), "the table is wider than the phone"
+        box.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+        assert box.evaluate("e => e.scrollLeft") > 0, "every column is reachable"
+        assert page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth") <= 1
+        page.screenshot(path=str(ARTIFACTS / "compare-phone.png"), full_page=True)
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})
 
 
 def test_runs_filter_export_delete(page) -> None:
@@ -215,8 +400,14 @@ def test_runs_filter_export_delete(page) -> None:
     page.wait_for_selector("#runs-message >> text=Exported")
     page.wait_for_selector("#runs-file a")
     shot(page, "runs")
-    doomed = page.input_value("#runs-selected textarea")
-    page.click("#runs-delete")
+    saved = httpx.get(f"{page.url.split('?')[0].rstrip('/')}/api/comparisons").json()
+    doomed = next(c for c in saved if c["label"] == "three modes")["run_ids"][0]  # its ar run
+    page.fill("#runs-selected textarea", doomed)
+    page.click("#runs-delete")  # issue 16.10: a delete asks first, naming the comparison it leaves (16.7)
+    page.wait_for_selector("#runs-confirm-text >> text=for good?")
+    assert "three modes" in page.locator("#runs-confirm-text").inner_text()
+    assert doomed in page.locator("#runs-table").inner_text()
+    page.click("#runs-confirm")
     page.wait_for_selector("#runs-message >> text=Deleted")
     assert doomed not in page.locator("#runs-table").inner_text()
 
@@ -226,6 +417,7 @@ def open_in_visualizer(page, run_id: str) -> None:
     box = page.locator("#viz-run input")
     box.fill(run_id)
     box.press("Enter")
+    page.wait_for_function("id => document.querySelector('#viz-summary')?.innerText.includes(id)", arg=run_id)
 
 
 def test_stored_markup_is_shown_as_text(page, server) -> None:
@@ -236,17 +428,17 @@ def test_stored_markup_is_shown_as_text(page, server) -> None:
     assert XSS in page.locator("#viz-summary").inner_text()
     assert "<script>windo…" in page.locator("#viz-grid").inner_text()  # a long piece is cut in its cell
     assert XSS in page.locator("#viz-grid .ss-tok").first.get_attribute("title")  # and whole in its hover
-    assert page.locator("#viz-grid script, #viz-summary script, #viz-summary img").count() == 0
+    assert page.locator(".ssv script, .ssv img").count() == 0
     shot(page, "xss")
 
 
 def test_a_2000_round_run_opens_and_steps(page, server) -> None:
     open_in_visualizer(page, server["long_run"])
     page.wait_for_selector("#viz-summary >> text=2000 rounds")
-    page.wait_for_selector("#viz-kv .js-plotly-plot")
+    page.wait_for_selector("#viz-kv .main-svg")
     page.click("#viz-next")
-    page.wait_for_function("() => document.querySelector('#viz-grid .ss-round-head b').innerText === 'round 1'")
-    assert page.evaluate("() => document.querySelector('#viz-accepted .js-plotly-plot').data[0].x.length") == 2000
+    wait_round(page, 1)
+    assert page.evaluate("() => document.querySelector('#viz-accepted').data[0].x.length") == 2000
     shot(page, "long_run")
 
 
@@ -254,8 +446,9 @@ def test_bench_tab_shows_the_stored_benchmarks(page) -> None:
     page.get_by_role("tab", name="Bench").click()
     page.wait_for_function("() => document.querySelector('#bench-modes').innerText.includes('specfold')")
     assert "vs block_diffusion" in page.locator("#bench-modes").inner_text()
-    page.wait_for_selector("#bench-speedup .js-plotly-plot")
     assert page.locator("#bench-summary").inner_text().startswith("Modes: 30 prompts")
+    assert "No kernel benchmark stored" in page.locator("#bench-summary").inner_text()
+    assert not page.locator("#bench-speedup").is_visible()  # issue 16.10: no empty kernel chart
     shot(page, "bench")
 
 
@@ -269,7 +462,7 @@ def test_choice_parameter_is_a_dropdown_and_reaches_the_run(page) -> None:
     chat(page, "specfold")
     page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
     run_id = page.input_value("#chat-run textarea")
-    run = httpx.get(f"{page.url.rstrip('/')}/api/runs/{run_id}").json()
+    run = stored_run(page, run_id)
     assert run["mode"] == "specfold" and run["params"]["backend"] == "triton"
 
 

@@ -7,23 +7,27 @@ from typing import Any
 import pytest
 
 from app.figures import (
+    acceptance_position_figure,
     accepted_length_figure,
-    branches_html,
     comparison_figure,
-    confidence_figure,
-    fold_figure,
-    isd_figure,
+    isd_case_figure,
     kv_figure,
     legend_html,
+    metrics_rows,
     metrics_table_html,
-    run_stats_markdown,
+    mode_color,
+    run_labels,
+    run_stats_html,
     show_piece,
     sparkline,
     token_diff_html,
     token_grid_html,
 )
 from app.palette import KV_REASONS, STATES, kv_color, palette_css
+from app.specmetrics import fold_ratios, spec_metrics, step_map
+from app.sweep import parse_variants
 from app.trace import RunTrace, make_piece
+from app.vizdoc import document_json, viz_document
 
 PIECES = {1: "Hi", 2: "<script>", 3: " there", 4: "\n", 5: "&amp;", 9: "[M]"}
 piece = make_piece(None, PIECES)
@@ -112,18 +116,23 @@ def test_context_is_prompt_then_committed(trace: RunTrace) -> None:
     assert trace.context(2) == [(0, 1, "prompt"), (1, 2, "prompt"), (2, 3, "committed"), (3, 2, "committed")]
 
 
-def test_accepted_length_has_cursor(trace: RunTrace) -> None:
-    fig = accepted_length_figure(trace.rounds, current=1)
+def cursor(fig) -> list:
+    return [s for s in fig.layout.shapes if s.name == "cursor"]
+
+
+def test_accepted_length_has_cursor_and_integer_axes(trace: RunTrace) -> None:
+    fig = accepted_length_figure(trace.rounds)
     assert list(fig.data[0].y) == [1, 2, 2]
-    cursor = [s for s in fig.layout.shapes if s.x0 == 1 and s.x1 == 1]
-    assert cursor, "a vertical line marks the current round"
+    assert cursor(fig) and cursor(fig)[0].x0 == 0, "a cursor the browser moves to the current round"
+    assert fig.layout.xaxis.tickformat == "d" and fig.layout.xaxis.dtick == 1  # no 0.5 ticks
+    assert fig.layout.yaxis.title.text == "tokens"
 
 
 def test_kv_figure_bars_with_base_coloured_by_reason() -> None:
     intervals = [{"slot": 0, "position": 0, "alloc_round": 0, "free_round": 3, "end_reason": "finished"},
                  {"slot": 1, "position": 5, "alloc_round": 1, "free_round": 1, "end_reason": "rejected"},
                  {"slot": 2, "position": 6, "alloc_round": 2, "free_round": None, "end_reason": None}]
-    fig = kv_figure(intervals, n_rounds=4, current=2)
+    fig = kv_figure(intervals, n_rounds=4)
     assert fig.layout.xaxis.type != "date"
     by_name = {t.name: t for t in fig.data}
     assert set(by_name) == {"finished", "rejected", "held"}
@@ -132,50 +141,97 @@ def test_kv_figure_bars_with_base_coloured_by_reason() -> None:
     assert by_name["rejected"].x[0] > 0, "a slot freed in its own round still shows"
     assert list(by_name["held"].x) == [2], "a leaked slot runs to the end"
     assert by_name["rejected"].marker.color == kv_color("rejected") == KV_REASONS["rejected"][0]
-    assert any(s.x0 == 2 for s in fig.layout.shapes)
+    assert list(fig.layout.xaxis.range) == [-0.5, 3.5], "rounds 0..3, not one more"
+    assert fig.layout.yaxis.title.text and cursor(fig)
 
 
-def test_confidence_has_threshold_line(trace: RunTrace) -> None:
-    fig = confidence_figure(trace.rounds[1], piece)
-    assert list(fig.data[0].x) == [3, 4, 5] and list(fig.data[0].y) == [0.95, 0.4, 0.2]
-    assert any(s.y0 == 0.9 for s in fig.layout.shapes)
-    assert not confidence_figure(trace.rounds[2], piece).layout.shapes
-    assert any(s.y0 == 0.5 for s in confidence_figure(trace.rounds[2], piece, threshold=0.5).layout.shapes)
-
-
-def test_isd_figure_cases_and_pq() -> None:
+def test_isd_case_figure_and_acceptance_by_position() -> None:
     rounds = [rnd(0, 0, [1, 9, 9], ["bonus", "draft", "padding"], [1], case="C"),
-              rnd(1, 1, [1, 2, 3], ["pending", "accepted", "bonus"], [2, 3], case="V",
-                  pq=[{"i": 0, "p": 0.9, "q": 0.5, "accepted": True}]),
-              rnd(2, 3, [3, 4, 5], ["pending", "rejected", "bonus"], [5], case="R",
-                  pq=[{"i": 0, "p": 0.1, "q": 0.8, "accepted": False}])]
-    fig = isd_figure(rounds, current=2)
-    by_name = {t.name: t for t in fig.data}
+              rnd(1, 1, [1, 2, 3], ["pending", "accepted", "bonus"], [2, 3], case="V"),
+              rnd(2, 3, [3, 4, 5], ["pending", "rejected", "bonus"], [5], case="R")]
+    by_name = {t.name: t for t in isd_case_figure(rounds).data}
     assert list(by_name["V"].x) == [1] and list(by_name["R"].x) == [2] and list(by_name["C"].x) == [0]
-    assert list(by_name["p (verifier)"].y) == [0.1] and list(by_name["q (draft)"].y) == [0.8]
-    assert list(by_name["p (verifier)"].text) == ["✗"]
+    fig = acceptance_position_figure([0.5, 0.25])
+    assert list(fig.data[0].x) == [1, 2] and list(fig.data[0].text) == ["50%", "25%"]
 
 
-def test_branches_and_fold() -> None:
-    r = rnd(3, 5, [1, 9, 9], ["committed", "mask", "mask"], [], branches=[
-        {"id": 1, "parent": 0, "tokens": [1, 2, 9], "cache_hit": True},
-        {"id": 2, "parent": 1, "tokens": [1, 2, 3], "cache_hit": False}], fold=[[4, 1], [3, 0], [2, 2]])
-    html = branches_html(r, piece)
-    assert html.count('class="ss-branch"') == 2 and "cache hit" in html
-    assert "b2 ← 1" in html and "ss-s-draft" in html and "&lt;script&gt;" in html
-    assert branches_html(rnd(0, 0, [1], ["accepted"], [1]), piece) == ""
-    fig = fold_figure(r)
-    assert [list(row) for row in fig.data[0].z] == [[4, 1], [3, 0], [2, 2]]
-    assert list(fig.data[0].x) == ["b0", "b1"]
+def linear_round(r: int, states: list[str], replaced: int | None = None) -> dict[str, Any]:
+    extra = {"replaced_draft": replaced} if replaced is not None else {}
+    tokens = list(range(len(states)))
+    committed = [t for t, s in zip(tokens, states, strict=True) if s in ("accepted", "bonus")]
+    event = rnd(r, 10 + r, tokens, states, committed, extra=extra)
+    event["phases"] = [{"kind": "draft"}, {"kind": "verify"}]
+    return event
 
 
-def test_comparison_one_trace_per_run_on_nfe_axis() -> None:
+def test_spec_metrics_follow_vllm_definitions() -> None:
+    """mean_acceptance_length = 1 + accepted / verify steps; per-position rate = share of steps accepting draft i."""
+    events = run_events()
+    events[1:4] = [rnd(0, 2, [3], ["accepted"], [3], nfe=0),
+                   linear_round(1, ["committed", "accepted", "accepted", "bonus", "rejected"], replaced=7),
+                   linear_round(2, ["committed", "accepted", "accepted", "accepted", "bonus"])]
+    m = spec_metrics(RunTrace.from_events(events))
+    assert m["num_spec_steps"] == 2 and m["per_step_drafted"] == [4, 3] and m["per_step_accepted"] == [2, 3]
+    assert m["mean_acceptance_length"] == 1 + 5 / 2 and m["draft_acceptance_rate"] == 5 / 7
+    assert m["acceptance_rate_per_position"] == [1.0, 1.0, 0.5, 0.0]
+    assert spec_metrics(RunTrace("r_ar", mode="ar")) is None
+
+
+def test_spec_metrics_of_isd_and_branching_modes() -> None:
+    isd = run_events(mode="isd")
+    isd[2]["pq"] = [{"i": 0, "p": 0.9, "q": 0.5, "accepted": True}, {"i": 1, "p": 0.1, "q": 0.5, "accepted": False}]
+    m = spec_metrics(RunTrace.from_events(isd))
+    assert m["per_step_accepted"] == [1] and m["per_step_drafted"] == [2]
+    branch = {"id": 0, "tokens": [1]}
+    spiffy = run_events(mode="spiffy")
+    verify = {"phases": [{"kind": "verify"}], "branches": [branch, {"id": 1}, {"id": 2}]}
+    hit = {"phases": [], "branches": [{"id": 1, "cache_hit": True, "verified_round": 1}]}
+    spiffy[2].update(verify)
+    spiffy[3].update(hit)
+    m = spec_metrics(RunTrace.from_events(spiffy))
+    assert m["per_step_drafted"] == [2] and m["per_step_accepted"] == [1] and m["mean_acceptance_length"] == 2
+
+
+def test_fold_ratios_and_step_map(trace: RunTrace) -> None:
+    r = rnd(5, 0, [1, 2], ["mask", "mask"], [], branches=[{"id": 0, "tokens": [1, 2]}, {"id": 1, "tokens": [1, 2]}],
+            fold=[[2, 1], [2, 0]], extra={"fold_ffn": [[2, 2], [2, 2]]})
+    assert fold_ratios(r) == (0.75, 0.0)
+    assert fold_ratios(rnd(0, 0, [1], ["accepted"], [1])) == (None, None)
+    assert step_map(trace) == [0, 1, 1, 2, 2]  # the round that revealed each output token
+
+
+def test_viz_document_carries_what_the_browser_draws(trace: RunTrace) -> None:
+    doc = viz_document(trace, piece)
+    assert doc["run_id"] == "r_test" and len(doc["rounds"]) == 3 and "run_id" not in doc["rounds"][0]
+    assert doc["pieces"]["2"] == "<script>" and doc["step_map"] == [0, 1, 1, 2, 2]
+    assert set(doc["figures"]) == {"accepted", "kv", "positions"} and doc["spec"]["num_spec_steps"] == 2
+    assert "accepted" in doc["explain"].lower()
+    assert json.loads(document_json(doc))["mode"] == "linear_spec" and document_json(None) == ""
+
+
+def test_parse_variants_expands_sweeps() -> None:
+    specs = [{"name": "isd", "params": [{"name": "n", "type": "int"}, {"name": "alpha", "type": "float"}]},
+             {"name": "ar", "params": []}]
+    assert parse_variants("isd n=2,4 alpha=1.0\n\n# note\nar", specs) == [
+        ("isd", {"n": 2, "alpha": 1.0}), ("isd", {"n": 4, "alpha": 1.0}), ("ar", {})]
+    for bad, word in (("nope n=1", "unknown mode"), ("isd x=1", "'x=1'"), ("isd n=two", "'n=two'")):
+        with pytest.raises(ValueError, match=word):
+            parse_variants(bad, specs)
+
+
+def test_comparison_lines_stable_colours_dashes_and_table_counts() -> None:
     a = RunTrace.from_events(run_events("r_a", "ar"))
     b = RunTrace.from_events(run_events("r_b", "linear_spec"))
-    fig = comparison_figure([a, b])
-    assert len(fig.data) == 2
+    c = RunTrace.from_events(run_events("r_c", "linear_spec"))
+    c.params = {"max_new_tokens": 5, "threshold": 0.5}
+    fig = comparison_figure([a, b, c])
+    assert len(fig.data) == 3
     assert list(fig.data[0].x) == [0, 0, 2, 4] and list(fig.data[0].y) == [0, 1, 3, 5]
-    assert fig.layout.xaxis.title.text == "cumulative NFE"
+    assert fig.data[1].line.color == fig.data[2].line.color == mode_color("linear_spec") != mode_color("ar")
+    assert fig.data[1].line.dash != fig.data[2].line.dash, "identical lines stay distinguishable"
+    a.end["metrics"]["tokens"] = 4  # EOS committed but not counted by the table: the chart agrees
+    assert comparison_figure([a]).data[0].y[-1] == 4
+    assert run_labels([a, b, c]) == ["ar", "linear_spec", "linear_spec threshold=0.5"]
 
 
 def test_metrics_table_badges_and_escaping() -> None:
@@ -183,7 +239,8 @@ def test_metrics_table_badges_and_escaping() -> None:
     same = RunTrace.from_events(run_events("r_same", "linear_spec"))
     other = RunTrace.from_events(run_events("r_other", "<i>mode</i>", output=[3, 2]))
     table = metrics_table_html([ref, same, other], ref)
-    assert table.count("<tr>") == 4
+    assert table.count("<tr>") == 4 and '<div class="ss-scroll">' in table and 'href="?run=r_ref&amp;round=0"' in table
+    assert metrics_rows([ref])[0][:5] == ["run", "mode", "label", "status", "tokens"]
     assert "reference" in table and "same output as reference" in table and "differs from reference" in table
     assert "&lt;i&gt;mode&lt;/i&gt;" in table and "<i>mode" not in table
     assert ">1.25<" in table and ">50.0<" in table
@@ -213,13 +270,13 @@ def test_legend_explains_every_colour() -> None:
 
 def test_stats_line_and_sparkline(trace: RunTrace) -> None:
     assert sparkline([0, 2, 4]) == "▁▅█" and sparkline([]) == "" and sparkline([1, 1]) == "▄▄"
-    line = run_stats_markdown(trace)
+    line = run_stats_html(trace)
+    assert "stopped" not in line and "<b>linear_spec</b>" in line
     assert "TPF 1.25" in line and "NFE 4" in line and "50.0 tok/s" in line and "r_test" in line
 
 
 def test_figures_serialise_without_nan(trace: RunTrace) -> None:
-    for fig in (accepted_length_figure(trace.rounds, 0), confidence_figure(trace.rounds[1], piece),
-                comparison_figure([trace])):
+    for fig in (accepted_length_figure(trace.rounds), comparison_figure([trace])):
         json.loads(fig.to_json())
 
 

@@ -66,10 +66,14 @@ def test_param_widgets_and_values() -> None:
         {"name": "threshold", "type": "float", "default": 0.9, "min": 0.0, "max": 1.0, "help": ""},
         {"name": "lora", "type": "bool", "default": True, "min": None, "max": None, "help": ""}]}]
     kinds = [type(param_component(p, p["name"])).__name__ for p in specs[0]["params"]]
-    assert kinds == ["Slider", "Number", "Slider", "Checkbox"]
+    assert kinds == ["Number", "Number", "Slider", "Checkbox"]
+    assert param_component(specs[0]["params"][0], "k", 5).value == 5, "the user's earlier choice, not the default"
+    assert param_component(specs[0]["params"][0], "k").value == 64
     chosen = {"m": {"max_new_tokens": 16.0, "threshold": 1, "lora": False, "seed": None}}
     assert mode_params(specs, "m", chosen) == {"max_new_tokens": 16, "threshold": 1.0, "lora": False}
     assert mode_params(specs, "other", chosen) == {}
+    out_of_range = {"m": {"max_new_tokens": 99999, "seed": -3}}
+    assert mode_params(specs, "m", out_of_range) == {"max_new_tokens": 4096, "seed": 0}
 
 
 def test_client_against_live_server(engine, tmp_path) -> None:
@@ -85,6 +89,16 @@ def test_client_against_live_server(engine, tmp_path) -> None:
 
     async def bad() -> list[dict]:
         return [e async for e in client.generate("hi", "no_such_mode")]
+
+    async def stopped() -> list[dict]:
+        seen: list[dict] = []
+        code = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
+        async for e in client.generate(code, "ar", {"max_new_tokens": 400, "raw": True}, stop=lambda: len(seen) > 3):
+            seen.append(e)
+        return seen
+
+    async def replayed(run_id: str, since: int = 0) -> list[dict]:
+        return [e async for e in client.replay(run_id, since)]
 
     with serving(app, port):
         assert client.health()["status"] == "ok"
@@ -103,6 +117,11 @@ def test_client_against_live_server(engine, tmp_path) -> None:
         made = client.create_comparison("pair", "What is 1 + 2?", [run_id, other])
         assert client.comparison(made["comparison_id"])["run_ids"] == [run_id, other]
         assert asyncio.run(bad())[-1]["type"] == "error"
+        end = asyncio.run(stopped())[-1]  # stop() sends cancel; the stream still ends with the run's run_end
+        assert end["type"] == "run_end" and end["status"] == "cancelled"
+        replay = asyncio.run(replayed(run_id))
+        assert replay == events
+        assert [e["seq"] for e in asyncio.run(replayed(run_id, 3))] == [e["seq"] for e in events[3:]]
         client.delete_run(other)
         with pytest.raises(BackendError, match="404"):
             client.run(other)

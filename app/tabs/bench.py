@@ -81,7 +81,7 @@ def build_bench(backend: Backend, tab: gr.Tab) -> None:
         refresh = gr.Button("↻ reload", elem_id="bench-refresh", scale=0, min_width=100)
     modes = gr.Dataframe(headers=MODE_COLUMNS, value=[], interactive=False, elem_id="bench-modes",
                          label="decoding modes (specscope bench)")
-    speedup = gr.Plot(elem_id="bench-speedup", label="kernels")
+    speedup = gr.Plot(elem_id="bench-speedup", label="kernels", visible=False)
     kernels = gr.Dataframe(headers=KERNEL_COLUMNS, value=[], interactive=False, elem_id="bench-kernels",
                            label="SpecFold verification (python -m kernels.bench)")
 
@@ -90,8 +90,10 @@ def build_bench(backend: Backend, tab: gr.Tab) -> None:
             bench = backend.client(request).bench()
         except (BackendUnavailable, BackendError) as exc:
             return [warning_html(exc), gr.skip(), gr.skip(), gr.skip()]
-        return [summary_html(bench), mode_rows(bench.get("modes")), speedup_figure(bench.get("kernels")),
-                kernel_rows(bench.get("kernels"))]
+        kernels = bench.get("kernels")
+        return [summary_html(bench), mode_rows(bench.get("modes")),
+                gr.Plot(speedup_figure(kernels), visible=True) if kernels else gr.Plot(None, visible=False),
+                gr.Dataframe(kernel_rows(kernels), visible=bool(kernels))]
 
     for trigger in (refresh.click, tab.select):
         trigger(load, None, [summary, modes, speedup, kernels], concurrency_limit=None)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import html
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,10 +12,11 @@ from typing import Any
 import gradio as gr
 
 from app.client import BackendError, BackendUnavailable
-from app.figures import run_stats_markdown, token_grid_html
+from app.figures import esc, pre_html, run_stats_html, token_grid_html
 from app.session import Backend
 from app.trace import Piece, RunTrace
 
+REDRAW_EVERY_S = 0.1
 RUN_ID = re.compile(r"\br_[0-9a-f]{6,32}\b")
 Spec = dict[str, Any]
 History = list[dict[str, Any]]
@@ -33,47 +34,60 @@ def mode_spec(modes: list[Spec], name: str | None) -> Spec | None:
     return next((m for m in modes or [] if m["name"] == name), None)
 
 
+def clamp(p: Spec, value: Any) -> Any:
+    """A parameter value in its declared type and range (an out-of-range number becomes the nearest bound)."""
+    if p["type"] not in ("int", "float") or value is None:
+        return value
+    value = int(round(float(value))) if p["type"] == "int" else float(value)
+    if p.get("min") is not None:
+        value = max(value, type(value)(p["min"]))
+    if p.get("max") is not None:
+        value = min(value, type(value)(p["max"]))
+    return value
+
+
 def mode_params(modes: list[Spec], name: str, chosen: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The parameters sent with a run: the user's choices for this mode, in the declared types."""
+    """The parameters sent with a run: the user's choices for this mode, in the declared types and ranges."""
     spec = mode_spec(modes, name)
     values = (chosen or {}).get(name, {})
-    params = {}
-    for p in spec["params"] if spec else []:
-        if p["name"] in values and values[p["name"]] is not None:
-            value = values[p["name"]]
-            params[p["name"]] = int(value) if p["type"] == "int" else float(value) if p["type"] == "float" else value
-    return params
+    return {p["name"]: clamp(p, values[p["name"]]) for p in (spec["params"] if spec else [])
+            if values.get(p["name"]) is not None}
 
 
-def param_component(p: Spec, key: str) -> gr.Checkbox | gr.Dropdown | gr.Slider | gr.Number:
-    """A widget for one declared parameter: checkbox, choice list, bounded slider, or number box."""
-    common = {"label": p["name"], "info": p.get("help") or None, "key": key, "elem_id": f"param-{p['name']}",
-              "interactive": True}
+def param_component(p: Spec, key: str, value: Any = None) -> gr.Checkbox | gr.Dropdown | gr.Slider | gr.Number:
+    """A widget for one declared parameter (checkbox, choice list, bounded slider, or number box) showing `value`,
+    the user's earlier choice for it, else its default. Number boxes carry no bounds (out-of-range input is
+    clamped by the handler and shown clamped, never refused with an error)."""
+    value = p["default"] if value is None else value
     lo, hi = p.get("min"), p.get("max")
+    shown = (lambda v: str(int(v))) if p["type"] == "int" else (lambda v: f"{v:g}")
+    bounds = f" [{shown(lo)}, {shown(hi)}]" if lo is not None and hi is not None else ""
+    common = {"label": p["name"], "info": (p.get("help") or "") + bounds or None, "key": key,
+              "elem_id": f"param-{p['name']}", "interactive": True}
     if p["type"] == "bool":
-        return gr.Checkbox(value=bool(p["default"]), **common)
+        return gr.Checkbox(value=bool(value), **common)
     if p.get("choices"):
-        return gr.Dropdown(choices=list(p["choices"]), value=p["default"], **common)
-    if lo is not None and hi is not None and (p["type"] == "float" or hi - lo <= 4096):
-        step = 1 if p["type"] == "int" else (hi - lo) / 100
-        return gr.Slider(lo, hi, value=p["default"], step=step, **common)
-    return gr.Number(value=p["default"], precision=0 if p["type"] == "int" else None, minimum=lo, maximum=hi,
-                     **common)
+        return gr.Dropdown(choices=list(p["choices"]), value=value, **common)
+    if p["type"] == "float" and lo is not None and hi is not None:
+        return gr.Slider(lo, hi, value=value, step=(hi - lo) / 100, **common)
+    return gr.Number(value=value, precision=0 if p["type"] == "int" else None, **common)
 
 
 def answer(trace: RunTrace, done: bool) -> str:
-    """An assistant message: the answer as text (HTML escaped), then the run's stats once it has ended."""
-    body = html.escape(trace.text) or ("…" if not done else "*(empty answer)*")
-    return f"{body}\n\n▸ {run_stats_markdown(trace)}" if done else body
+    """An assistant message (the chat renders HTML, not Markdown): the answer as preformatted, escaped text, then
+    the run's stats once it has ended (with a note when it was stopped)."""
+    body = pre_html(trace.text) if trace.text else ("…" if not done else "<i>(empty)</i>")
+    return f"{body}{run_stats_html(trace)}" if done else body
 
 
 def build_chat(backend: Backend) -> ChatTab:
+    stopping: set[str] = set()  # sessions whose running answer was stopped: the run is cancelled, its end shown
     modes = gr.State([])
     chosen = gr.State({})  # mode -> {param: value} the user changed
     with gr.Row():
         with gr.Column(scale=3):
             chatbot = gr.Chatbot(label="chat (every message is one independent run)", height=430,
-                                 elem_id="chat-bot", buttons=["copy"])
+                                 elem_id="chat-bot", buttons=["copy"], render_markdown=False)
             prompt = gr.Textbox(label="message", placeholder="Ask something, e.g. What is 12 + 30?  (Enter sends)",
                                 elem_id="chat-input", lines=1, max_lines=6)
             with gr.Row():
@@ -83,8 +97,8 @@ def build_chat(backend: Backend) -> ChatTab:
         with gr.Column(scale=2):
             mode = gr.Dropdown(label="decoding mode", choices=[], elem_id="chat-mode", interactive=True)
 
-            @gr.render(inputs=[mode, modes], triggers=[mode.change])
-            def params_ui(name: str | None, specs: list[Spec]) -> None:
+            @gr.render(inputs=[mode, modes, chosen], triggers=[mode.change])
+            def params_ui(name: str | None, specs: list[Spec], values: dict) -> None:
                 spec = mode_spec(specs, name)
                 if spec is None:
                     gr.Markdown("*Modes load from the backend…*")
@@ -92,13 +106,17 @@ def build_chat(backend: Backend) -> ChatTab:
                 gr.Markdown(f"**{spec['name']}**: {spec['summary']}  \n*NFE: {spec['nfe']}*")
                 with gr.Accordion("parameters", open=True):
                     for p in spec["params"]:
-                        widget = param_component(p, key=f"{spec['name']}:{p['name']}")
+                        widget = param_component(p, f"{spec['name']}:{p['name']}",
+                                                 (values or {}).get(spec["name"], {}).get(p["name"]))
 
                         def remember(value: Any, state: dict, mode_name: str = spec["name"],
                                      param: str = p["name"]) -> dict:
                             return {**state, mode_name: {**state.get(mode_name, {}), param: value}}
 
                         widget.change(remember, [widget, chosen], chosen, queue=False)
+                        if isinstance(widget, gr.Number):  # show the value the run will use
+                            for trigger in (widget.blur, widget.submit):
+                                trigger(lambda v, p=p: clamp(p, v), widget, widget, queue=False)
 
             live = gr.HTML(label="latest round", elem_id="chat-live",
                            value='<div class="ss-empty">The latest round of a streaming run shows here.</div>')
@@ -111,32 +129,45 @@ def build_chat(backend: Backend) -> ChatTab:
         if not message.strip() or not name:
             yield history, message, gr.skip(), gr.skip()
             return
-        history = [*history, {"role": "user", "content": html.escape(message)},
+        history = [*history, {"role": "user", "content": pre_html(message)},
                    {"role": "assistant", "content": "…"}]
         yield history, "", gr.skip(), gr.skip()
         client = backend.client(request)
         trace = RunTrace(run_id="")
         piece: Piece | None = None
+        session = request.session_hash or ""
+        stopping.discard(session)
+        shown = 0.0
         try:
-            async for event in client.generate(message, name, mode_params(specs, name, values)):
+            async for event in client.generate(message, name, mode_params(specs, name, values),
+                                               stop=lambda: session in stopping):
                 trace.run_id = trace.run_id or str(event.get("run_id", ""))
                 trace.add(event)
                 final = event.get("type") in ("run_end", "error")
+                if not final and (event.get("type") != "round" or time.monotonic() - shown < REDRAW_EVERY_S):
+                    continue  # a fast run's rounds are coalesced: the browser redraws the chat at most this often
+                shown = time.monotonic()
                 history[-1] = {"role": "assistant", "content": answer(trace, final)}
-                grid: Any = gr.skip()
-                if event.get("type") == "round":
-                    if piece is None:  # off the event loop: the backend may be this very server
-                        piece = await asyncio.to_thread(backend.piece, client, trace)
-                    grid = token_grid_html(event, piece, trace.context(len(trace.rounds) - 1))
+                if piece is None:  # off the event loop: the backend may be this very server
+                    piece = await asyncio.to_thread(backend.piece, client, trace)
+                grid = token_grid_html(trace.rounds[-1], piece, trace.context(len(trace.rounds) - 1)) \
+                    if trace.rounds else gr.skip()
                 yield history, "", grid, trace.run_id
         except (BackendUnavailable, BackendError) as exc:
-            history[-1] = {"role": "assistant", "content": f"⚠ **{html.escape(str(exc))}**"}
+            history[-1] = {"role": "assistant", "content": f"⚠ <b>{esc(exc)}</b>"}
             yield history, "", gr.skip(), trace.run_id
+        finally:
+            stopping.discard(session)
 
     inputs = [prompt, chatbot, mode, modes, chosen]
     outputs = [chatbot, prompt, live, run_id]
-    events = [prompt.submit(respond, inputs, outputs), send.click(respond, inputs, outputs)]
-    stop.click(None, cancels=events)
+    prompt.submit(respond, inputs, outputs)
+    send.click(respond, inputs, outputs)
+
+    def request_stop(request: gr.Request) -> None:
+        stopping.add(request.session_hash or "")
+
+    stop.click(request_stop, None, None, queue=False)
     clear.click(lambda: ([], ""), None, [chatbot, run_id], queue=False)
 
     def pick_run(evt: gr.SelectData) -> str:

@@ -47,9 +47,13 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
     with gr.Row():
         selected = gr.Textbox(label="selected run", interactive=True, elem_id="runs-selected", scale=3)
         open_button = gr.Button("Open in visualizer", elem_id="runs-open", scale=1)
-        delete = gr.Button("Delete", variant="stop", elem_id="runs-delete", scale=1)
+        delete = gr.Button("Delete…", variant="stop", elem_id="runs-delete", scale=1)
         export_json = gr.Button("Export JSON", elem_id="runs-export-json", scale=1)
         export_perfetto = gr.Button("Export Perfetto", elem_id="runs-export-perfetto", scale=1)
+    with gr.Row(visible=False, elem_id="runs-confirm-row") as confirm_row:
+        confirm_text = gr.HTML(elem_id="runs-confirm-text")
+        confirm = gr.Button("Yes, delete", variant="stop", elem_id="runs-confirm", scale=0, min_width=120)
+        cancel = gr.Button("Keep it", elem_id="runs-cancel", scale=0, min_width=100)
     message = gr.HTML(elem_id="runs-message")
     download = gr.File(label="download", elem_id="runs-file", interactive=False, visible=False)
 
@@ -65,17 +69,27 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
         row = evt.row_value or []
         return str(row[0]) if row else gr.skip()
 
-    def remove(run_id: str, mode_name: str, state: str, request: gr.Request) -> tuple[Any, str, str]:
+    def ask(run_id: str, request: gr.Request) -> tuple[Any, Any, str]:
+        """Deleting needs a second click; the question names the saved comparisons the run would leave."""
         if not run_id:
-            return gr.skip(), "Select a run first.", gr.skip()
+            return gr.Row(visible=False), gr.skip(), "Select a run first."
+        try:
+            within = [c for c in backend.client(request).comparisons() if run_id in c["run_ids"]]
+        except (BackendUnavailable, BackendError) as exc:
+            return gr.Row(visible=False), gr.skip(), warning_html(exc)
+        names = ", ".join(f"<b>{html.escape(c['label'] or c['comparison_id'])}</b>" for c in within)
+        also = f" It is part of saved comparison(s) {names}, which will no longer include it." if within else ""
+        return gr.Row(visible=True), f"Delete run <code>{html.escape(run_id)}</code> for good?{also}", ""
+
+    def remove(run_id: str, mode_name: str, state: str, request: gr.Request) -> tuple[Any, str, str, Any]:
         client = backend.client(request)
         try:
             client.delete_run(run_id)
         except (BackendUnavailable, BackendError) as exc:
-            return gr.skip(), warning_html(exc), gr.skip()
+            return gr.skip(), warning_html(exc), gr.skip(), gr.Row(visible=False)
         backend.forget(client, run_id)
         rows, _ = refresh_table(mode_name, state, request)
-        return rows, f"Deleted <code>{html.escape(run_id)}</code>.", ""
+        return rows, f"Deleted <code>{html.escape(run_id)}</code>.", "", gr.Row(visible=False)
 
     def export(fmt_name: str) -> Any:
         def run_export(run_id: str, request: gr.Request) -> tuple[Any, str]:
@@ -96,7 +110,9 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
     for trigger in (refresh.click, mode.change, status.change, tab.select):
         trigger(refresh_table, filters, [table, message], concurrency_limit=None)
     table.select(select, None, selected, concurrency_limit=None)
-    delete.click(remove, [selected, *filters], [table, message, selected], concurrency_limit=None)
+    delete.click(ask, selected, [confirm_row, confirm_text, message], concurrency_limit=None)
+    confirm.click(remove, [selected, *filters], [table, message, selected, confirm_row], concurrency_limit=None)
+    cancel.click(lambda: gr.Row(visible=False), None, confirm_row, queue=False)
     export_json.click(export("json"), selected, [download, message], concurrency_limit=None)
     export_perfetto.click(export("perfetto"), selected, [download, message], concurrency_limit=None)
     return RunsTab(mode=mode, selected=selected, open_button=open_button)

@@ -1,0 +1,500 @@
+// specscope visualizer: renders one run's document (app/vizdoc.py) round by round, entirely in the browser.
+// A step redraws only the round panels (grid, confidence, ISD p/q, branches, fold) and moves the chart cursors;
+// the per-run charts are drawn once per document. Everything shown is escaped text (esc) or Plotly data.
+window.specscopeViz = (() => {
+  const STATES = new Set(["prompt", "committed", "mask", "draft", "accepted", "rejected", "bonus", "pending",
+                          "padding"]);
+  const MASKED = new Set(["mask", "padding"]);
+  const VISIBLE = { " ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍" };
+  const MAX_CONTEXT = 48;
+  const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+  const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ESC[c]);
+  const show = (text, limit = 14) => {
+    const t = String(text).replace(/[ \n\t\r]/g, (c) => VISIBLE[c]) || "∅";
+    return t.length <= limit ? t : t.slice(0, limit - 1) + "…";
+  };
+  const fmt = (v, d = 3) => (v === null || v === undefined ? "—" : typeof v === "number" && !Number.isInteger(v)
+    ? v.toFixed(d) : String(v));
+  const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
+  const state = (s) => (STATES.has(s) ? s : "unknown");
+  const PLOT_CONFIG = { displaylogo: false, responsive: true, toImageButtonOptions: { format: "svg" } };
+
+  const SKELETON = `
+    <div class="ssv-summary" id="viz-summary"></div>
+    <div class="ssv-controls">
+      <button id="viz-prev" class="ssv-btn">◀ prev</button>
+      <input id="viz-slider" type="range" min="0" max="0" value="0" step="1" aria-label="round">
+      <button id="viz-next" class="ssv-btn">next ▶</button>
+      <button id="viz-play" class="ssv-btn">▶ play</button>
+      <button id="viz-pause" class="ssv-btn">❚❚ pause</button>
+      <label class="ssv-speed">rounds/s <select id="viz-speed">
+        <option>0.5</option><option>1</option><option selected>2</option><option>5</option><option>10</option>
+        <option>20</option></select></label>
+      <span id="viz-label" class="ssv-label"></span>
+    </div>
+    <div id="viz-grid" class="ssv-panel"></div>
+    <div id="viz-history" class="ssv-panel" hidden></div>
+    <div class="ssv-row">
+      <div id="viz-conf" class="ssv-panel"></div>
+      <div id="viz-isd" class="ssv-panel" hidden></div>
+    </div>
+    <div id="viz-branches" class="ssv-panel" hidden></div>
+    <div id="viz-fold" class="ssv-panel" hidden></div>
+    <div class="ssv-row">
+      <div id="viz-accepted" class="ssv-chart ssv-run-chart"></div>
+      <div id="viz-cases" class="ssv-chart ssv-run-chart" hidden></div>
+      <div id="viz-positions" class="ssv-chart" hidden></div>
+    </div>
+    <div id="viz-kv" class="ssv-chart ssv-run-chart"></div>
+    <div id="viz-output" class="ssv-panel"></div>`;
+
+  // -- per-run precomputation ----------------------------------------------------------------------------------------
+
+  function prepare(doc) {
+    for (const r of doc.rounds) {  // numbers drawn into markup are numbers, whatever an imported trace holds
+      for (const key of ["round", "block_start", "accepted_len", "nfe"]) r[key] = Number(r[key] || 0);
+    }
+    const piece = (t) => (doc.pieces[String(t)] ?? `#${t}`);
+    const seq = [...doc.prompt_ids];
+    const before = [];  // committed tokens before each round
+    for (const r of doc.rounds) { before.push(seq.length); seq.push(...(r.committed || [])); }
+    const maskIds = new Set(doc.mask_ids || []);
+    const hits = new Map();  // verified round -> [{branch id, the later round whose main state it was, its index}]
+    doc.rounds.forEach((r, k) => (r.branches || []).forEach((b) => {
+      if (!b.cache_hit || b.verified_round === undefined) return;
+      if (!hits.has(b.verified_round)) hits.set(b.verified_round, []);
+      hits.get(b.verified_round).push({ id: b.id, round: r.round, k });
+    }));
+    const byRound = new Map(doc.rounds.map((r, k) => [r.round, k]));
+    return { piece, seq, before, maskIds, hits, byRound };
+  }
+
+  // -- cells ---------------------------------------------------------------------------------------------------------
+
+  function cell(ctx, pos, token, st, details = []) {
+    const text = ctx.piece(token);
+    const title = [`pos ${pos} · ${st}`, `token ${JSON.stringify(text)} (id ${token})`, ...details].join("\n");
+    const shown = MASKED.has(st) ? "[M]" : show(text);
+    return `<span class="ss-tok ss-s-${state(st)}" title="${esc(title)}" data-pos="${pos}">` +
+      `<span class="ss-txt">${esc(shown)}</span><span class="ss-pos">${pos}</span></span>`;
+  }
+
+  function blockCells(ctx, r) {
+    const start = r.block_start || 0;
+    const conf = r.conf || [];
+    const guess = (r.extra || {}).guess || [];
+    const pq = new Map((r.pq || []).map((e, i) => [(e.i ?? i) + 1, e]));
+    return (r.tokens || []).map((token, i) => {
+      const st = (r.states || [])[i];
+      const details = [`round ${r.round}`, `confidence ${fmt(conf[i])}`];
+      if (MASKED.has(st) && i > 0 && i <= guess.length) details.push(`guess ${JSON.stringify(ctx.piece(guess[i - 1]))}`);
+      const e = pq.get(i);
+      if (e) details.push(`p ${fmt(e.p)} · q ${fmt(e.q)} · ${e.accepted ? "accepted" : "rejected"}`);
+      return cell(ctx, start + i, token, st, details);
+    }).join("");
+  }
+
+  function roundFacts(doc, ctx, r) {
+    const x = r.extra || {};
+    const facts = [`block at ${r.block_start} (size ${(r.tokens || []).length})`, `accepted ${r.accepted_len}`,
+                   `committed ${(r.committed || []).length}`, `NFE +${r.nfe}`];
+    if (r.case) facts.push(`case <b>${esc(r.case)}</b>`);
+    if (x.threshold !== undefined) facts.push(`τ ${esc(fmt(x.threshold))}`);
+    if (x.n !== undefined) facts.push(`n ${esc(x.n)}`);
+    if (x.trim !== undefined) facts.push(`KV trimmed ${esc(x.trim)}`);
+    if (x.forwards_saved !== undefined) facts.push(`forwards saved so far ${esc(x.forwards_saved)}`);
+    if (x.tier !== undefined) facts.push(`tier ${esc(x.tier)}`);
+    if (x.block_size !== undefined) facts.push(`block size ${esc(x.block_size)}`);
+    if (r.fold_qkv !== undefined) facts.push(`fold QKV ${pct(r.fold_qkv)}`);
+    if (r.fold_ffn_ratio !== undefined) facts.push(`fold FFN ${pct(r.fold_ffn_ratio)}`);
+    if (x.replaced_draft !== undefined) {
+      facts.push(`<span class="ssv-replaced">rejected draft <s>${esc(show(ctx.piece(x.replaced_draft), 24))}</s> → ` +
+                 `correction ${esc(show(ctx.piece(bonusToken(r)), 24))}</span>`);
+    }
+    const hit = (r.branches || []).find((b) => b.cache_hit);
+    if (hit) facts.push(`<span class="ss-badge ss-ok">cache hit: branch b${esc(hit.id)} verified in round ` +
+                        `${esc(hit.verified_round)} · no forward</span>`);
+    const phases = (r.phases || []).map((p) => `${p.kind} (${p.attn}${p.lora ? ", LoRA" : ""}, ${p.n_query} q, ` +
+                                              `${fmt(p.ms, 1)} ms)`).join(" → ") || "no forward";
+    return `<div class="ss-round-head"><b>round ${r.round}</b> · ${facts.join(" · ")}` +
+      `<div class="ss-phases">${esc(phases)}</div></div>`;
+  }
+
+  function bonusToken(r) {
+    const i = (r.states || []).indexOf("bonus");
+    return i >= 0 ? r.tokens[i] : (r.committed || []).slice(-1)[0];
+  }
+
+  function gridHtml(doc, ctx, k) {
+    const r = doc.rounds[k];
+    const n = doc.prompt_ids.length;
+    const stop = Math.min(ctx.before[k], r.block_start || 0);
+    const from = Math.max(0, stop - MAX_CONTEXT);
+    let parts = from ? `<span class="ss-more">… ${from} earlier</span>` : "";
+    for (let pos = from; pos < stop; pos++) parts += cell(ctx, pos, ctx.seq[pos], pos < n ? "prompt" : "committed");
+    return `<div class="ss-round">${roundFacts(doc, ctx, r)}<div class="ss-grid">${parts}` +
+      `<span class="ss-block">${blockCells(ctx, r)}</span></div>` +
+      `<div class="ssv-hint">click a token to see its history across rounds</div></div>`;
+  }
+
+  // -- ISD -----------------------------------------------------------------------------------------------------------
+
+  function isdHtml(doc, ctx, r) {
+    const temp = Number(doc.params.temperature || 0);
+    const alpha = Number(doc.params.alpha ?? 1);
+    const pq = r.pq || [];
+    if (!pq.length) {
+      const why = r.round === 0 ? "prefill: the prompt's forward; there are no specs yet."
+        : r.case === "C" ? "case C (cold start): the previous round left no specs to verify; this forward only " +
+          "drafts the next ones." : "no specs were verified this round.";
+      return `<div class="ss-round-head"><b>p / q</b> · round ${r.round}</div><div class="ssv-note">${esc(why)}</div>`;
+    }
+    const head = ["spec", "token", "p (verifier)", "q (draft)"];
+    if (temp > 0) head.push("min(1, p/(αq))", "u");
+    head.push("verdict");
+    const rows = pq.map((e, i) => {
+      const cells = [esc(e.i ?? i), esc(show(ctx.piece(e.token), 24)), esc(fmt(e.p)), esc(fmt(e.q))];
+      if (temp > 0) {
+        cells.push(e.q ? fmt(Math.min(1, Number(e.p) / (alpha * Number(e.q)))) : "—");
+        cells.push(e.u !== undefined ? esc(fmt(e.u)) : "not recorded");
+      }
+      cells.push(e.accepted ? '<span class="ss-badge ss-ok">accepted</span>' : '<span class="ss-badge ss-bad">rejected</span>');
+      return `<tr>${cells.map((c) => `<td>${c}</td>`).join("")}</tr>`;
+    }).join("");
+    const rule = temp > 0 ? `T = ${temp}: a spec is accepted when u < min(1, p/(αq)), α = ${alpha}.`
+      : "T = 0: a spec is accepted when it is the verifier's argmax.";
+    return `<div class="ss-round-head"><b>p / q per spec</b> · round ${r.round}</div>` +
+      `<div class="ss-scroll"><table class="ss-table"><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}` +
+      `</tr></thead><tbody>${rows}</tbody></table></div><div class="ssv-note">${esc(rule)}</div>`;
+  }
+
+  // -- branches and fold ---------------------------------------------------------------------------------------------
+
+  function branchesHtml(doc, ctx, k) {
+    const r = doc.rounds[k];
+    const branches = r.branches || [];
+    const start = r.block_start || 0;
+    const main = r.tokens || [];
+    const states = r.states || [];
+    const matches = ctx.hits.get(r.round) || [];
+    const rows = branches.map((b) => {
+      const cells = (b.tokens || []).map((t, i) => {
+        const st = main[i] === t ? states[i] : ctx.maskIds.has(t) ? "mask" : "draft";
+        return cell(ctx, start + i, t, st, [`branch ${b.id}`]);
+      }).join("");
+      const badges = [];
+      if (b.cache_hit) badges.push(`<span class="ss-badge ss-ok">cache hit · verified in round ${esc(b.verified_round)}</span>`);
+      const mine = matches.filter((m) => m.id === b.id);
+      for (const m of mine) badges.push(`<span class="ss-badge ss-ref" data-jump="${m.k}">= round ${m.round}'s main state ↗</span>`);
+      const root = b.parent === null || b.parent === undefined;
+      const name = root ? `b${b.id} = main` : `b${b.id} ← b${b.parent}`;
+      return `<div class="ss-branch${mine.length ? " ssv-matched" : ""}">` +
+        `<span class="ss-branch-id">${esc(name)}</span>${badges.join("")}` +
+        `<div class="ss-grid">${cells}</div></div>`;
+    }).join("");
+    const note = matches.length ? matches.map((m) => `branch b${m.id} matched the main state of round ${m.round} ` +
+      `(a cache hit there)`).join("; ") : "no branch of this round matched a later main state";
+    return `<div class="ss-round-head"><b>draft branches</b> · round ${r.round} · ${branches.length} branches · ` +
+      `${esc(note)}<div class="ss-phases">yellow = drafted token that differs from the main block; [M] = still ` +
+      `masked in that branch</div></div><div class="ss-branches">${rows}</div>`;
+  }
+
+  function heatTable(title, counts, width) {
+    if (!counts || !counts.length) return "";
+    const head = counts[0].map((_, j) => `<th>b${j}</th>`).join("");
+    const rows = counts.map((layer, l) => `<tr><th>L${l}</th>${layer.map((c) => {
+      const a = width ? Math.min(1, Number(c) / width) || 0 : 0;
+      return `<td style="background:rgba(37,99,235,${(0.08 + 0.8 * a).toFixed(2)})" title="layer ${l} · ` +
+        `recomputed ${esc(c)} of ${width}">${esc(c)}</td>`;
+    }).join("")}</tr>`).join("");
+    return `<div><b>${esc(title)}</b><div class="ss-scroll"><table class="ssv-heat"><thead><tr><th></th>${head}` +
+      `</tr></thead><tbody>${rows}</tbody></table></div></div>`;
+  }
+
+  function foldHtml(doc, r) {
+    const width = Math.max(0, ...(r.branches || []).map((b) => (b.tokens || []).length));
+    return `<div class="ss-round-head"><b>fold</b> · round ${r.round} · QKV folded ${pct(r.fold_qkv)} · FFN folded ` +
+      `${pct(r.fold_ffn_ratio)} · run overall ${pct(doc.metrics.fold_ratio)}<div class="ss-phases">recomputed ` +
+      `positions per layer × branch (b0, the main state, always runs dense)</div></div><div class="ssv-row">` +
+      heatTable("QKV / attention", r.fold, width) + heatTable("FFN", (r.extra || {}).fold_ffn, width) + "</div>";
+  }
+
+  // -- token history -------------------------------------------------------------------------------------------------
+
+  function historyHtml(doc, ctx, pos) {
+    const entries = [];  // one per round whose block holds the position; unchanged runs are merged below
+    doc.rounds.forEach((r, k) => {
+      const i = pos - (r.block_start || 0);
+      if (i < 0 || i >= (r.tokens || []).length) return;
+      const st = r.states[i];
+      const guess = (r.extra || {}).guess || [];
+      const e = (r.pq || []).find((x, j) => (x.i ?? j) + 1 === i);
+      const drafts = new Set((r.branches || []).map((b) => (b.tokens || [])[i]).filter((t) => t !== undefined &&
+        !ctx.maskIds.has(t) && t !== r.tokens[i]));
+      const notes = [];
+      if (MASKED.has(st) && i > 0 && i <= guess.length) notes.push(`guess ${show(ctx.piece(guess[i - 1]), 20)}`);
+      if (e) notes.push(`p ${fmt(e.p)} q ${fmt(e.q)} ${e.accepted ? "accepted" : "rejected"}`);
+      if (st === "bonus" && (r.extra || {}).replaced_draft !== undefined) {
+        notes.push(`replaced draft ${show(ctx.piece(r.extra.replaced_draft), 20)}`);
+      }
+      if (drafts.size) notes.push(`branch drafts ${[...drafts].map((t) => show(ctx.piece(t), 12)).join(", ")}`);
+      const token = MASKED.has(st) ? "[M]" : show(ctx.piece(r.tokens[i]), 24);
+      const entry = { k, from: r.round, to: r.round, st, token, conf: fmt((r.conf || [])[i]), notes: notes.join(" · ") };
+      const last = entries[entries.length - 1];
+      if (last && last.to === r.round - 1 && last.st === st && last.token === token && last.conf === entry.conf &&
+          last.notes === entry.notes) last.to = r.round;
+      else entries.push(entry);
+    });
+    const rows = entries.map((x) => `<tr data-jump="${x.k}" data-from="${x.from}" data-to="${x.to}"><td>` +
+      `${x.from === x.to ? x.from : `${x.from}–${x.to}`}</td><td><span class="ss-badge ss-s-${state(x.st)}">` +
+      `${esc(x.st)}</span></td><td>${esc(x.token)}</td><td>${esc(x.conf)}</td><td>${esc(x.notes)}</td></tr>`);
+    const n = doc.prompt_ids.length;
+    const where = pos < n ? "a prompt token" : `output token ${pos - n}`;
+    return `<div class="ss-round-head"><b>history of position ${pos}</b> (${esc(where)}) · click a row to jump ` +
+      `<button class="ssv-btn" data-close="1">close</button></div>` + (rows.length
+      ? `<div class="ss-scroll"><table class="ss-table ssv-history"><thead><tr><th>round</th><th>state</th>` +
+        `<th>token</th><th>confidence</th><th>details</th></tr></thead><tbody>${rows.join("")}</tbody></table></div>`
+      : `<div class="ssv-note">position ${pos} was never in a round's block (${esc(where)}).</div>`) +
+      `<div class="ssv-note">top-k alternatives are not recorded by the engine.</div>`;
+  }
+
+  // -- summary, metrics, step map ------------------------------------------------------------------------------------
+
+  function summaryHtml(doc) {
+    const m = doc.metrics || {};
+    const params = Object.entries(doc.params || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+    const ours = [["tokens", m.tokens], ["NFE", m.nfe], ["TPF", fmt(m.tpf, 2)], ["tok/s", fmt(m.tok_per_s, 1)],
+                  ["mean accepted", fmt(m.accept_len_mean, 2)], ["KV peak", m.kv_peak], ["KV leaked", m.kv_leaked]];
+    if (m.fold_ratio !== undefined && m.fold_ratio !== null) ours.push(["fold ratio (run)", pct(m.fold_ratio)]);
+    if (m.cache_hits !== undefined) ours.push(["cache hits", m.cache_hits], ["forwards saved", m.forwards_saved],
+                                               ["verify forwards", m.verify_forwards],
+                                               ["draft hit rate", pct(m.draft_hit_rate)]);
+    if (m.case_V !== undefined) ours.push(["cases V/R/C", `${m.case_V}/${m.case_R}/${m.case_C}`]);
+    const s = doc.spec;
+    const vllm = s ? [["mean_acceptance_length", fmt(s.mean_acceptance_length, 2)],
+                      ["draft_acceptance_rate", pct(s.draft_acceptance_rate)], ["verify steps", s.num_spec_steps],
+                      ["drafted", s.num_draft_tokens], ["accepted", s.num_accepted_draft_tokens]] : [];
+    const kv = (rows) => rows.map(([k, v]) => `<span class="ssv-metric"><span>${esc(k)}</span> <b>${esc(fmt(v))}</b></span>`).join("");
+    const status = doc.status === "running" ? '<span class="ss-badge ss-ref">● live: following</span>'
+      : `<span class="ss-badge ${doc.status === "done" ? "ss-ok" : "ss-bad"}">${esc(doc.status)}</span>`;
+    return `<div class="ss-summary"><b>${esc(doc.mode)} · ${esc(doc.run_id)} · ${esc(doc.status)} · ` +
+      `${doc.rounds.length} rounds · NFE ${esc(fmt(m.nfe))} · TPF ${esc(fmt(m.tpf, 2))}</b> ${status}` +
+      (doc.error ? `<div class="ss-badge ss-bad">${esc(doc.error)}</div>` : "") +
+      `<div><b>prompt</b> <code>${esc(doc.prompt)}</code></div><div><b>params</b> <code>${esc(params)}</code></div>` +
+      `<div class="ssv-explain">${esc(doc.explain)}</div>` +
+      `<div class="ssv-metrics"><b>run</b> ${kv(ours)}</div>` +
+      (s ? `<div class="ssv-metrics" id="viz-vllm"><b>spec-decode (vLLM)</b> ${kv(vllm)}</div>` : "") + `</div>`;
+  }
+
+  function outputHtml(doc, ctx) {
+    const last = Math.max(1, ...doc.step_map);
+    const toks = doc.output_ids.map((t, k) => {
+      const r = doc.step_map[k];
+      const hue = Math.round(220 - 200 * (r / last));
+      return `<span class="ssv-step" style="background:hsl(${hue},70%,88%)" data-jump-round="${r}" ` +
+        `data-pos="${doc.prompt_ids.length + k}" title="output token ${k} · revealed in round ${r}">` +
+        `${esc(ctx.piece(t))}</span>`;
+    }).join("");
+    return `<div class="ss-round-head"><b>output · step map</b> (colour = the round that revealed each token, ` +
+      `blue early → red late; click one to jump to that round)</div><div class="ssv-output">${toks || "<i>empty</i>"}` +
+      `</div>`;
+  }
+
+  // -- charts --------------------------------------------------------------------------------------------------------
+
+  // confidence per block position as inline SVG (redrawn every step: far cheaper than a Plotly redraw)
+  function confSvg(doc, ctx, r) {
+    const start = r.block_start || 0;
+    const n = Math.max((r.tokens || []).length, 1);
+    const conf = r.conf || [];
+    const tau = (r.extra || {}).threshold ?? doc.params.threshold;
+    const W = 800, H = 200, L = 44, B = 34, T = 14;
+    const bw = (W - L - 8) / n;
+    const y = (v) => T + (H - T - B) * (1 - v);
+    let bars = "";
+    let ticks = "";
+    const every = Math.ceil(n / 16);
+    for (let i = 0; i < n; i++) {
+      const x = L + i * bw;
+      if (i % every === 0) ticks += `<text x="${x + bw / 2}" y="${H - B + 14}" class="ssv-tick">${start + i}</text>`;
+      const c = conf[i];
+      if (c === null || c === undefined) continue;
+      const st = state((r.states || [])[i]);
+      bars += `<rect x="${x + bw * 0.1}" y="${y(c)}" width="${bw * 0.8}" height="${y(0) - y(c)}" ` +
+        `class="ssv-bar" style="fill:var(--ss-${st})" data-pos="${start + i}"><title>pos ${start + i} · ${esc(st)}\n` +
+        `token ${esc(JSON.stringify(ctx.piece(r.tokens[i])))}\nconf ${esc(fmt(c))}</title></rect>`;
+    }
+    const grid = [0, 0.5, 1].map((v) => `<line x1="${L}" x2="${W - 8}" y1="${y(v)}" y2="${y(v)}" class="ssv-gridline"/>` +
+      `<text x="${L - 6}" y="${y(v) + 4}" class="ssv-tick" text-anchor="end">${v}</text>`).join("");
+    const line = tau ? `<line x1="${L}" x2="${W - 8}" y1="${y(tau)}" y2="${y(tau)}" class="ssv-tau"/>` +
+      `<text x="${W - 10}" y="${y(tau) - 4}" class="ssv-tick ssv-tau-label" text-anchor="end">τ = ${esc(tau)}</text>` : "";
+    return `<div class="ss-round-head"><b>confidence per position</b> · round ${r.round}</div>` +
+      `<div class="ss-scroll"><svg class="ssv-conf" viewBox="0 0 ${W} ${H}" role="img" ` +
+      `aria-label="confidence per position">${grid}${ticks}${bars}${line}` +
+      `<text x="${(L + W) / 2}" y="${H - 4}" class="ssv-axis" text-anchor="middle">position</text>` +
+      `<text x="12" y="${(T + H - B) / 2}" class="ssv-axis" text-anchor="middle" ` +
+      `transform="rotate(-90 12 ${(T + H - B) / 2})">confidence</text></svg></div>`;
+  }
+
+  function moveCursor(gd, round) {
+    const shapes = (gd.layout && gd.layout.shapes) || [];
+    const k = shapes.findIndex((s) => s.name === "cursor");
+    if (k < 0) return;
+    const path = gd.querySelector(`.shapelayer path[data-index="${k}"]`);
+    const area = gd.querySelector(".nsewdrag");
+    const range = gd.layout.xaxis && gd.layout.xaxis.range;
+    if (path && area && range) {  // shift the drawn line: no Plotly redraw
+      if (path.dataset.drawnX === undefined) path.dataset.drawnX = shapes[k].x0;
+      const perUnit = Number(area.getAttribute("width")) / (range[1] - range[0]);
+      path.setAttribute("transform", `translate(${(round - Number(path.dataset.drawnX)) * perUnit},0)`);
+      shapes[k].x0 = shapes[k].x1 = round;
+    }
+  }
+
+  // -- the component -------------------------------------------------------------------------------------------------
+
+  class Viz {
+    constructor(root) {
+      this.root = root;
+      root.ssViz = this;  // reachable from the page (tests, console): document.querySelector(".ssv").ssViz
+      root.innerHTML = SKELETON;
+      this.$ = (id) => root.querySelector(`#${id}`);
+      this.doc = null;
+      this.k = 0;
+      this.timer = null;
+      this.pos = null;
+      this.$("viz-prev").onclick = () => this.go(this.k - 1);
+      this.$("viz-next").onclick = () => this.go(this.k + 1);
+      this.$("viz-slider").oninput = (e) => this.go(Number(e.target.value));
+      this.$("viz-play").onclick = () => this.play();
+      this.$("viz-pause").onclick = () => this.stop();
+      this.$("viz-speed").onchange = () => { if (this.timer) this.play(); };
+      root.addEventListener("click", (e) => this.click(e));
+      let width = 0;
+      new ResizeObserver(() => {  // a chart follows its box's width (rows wrap on narrow screens)
+        if (root.clientWidth === width || !window.Plotly) return;
+        width = root.clientWidth;
+        root.querySelectorAll(".ssv-chart").forEach((gd) => { if (gd.data && !gd.hidden) Plotly.Plots.resize(gd); });
+      }).observe(root);
+    }
+
+    load(value) {
+      if (!value) { this.doc = null; this.$("viz-summary").innerHTML = '<div class="ss-empty">Pick a run.</div>'; return; }
+      const doc = JSON.parse(value);
+      const same = this.doc && this.doc.run_id === doc.run_id;
+      const following = same && this.k >= this.doc.rounds.length - 1;
+      this.doc = doc;
+      this.ctx = prepare(doc);
+      this.$("viz-summary").innerHTML = summaryHtml(doc);
+      this.$("viz-output").innerHTML = outputHtml(doc, this.ctx);
+      this.drawRunCharts();
+      const slider = this.$("viz-slider");
+      slider.max = String(Math.max(doc.rounds.length - 1, 0));
+      if (!doc.rounds.length) { this.$("viz-grid").innerHTML = '<div class="ss-empty">No rounds yet.</div>'; return; }
+      const end = doc.rounds.length - 1;
+      let k = same ? (following ? end : this.k) : doc.status === "running" ? end : 0;  // a live run opens at its head
+      const url = new URLSearchParams(window.location.search);
+      if (!same && url.get("run") === doc.run_id && url.get("round") !== null) {
+        k = this.ctx.byRound.get(Number(url.get("round"))) ?? (Number(url.get("round")) > 0 ? end : 0);
+      }
+      this.pos = same ? this.pos : null;
+      this.go(k, true);
+    }
+
+    drawRunCharts() {
+      const figs = this.doc.figures;
+      const charts = [["accepted", "viz-accepted"], ["cases", "viz-cases"], ["positions", "viz-positions"],
+                      ["kv", "viz-kv"]];
+      for (const [name, id] of charts) this.$(id).hidden = !figs[name];  // widths settle before drawing
+      if (!window.Plotly) return;
+      for (const [name, id] of charts) {
+        const gd = this.$(id);
+        if (!figs[name]) continue;
+        Plotly.react(gd, figs[name].data, figs[name].layout, PLOT_CONFIG);
+        if (!gd.ssClick) {
+          gd.ssClick = true;
+          gd.on("plotly_click", (ev) => this.clickChart(id, ev));
+        }
+      }
+    }
+
+    clickChart(id, ev) {
+      const p = ev.points && ev.points[0];
+      if (!p) return;
+      const round = id === "viz-kv" ? p.customdata[1] : id === "viz-positions" ? null : p.x;
+      if (round !== null && this.ctx.byRound.has(round)) this.go(this.ctx.byRound.get(round));
+    }
+
+    click(e) {
+      const t = e.target.closest("[data-jump],[data-jump-round],[data-pos],[data-close]");
+      if (!t || !this.doc) return;
+      if (t.dataset.close) { this.pos = null; this.$("viz-history").hidden = true; return; }
+      if (t.dataset.jumpRound !== undefined) { this.pos = Number(t.dataset.pos); this.go(this.ctx.byRound.get(Number(t.dataset.jumpRound)) ?? this.k); return; }
+      if (t.dataset.jump !== undefined) { this.go(Number(t.dataset.jump)); return; }
+      this.pos = Number(t.dataset.pos);
+      this.renderHistory();
+    }
+
+    renderHistory() {
+      const h = this.$("viz-history");
+      h.hidden = this.pos === null;
+      if (this.pos !== null) {
+        h.innerHTML = historyHtml(this.doc, this.ctx, this.pos);
+        const round = this.doc.rounds[this.k].round;
+        h.querySelectorAll("tr[data-from]").forEach((row) => row.classList.toggle("ssv-current",
+          Number(row.dataset.from) <= round && round <= Number(row.dataset.to)));
+      }
+    }
+
+    go(k, force = false) {
+      const t0 = performance.now();
+      const doc = this.doc;
+      if (!doc || !doc.rounds.length) return;
+      k = Math.max(0, Math.min(k, doc.rounds.length - 1));
+      if (k === this.k && !force) return;
+      this.k = k;
+      const r = doc.rounds[k];
+      this.$("viz-slider").value = String(k);
+      this.$("viz-label").textContent = `round ${r.round} of ${doc.rounds[doc.rounds.length - 1].round}`;
+      this.$("viz-grid").innerHTML = gridHtml(doc, this.ctx, k);
+      const conf = this.$("viz-conf");
+      const hasConf = (r.conf || []).some((c) => c !== null && c !== undefined);
+      conf.hidden = !hasConf;
+      if (hasConf) conf.innerHTML = confSvg(doc, this.ctx, r);
+      const isd = this.$("viz-isd");
+      isd.hidden = doc.mode !== "isd";
+      if (!isd.hidden) isd.innerHTML = isdHtml(doc, this.ctx, r);
+      const br = this.$("viz-branches");
+      br.hidden = !(r.branches || []).length;
+      if (!br.hidden) br.innerHTML = branchesHtml(doc, this.ctx, k);
+      const fold = this.$("viz-fold");
+      fold.hidden = !(r.fold || []).length;
+      if (!fold.hidden) fold.innerHTML = foldHtml(doc, r);
+      this.renderHistory();
+      this.root.querySelectorAll(".ssv-run-chart").forEach((gd) => moveCursor(gd, r.round));
+      const url = new URL(window.location.href);
+      url.searchParams.set("run", doc.run_id);
+      url.searchParams.set("round", String(r.round));
+      window.history.replaceState(null, "", url);
+      if (k === doc.rounds.length - 1 && this.timer) this.stop();
+      this.lastStepMs = performance.now() - t0;
+    }
+
+    play() {
+      this.stop();
+      if (!this.doc) return;
+      if (this.k >= this.doc.rounds.length - 1) this.go(0);
+      const rate = Number(this.$("viz-speed").value);
+      this.timer = setInterval(() => this.go(this.k + 1), 1000 / rate);
+    }
+
+    stop() { clearInterval(this.timer); this.timer = null; }
+  }
+
+  return {
+    mount(element, value) {
+      if (!element.ssViz) element.ssViz = new Viz(element.querySelector(".ssv") || element);
+      element.ssViz.load(value);
+    },
+  };
+})();

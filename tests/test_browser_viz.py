@@ -1,0 +1,259 @@
+"""The visualizer in a real browser (Playwright + the system Chromium) on stored runs of every mode: step latency,
+everything recorded visible, navigation (chart clicks, token history, step map, URL per round), a run followed
+live while it records, and the phone layout."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from live_server import free_port, serving
+from test_browser import ARGS, ARTIFACTS, CHROMIUM, TIMEOUT_MS, shot, sync_api  # noqa: F401  (skips without them)
+
+CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
+SMALL = {"block_size": 16, "branches": 3}  # short blocks, few branches: quick to record, still with cache hits
+MODES = {"ar": {}, "block_diffusion": {"block_size": 16}, "linear_spec": {}, "isd": {"temperature": 0.7, "seed": 1},
+         "spiffy": SMALL, "specfold": SMALL}
+LABEL = "document.querySelector('#viz-label').innerText"
+# leaving a page (each test opens a URL) aborts Gradio's open queue requests: not errors of the page itself
+NAVIGATION_NOISE = ("AbortError", "Connection errored out")
+
+
+@pytest.fixture(scope="module")
+def server(loaded, tmp_path_factory) -> Iterator[dict]:
+    from backend.engine.engine import Engine
+    from backend.server import create_app
+    from backend.store import Store
+    from backend.tracing import RecordingTracer
+
+    engine = Engine(loaded, num_slots=4096)
+    store = Store(f"sqlite:///{tmp_path_factory.mktemp('viz') / 'runs.db'}")
+    runs = {}
+    for mode, params in MODES.items():
+        tracer = RecordingTracer(sink=store.record)
+        engine.generate(CODE, mode, {"max_new_tokens": 12, "raw": True, **params}, tracer=tracer)
+        runs[mode] = tracer.run_id
+    port = free_port()
+    app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}")
+    with serving(app, port):
+        yield {"url": f"http://127.0.0.1:{port}/", "runs": runs, "store": store, "engine": engine}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def errors() -> list[str]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def page(browser, errors) -> Iterator:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    yield page
+    page.close()
+
+
+def open_run(page, server, mode: str, round_: int | None = None, by_url: bool = False) -> None:
+    """Open a stored run by URL (`/?run=…&round=…`), or within the page (the run box, then the slider)."""
+    run_id = server["runs"].get(mode, mode)
+    if by_url or not page.url.startswith(server["url"]):
+        query = f"?run={run_id}" + (f"&round={round_}" if round_ is not None else "")
+        page.goto(server["url"] + query)
+    else:
+        box = page.locator("#viz-run input")
+        box.fill(run_id)
+        box.press("Enter")
+    page.wait_for_function("id => document.querySelector('#viz-summary')?.innerText.includes(id)", arg=run_id)
+    page.wait_for_selector("#viz-grid .ss-round-head")
+    if round_ is not None and not by_url:
+        page.eval_on_selector("#viz-slider", "(e, k) => { e.value = k; e.dispatchEvent(new Event('input')); }",
+                              round_)
+        page.wait_for_function(f"k => {LABEL}.startsWith(`round ${{k}} of`)", arg=round_)
+
+
+def label(page) -> str:
+    return page.evaluate(LABEL)
+
+
+def step_ms(page) -> float:
+    """Click next, wait for the next frame: milliseconds from the click to the new round painted."""
+    return page.evaluate("""async () => {
+        const before = document.querySelector('#viz-label').innerText;
+        const t0 = performance.now();
+        document.querySelector('#viz-next').click();
+        await new Promise((done) => requestAnimationFrame(() => setTimeout(done, 0)));
+        if (document.querySelector('#viz-label').innerText === before) throw new Error('the round did not change');
+        return performance.now() - t0;
+    }""")
+
+
+def test_step_latency_per_mode(page, server) -> None:
+    """Every mode steps in the browser alone (no server round trip); the figure is printed for the README."""
+    figures = {}
+    for mode in MODES:
+        open_run(page, server, mode)
+        page.wait_for_selector("#viz-accepted .main-svg")
+        times = [step_ms(page) for _ in range(min(5, int(page.eval_on_selector("#viz-slider", "e => e.max"))))]
+        figures[mode] = sorted(times)[len(times) // 2]
+    print("\nvisualizer step latency, median ms (click -> next frame): "
+          + ", ".join(f"{m} {v:.1f}" for m, v in figures.items()))
+    assert set(figures) == set(MODES)
+
+
+def test_url_opens_the_round_and_follows_steps(page, server) -> None:
+    open_run(page, server, "ar", 3, by_url=True)
+    assert label(page).startswith("round 3 of")
+    page.click("#viz-next")
+    assert "round=4" in page.url and f"run={server['runs']['ar']}" in page.url
+    open_run(page, server, "ar", 99999, by_url=True)  # past the end: the last round, no error
+    last = page.eval_on_selector("#viz-slider", "e => e.max")
+    assert label(page).startswith(f"round {last} of")
+
+
+def test_chart_click_jumps_and_token_history(page, server) -> None:
+    open_run(page, server, "linear_spec")
+    page.wait_for_selector("#viz-accepted .main-svg")
+    page.evaluate("() => { const gd = document.querySelector('#viz-accepted');"
+                  " gd.emit('plotly_click', {points: [{x: 2, customdata: [0, 0]}]}); }")
+    assert label(page).startswith("round 2 of")
+    page.locator("#viz-grid .ss-block .ss-tok").nth(1).click()
+    page.wait_for_selector("#viz-history table")
+    history = page.locator("#viz-history").inner_text()
+    assert "history of position" in history and "accepted" in history
+    page.locator("#viz-history tr[data-jump]").first.click()  # a row jumps to its round
+    assert label(page).startswith("round ")
+    step = page.locator("#viz-output .ssv-step").last  # the step map: a token jumps to the round revealing it
+    revealed = step.get_attribute("data-jump-round")
+    step.click()
+    assert label(page).startswith(f"round {revealed} of")
+
+
+def test_linear_spec_shows_its_replaced_draft_and_vllm_metrics(page, server) -> None:
+    open_run(page, server, "linear_spec", 1)
+    head = page.locator("#viz-grid .ss-round-head").inner_text()
+    assert "rejected draft" in head and "correction" in head
+    vllm = page.locator("#viz-vllm").inner_text()
+    assert "mean_acceptance_length" in vllm and "draft_acceptance_rate" in vllm
+    page.wait_for_selector("#viz-positions .main-svg")
+    assert "accepted" in page.locator("#viz-summary .ssv-explain").inner_text().lower()
+
+
+def test_isd_shows_pq_acceptance_probability_and_why_none(page, server) -> None:
+    open_run(page, server, "isd", 0)
+    assert "prefill" in page.locator("#viz-isd").inner_text()
+    rounds = json.loads(page.evaluate("() => JSON.stringify(document.querySelector('.ssv').ssViz.doc.rounds"
+                                      ".map(r => [r.round, r.case, (r.pq || []).length]))"))
+    cold = next(r for r, case, _ in rounds if case == "C" and r > 0)
+    open_run(page, server, "isd", cold)
+    assert "cold start" in page.locator("#viz-isd").inner_text()
+    verified = next(r for r, _, n in rounds if n)
+    open_run(page, server, "isd", verified)
+    isd = page.locator("#viz-isd").inner_text()
+    assert "min(1, p/(αq))" in isd and "u < min(1, p/(αq))" in isd  # T = 0.7
+    with_conf = page.evaluate("() => document.querySelector('.ssv').ssViz.doc.rounds.findIndex(r => r.round > 0 && "
+                              "(r.conf || []).some(c => c !== null))")
+    open_run(page, server, "isd", with_conf)
+    bars = page.eval_on_selector_all("#viz-conf rect.ssv-bar", "rs => rs.map(r => Number(r.getAttribute('width')))")
+    slots = page.evaluate("k => document.querySelector('.ssv').ssViz.doc.rounds[k].tokens.length", with_conf)
+    assert bars and all(w < 800 / slots for w in bars), "a bar is one position wide, not the whole chart"
+
+
+@pytest.mark.parametrize("mode", ["spiffy", "specfold"])
+def test_branches_show_masks_matches_and_cache_hits(page, server, mode) -> None:
+    open_run(page, server, mode)
+    doc_rounds = page.evaluate("() => document.querySelector('.ssv').ssViz.doc.rounds.map(r => "
+                               "[r.round, (r.branches || []).filter(b => b.cache_hit).map(b => b.verified_round)])")
+    hit_round, verified = next((r, v[0]) for r, v in doc_rounds if v)
+    open_run(page, server, mode, verified)
+    branches = page.locator("#viz-branches")
+    assert f"matched the main state of round {hit_round}" in branches.inner_text()
+    # a position still masked in a branch is a mask cell, never a yellow draft
+    assert page.evaluate("() => [...document.querySelectorAll('#viz-branches .ss-s-draft .ss-txt')]"
+                         ".every(e => e.innerText !== '[M]')")
+    assert branches.locator(".ss-s-mask").count() > 0
+    open_run(page, server, mode, hit_round)
+    assert f"verified in round {verified}" in page.locator("#viz-grid .ss-round-head").inner_text()
+    summary = page.locator("#viz-summary").inner_text()
+    assert "forwards saved" in summary and "draft hit rate" in summary
+    if mode == "specfold":
+        open_run(page, server, mode, verified)
+        fold = page.locator("#viz-fold").inner_text()
+        assert "QKV folded" in fold and "FFN folded" in fold and "run overall" in fold
+        shot(page, "viz-specfold")
+
+
+def test_autoplay_reaches_the_end(page, server) -> None:
+    open_run(page, server, "ar", 0)
+    page.select_option("#viz-speed", "20")
+    last = int(page.eval_on_selector("#viz-slider", "e => e.max"))
+    start = time.monotonic()
+    page.click("#viz-play")
+    page.wait_for_function(f"() => {LABEL}.startsWith('round {last} of')")
+    print(f"\nautoplay at 20 rounds/s: {last / (time.monotonic() - start):.1f} rounds/s")
+
+
+def test_a_running_run_is_followed_until_it_ends(page, server) -> None:
+    """A run still recording opens with its rounds so far, takes new rounds as they are stored and settles when
+    its run_end arrives."""
+    from backend.tracing import RecordingTracer
+
+    events = []
+    server["engine"].generate(CODE, "ar", {"max_new_tokens": 12, "raw": True},
+                              tracer=RecordingTracer(sink=events.append))
+    run_id = "r_live000000000001"
+    events = [dict(e, run_id=run_id) for e in events]
+    rounds_at = [i for i, e in enumerate(events) if e["type"] == "round"]
+    head = rounds_at[2] + 1
+    for event in events[:head]:
+        server["store"].record(event)
+    server["store"].flush()  # the store batches events; a live run's are flushed as they come
+    server["runs"]["live"] = run_id
+    open_run(page, server, "live")
+    assert "live: following" in page.locator("#viz-summary").inner_text()
+    assert label(page).startswith("round 2 of 2")
+
+    def finish() -> None:
+        for event in events[head:]:
+            time.sleep(0.05)
+            server["store"].record(event)
+            server["store"].flush()
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    page.wait_for_function("() => document.querySelector('#viz-summary').innerText.includes(' done ')",
+                           timeout=60_000)
+    writer.join()
+    n = len(rounds_at) - 1
+    assert label(page) == f"round {n} of {n}"  # it followed the end
+    assert "live: following" not in page.locator("#viz-summary").inner_text()
+    page.wait_for_selector("#viz-kv .main-svg")
+
+
+def test_phone_layout_keeps_every_value_reachable(browser, server) -> None:
+    phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    phone.set_default_timeout(TIMEOUT_MS)
+    open_run(phone, server, "specfold", 3)
+    for chart in ("#viz-accepted", "#viz-kv"):
+        box = phone.locator(chart).bounding_box()
+        assert box and box["width"] >= 300, f"{chart} is squeezed: {box}"
+    overflow = phone.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1, "the page itself must not scroll sideways; wide tables scroll in their own box"
+    phone.wait_for_timeout(300)
+    phone.screenshot(path=str(ARTIFACTS / "viz-phone.png"), full_page=True)
+    phone.close()
+
+
+def test_no_console_errors(page, errors) -> None:
+    assert [e for e in errors if not any(noise in e for noise in NAVIGATION_NOISE)] == []
