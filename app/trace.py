@@ -40,6 +40,8 @@ class RunTrace:
     params: dict[str, Any] = field(default_factory=dict)
     prompt_ids: list[int] = field(default_factory=list)
     prompt_pieces: list[str] = field(default_factory=list)
+    tiers: list[list[int]] = field(default_factory=list)    # block_size_tiers in force: [max_running, size]
+    model_hash: str = ""
     rounds: list[Event] = field(default_factory=list)
     end: Event | None = None
     error: str | None = None
@@ -69,6 +71,8 @@ class RunTrace:
             self.params = dict(event.get("params") or {})
             self.prompt_ids = list(event.get("prompt_ids") or [])
             self.prompt_pieces = list(event.get("pieces") or [])
+            self.tiers = list(event.get("block_size_tiers") or [])
+            self.model_hash = event.get("model_hash") or ""
         elif kind == "round":
             self.rounds.append(event)
         elif kind == "run_end":

@@ -96,7 +96,9 @@ window.specscopeViz = (() => {
 
   function roundFacts(doc, ctx, r) {
     const x = r.extra || {};
-    const facts = [`block at ${r.block_start} (size ${(r.tokens || []).length})`, `accepted ${r.accepted_len}`,
+    const size = r.block_size ?? x.block_size;
+    const facts = [size != null ? `block at ${r.block_start} · block size ${esc(size)}`
+                     : `block at ${r.block_start} (size ${(r.tokens || []).length})`, `accepted ${r.accepted_len}`,
                    `committed ${(r.committed || []).length}`, `NFE +${r.nfe}`];
     if (r.case) facts.push(`case <b>${esc(r.case)}</b>`);
     if (x.threshold !== undefined) facts.push(`τ ${esc(fmt(x.threshold))}`);
@@ -104,7 +106,6 @@ window.specscopeViz = (() => {
     if (x.trim !== undefined) facts.push(`KV trimmed ${esc(x.trim)}`);
     if (x.forwards_saved !== undefined) facts.push(`forwards saved so far ${esc(x.forwards_saved)}`);
     if (x.tier !== undefined) facts.push(`tier ${esc(x.tier)}`);
-    if (x.block_size !== undefined) facts.push(`block size ${esc(x.block_size)}`);
     if (r.fold_qkv !== undefined) facts.push(`fold QKV ${pct(r.fold_qkv)}`);
     if (r.fold_ffn_ratio !== undefined) facts.push(`fold FFN ${pct(r.fold_ffn_ratio)}`);
     if (x.replaced_draft !== undefined) {
@@ -155,10 +156,12 @@ window.specscopeViz = (() => {
     const rows = pq.map((e, i) => {
       const cells = [esc(e.i ?? i), esc(show(ctx.piece(e.token), 24)), esc(fmt(e.p)), esc(fmt(e.q))];
       if (temp > 0) {
-        cells.push(e.q ? fmt(Math.min(1, Number(e.p) / (alpha * Number(e.q)))) : "—");
-        cells.push(e.u !== undefined ? esc(fmt(e.u)) : "not recorded");
+        const prob = e.accept_prob ?? (e.q ? Math.min(1, Number(e.p) / (alpha * Number(e.q))) : null);
+        cells.push(prob != null ? esc(fmt(prob)) : "—");
+        cells.push(e.u === undefined ? "not recorded" : e.u === null ? "—" : esc(fmt(e.u)));
       }
-      cells.push(e.accepted ? '<span class="ss-badge ss-ok">accepted</span>' : '<span class="ss-badge ss-bad">rejected</span>');
+      cells.push(e.tested === false ? '<span class="ss-badge">not reached</span>'
+        : e.accepted ? '<span class="ss-badge ss-ok">accepted</span>' : '<span class="ss-badge ss-bad">rejected</span>');
       return `<tr>${cells.map((c) => `<td>${c}</td>`).join("")}</tr>`;
     }).join("");
     const rule = temp > 0 ? `T = ${temp}: a spec is accepted when u < min(1, p/(αq)), α = ${alpha}.`
@@ -263,6 +266,7 @@ window.specscopeViz = (() => {
   function summaryHtml(doc) {
     const m = doc.metrics || {};
     const params = Object.entries(doc.params || {}).map(([k, v]) => `${k}=${v}`).join(", ");
+    const tiers = (doc.tiers || []).map(([running, size]) => `≤${running} running → ${size}`).join(", ");
     const ours = [["tokens", m.tokens], ["NFE", m.nfe], ["TPF", fmt(m.tpf, 2)], ["tok/s", fmt(m.tok_per_s, 1)],
                   ["mean accepted", fmt(m.accept_len_mean, 2)], ["KV peak", m.kv_peak], ["KV leaked", m.kv_leaked]];
     if (m.fold_ratio !== undefined && m.fold_ratio !== null) ours.push(["fold ratio (run)", pct(m.fold_ratio)]);
@@ -281,6 +285,8 @@ window.specscopeViz = (() => {
       `${doc.rounds.length} rounds · NFE ${esc(fmt(m.nfe))} · TPF ${esc(fmt(m.tpf, 2))}</b> ${status}` +
       (doc.error ? `<div class="ss-badge ss-bad">${esc(doc.error)}</div>` : "") +
       `<div><b>prompt</b> <code>${esc(doc.prompt)}</code></div><div><b>params</b> <code>${esc(params)}</code></div>` +
+      (tiers ? `<div><b>block_size_tiers</b> <code>${esc(tiers)}</code> (the size each round used is in its header)</div>` : "") +
+      `<div><b>model</b> <code>${esc(doc.model)}${doc.model_hash ? " · " + esc(doc.model_hash) : ""}</code></div>` +
       `<div class="ssv-explain">${esc(doc.explain)}</div>` +
       `<div class="ssv-metrics"><b>run</b> ${kv(ours)}</div>` +
       (s ? `<div class="ssv-metrics" id="viz-vllm"><b>spec-decode (vLLM)</b> ${kv(vllm)}</div>` : "") + `</div>`;
