@@ -83,3 +83,13 @@ def test_concurrent_requests_with_other_parameters_run_as_they_do_alone(engine, 
                            for prompt, p, t in zip(prompts, params, tracers, strict=True)])
     assert [(r.output_ids, rounds_of(t)) for r, t in zip(together, tracers, strict=True)] == solo
     assert engine.rt.pool.used == 0
+
+
+@pytest.mark.parametrize("mode", mode_names())
+def test_a_run_cancelled_before_its_prefill_ends_cleanly(engine, mode):
+    tracer = RecordingTracer()
+    req = engine.new_request("Count from 3 to 9.", mode, {"max_new_tokens": 8}, tracer)
+    req.cancel.set()
+    engine.run([req])
+    assert req.status == "cancelled" and tracer.events[-1]["type"] == "run_end"
+    assert tracer.events[-1]["metrics"]["kv_leaked"] == 0 and engine.rt.pool.used == 0

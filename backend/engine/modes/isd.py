@@ -81,7 +81,9 @@ class ISD(Mode):
         return ISDState()
 
     def metrics(self, req: Request) -> dict:
-        st: ISDState = req.state
+        st = req.state
+        if not isinstance(st, ISDState):      # cancelled or failed before its first round
+            return {}
         verify_rounds = st.cases["V"] + st.cases["R"]
         return {**{f"case_{k}": v for k, v in st.cases.items()},
                 "mean_accepted_specs": st.accepted_specs / verify_rounds if verify_rounds else None}
