@@ -190,8 +190,8 @@ def cmd_runs_ls(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
         runs = store.list_runs(args.mode, args.status, args.limit)
     rows = [[r["run_id"], r["created_at"][:19], r["mode"], r["status"], r["n_tokens"], r["n_rounds"],
-             r["prompt"][:40].replace("\n", " ")] for r in runs]
-    print(table(["run", "created (UTC)", "mode", "status", "tokens", "rounds", "prompt"], rows))
+             r["server"] or "-", r["prompt"][:40].replace("\n", " ")] for r in runs]
+    print(table(["run", "created (UTC)", "mode", "status", "tokens", "rounds", "server", "prompt"], rows))
     return 0
 
 
