@@ -279,6 +279,22 @@ def test_server_wide_bound_on_queued_runs(engine, store, monkeypatch):
     assert engine.rt.pool.used == 0
 
 
+def test_a_run_the_scheduler_cannot_end_still_ends_for_its_client(client, store, engine, monkeypatch):
+    """A mode bug while ending a run (as isd's metrics had for a run cancelled before its first round): the client
+    still gets run_end, the run is stored as an error, its KV is freed and it no longer counts as queued."""
+    def broken_finish(req, status):
+        raise RuntimeError("a mode bug while ending the run")
+
+    monkeypatch.setattr(engine.scheduler, "finish", broken_finish)
+    with client.websocket_connect("/ws/generate") as ws:
+        events = generate(ws, "ar", max_new_tokens=4)
+    assert_one_dense_run(events)
+    assert events[-2]["code"] == "run_failed" and events[-1]["status"] == "error"
+    assert store.get_run(events[0]["run_id"])["status"] == "error"
+    assert engine.rt.pool.used == 0
+    wait_for(lambda: client.get("/api/health").json()["queued_runs"] == 0)
+
+
 def test_disconnect_mid_run_cancels_it_and_frees_its_kv(client, gate, store, engine):
     with client.websocket_connect("/ws/generate") as ws:
         ws.send_text(gen_msg(max_new_tokens=64))

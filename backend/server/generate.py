@@ -97,6 +97,10 @@ class GenerateSession:
         except Busy as e:
             self.cancel = None
             self.outbox.put(error_event("busy", str(e)))
+        except Exception as e:  # an engine bug on this input: report it, keep the connection
+            log.exception("generate failed before its run started")
+            self.cancel = None
+            self.outbox.put(error_event("internal", f"{type(e).__name__}: {e}"))
 
     def _deliver(self, event: Event) -> None:
         if event["type"] == "run_end":

@@ -135,11 +135,20 @@ class Worker:
             self._release(len(ended))
 
     def _abandon_all(self) -> None:
+        """End every admitted run with an error. A run the scheduler cannot end (finish raises, perhaps after it
+        was dequeued) still gets its KV freed and a run_end, so no client waits forever and no slot stays held."""
         scheduler = self.engine.scheduler
-        for req in [*scheduler.waiting, *scheduler.running]:
-            try:
-                scheduler.finish(req, "error")
-            except Exception:
-                log.exception("could not end run %s cleanly", req.rid)
+        for req in self._live:
+            if not req.finished:
+                try:
+                    scheduler.finish(req, "error")
+                except Exception:
+                    log.exception("could not end run %s cleanly", req.rid)
+                    self.engine.rt.release_all(req, "error")
+            tracer = req.tracer
+            if tracer.enabled and (not tracer.events or tracer.events[-1]["type"] != "run_end"):
+                req.status = "error"
+                tracer.emit("error", {"code": "run_failed", "message": "the scheduler failed; see the server log"})
+                tracer.emit("run_end", {"status": "error", "output_ids": [], "text": "", "metrics": {}})
         scheduler.waiting.clear()
         scheduler.running.clear()
