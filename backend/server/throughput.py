@@ -2,9 +2,9 @@
 
     python -m backend.server.throughput [--db sqlite:///sessions/throughput.db] [--max-new-tokens 128]
 
-Each prompt runs once per path, one run at a time, after one warm-up run. In-process tok/s is the engine's own
-figure (run_end metrics); through the server it is tokens over the wall time from sending `generate` to receiving
-run_end, as a client sees it (run_end is sent once the run is stored).
+Each prompt runs once per path per repeat, one run at a time, the paths interleaved, after a warm-up run.
+In-process tok/s is the engine's own figure (run_end metrics); through the server it is tokens over the wall time
+from sending `generate` to receiving run_end, as a client sees it (run_end is sent once the run is stored).
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def in_process(engine: Engine, writer: StoreWriter | None, prompt: str, n: int) 
     return res.metrics["tokens"] / (res.metrics["wall_ms"] / 1000)
 
 
-async def through_server(port: int, prompt: str, n: int) -> float:
+async def through_server(port: int, prompt: str, n: int) -> tuple[float, float]:
+    """(tok/s as the client sees it, the engine's own tok/s from run_end) of one run through the server."""
     async with connect(f"ws://127.0.0.1:{port}/ws/generate", max_size=None) as ws:
         began = time.perf_counter()
         await ws.send(json.dumps({"type": "generate", "prompt": prompt, "mode": "ar",
@@ -43,7 +44,8 @@ async def through_server(port: int, prompt: str, n: int) -> float:
         async for raw in ws:
             event = json.loads(raw)
             if event["type"] == "run_end":
-                return event["metrics"]["tokens"] / (time.perf_counter() - began)
+                tokens, wall = event["metrics"]["tokens"], time.perf_counter() - began
+                return tokens / wall, tokens / (event["metrics"]["wall_ms"] / 1000)
     raise RuntimeError("the server closed the socket before run_end")
 
 
@@ -61,22 +63,29 @@ def main() -> None:
     p.add_argument("--db", default="sqlite:///sessions/throughput.db")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--port", type=int, default=7871)
+    p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     engine, n = Engine(num_slots=4096), args.max_new_tokens
+    rows: dict[str, list[float]] = {"in-process, untraced": [], "in-process, traced + stored": [],
+                                    "through the server (engine's figure)": [], "through the server (client)": []}
     with Store(args.db, server="throughput:0") as store:
+        server, thread = serve_in_thread(create_app(engine, store, ui=False), args.port)
         with StoreWriter(store) as writer:
             in_process(engine, writer, PROMPTS[0], n)  # warm-up
-            rows = {"in-process, untraced": [in_process(engine, None, q, n) for q in PROMPTS],
-                    "in-process, traced + stored": [in_process(engine, writer, q, n) for q in PROMPTS]}
-        server, thread = serve_in_thread(create_app(engine, store, ui=False), args.port)
-        rows["through the server"] = [asyncio.run(through_server(args.port, q, n)) for q in PROMPTS]
+            for _ in range(args.repeat):  # interleaved, so load changes on a shared machine hit every path alike
+                for q in PROMPTS:
+                    rows["in-process, untraced"].append(in_process(engine, None, q, n))
+                    rows["in-process, traced + stored"].append(in_process(engine, writer, q, n))
+                    client, engine_side = asyncio.run(through_server(args.port, q, n))
+                    rows["through the server (client)"].append(client)
+                    rows["through the server (engine's figure)"].append(engine_side)
         server.should_exit = True
         thread.join(60)
-    base = statistics.mean(rows["in-process, untraced"])
+    base = statistics.median(rows["in-process, untraced"])
     for label, figures in rows.items():
-        mean = statistics.mean(figures)
-        print(f"{label:28s} {mean:7.1f} tok/s  ({mean / base:.2f}x)   per prompt: "
-              + " ".join(f"{f:.1f}" for f in figures))
+        median = statistics.median(figures)
+        print(f"{label:38s} median {median:7.1f} tok/s  ({median / base:.2f}x of in-process)  "
+              f"min {min(figures):.1f} max {max(figures):.1f}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class StoreWriter:
         self.interval_s = interval_s
         self.failed: set[str] = set()  # runs no longer recorded
         self._queue: queue.Queue[Event | threading.Event | None] = queue.Queue(max_queued)
+        self._wake = threading.Event()  # a flush cuts the pause between batches short
         self._thread = threading.Thread(target=self._loop, name="specscope-store-writer", daemon=True)
 
     def start(self) -> StoreWriter:
@@ -42,6 +43,7 @@ class StoreWriter:
         """Wait until everything put so far is written; False after `timeout` or when the writer has closed."""
         done, deadline = threading.Event(), None if timeout is None else time.monotonic() + timeout
         self._queue.put(done)
+        self._wake.set()
         while not done.wait(0.1):
             if not self._thread.is_alive() or (deadline is not None and time.monotonic() > deadline):
                 return False
@@ -51,6 +53,7 @@ class StoreWriter:
         """Write what is queued, then end the thread (the store stays open)."""
         if self._thread.is_alive():
             self._queue.put(None)
+            self._wake.set()
             self._thread.join()
 
     def __enter__(self) -> StoreWriter:
@@ -74,7 +77,8 @@ class StoreWriter:
                 waiter.set()
             if None in batch:
                 return
-            time.sleep(max(0.0, started + self.interval_s - time.monotonic()) if not waiters else 0.0)
+            self._wake.wait(max(0.0, started + self.interval_s - time.monotonic()))
+            self._wake.clear()
 
     def _write(self, events: list[Event]) -> None:
         for event in events:
