@@ -33,7 +33,9 @@ def test_kill_9_mid_run_leaves_an_interrupted_run_with_its_stored_events(store_u
             for _ in range(5):
                 streamed += receive(ws, "round")
             emitted_before = len(streamed)  # these were emitted at least SETTLE_S before the kill
-            time.sleep(SETTLE_S)
+            settled = time.monotonic() + SETTLE_S
+            while time.monotonic() < settled and streamed[-1]["type"] != "run_end":  # keep reading: a client
+                streamed.append(json.loads(ws.recv(timeout=30)))  # that stops reading has rounds dropped
             _, stored_at_kill = snapshot(store_url, streamed[0]["run_id"])
             server.kill()
             try:

@@ -452,6 +452,9 @@ def test_comparisons(client):
     assert client.get("/api/comparisons").json() == [comparison]
     assert client.post("/api/comparisons", json={"prompt": PROMPT, "run_ids": ["r_nope"]}).status_code == 404
     assert client.post("/api/comparisons", json={"prompt": "other", "run_ids": ids}).status_code == 422
+    invalid = client.post("/api/comparisons", content='{"label": Infinity}',
+                          headers={"content-type": "application/json"})
+    assert invalid.status_code == 422 and invalid.json()["detail"][0]["input"] is None  # found by test_fuzz
 
 
 # -- restart, auth, bind ---------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ import importlib.util
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, WebSocket
-from fastapi.responses import HTMLResponse
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from backend.engine.engine import Engine
 from backend.server.api import api_router
@@ -18,6 +20,7 @@ from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.server.replay import replay
 from backend.server.worker import Worker
 from backend.store import Store, StoreWriter
+from backend.tracing import sanitize
 
 NO_UI_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>specscope</title></head><body>
 <h1>specscope backend</h1><p>The web UI is not installed or is turned off.
@@ -31,6 +34,12 @@ def ui_installed() -> bool:
         return importlib.util.find_spec("app.ui") is not None
     except ModuleNotFoundError:
         return False
+
+
+async def invalid_request(_: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422, with the echoed input made strict JSON (a body holding Infinity made the default one a 500)."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": sanitize(jsonable_encoder(exc.errors()))}, status_code=422)
 
 
 def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool = True,
@@ -54,6 +63,7 @@ def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool 
             await asyncio.to_thread(writer.close)
 
     app = FastAPI(title="specscope", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, invalid_request)
     if token:
         app.add_middleware(TokenMiddleware, token=token)
     app.include_router(api_router(engine, store, worker))
