@@ -18,15 +18,15 @@ from app.trace import RunTrace, make_piece
 from app.vizdoc import document_json, viz_document
 from backend.engine.engine import Engine
 from backend.server import create_app
-from backend.store import Store
-from backend.tracing import RecordingTracer
+from backend.store import Store, StoreWriter, Tee
 
 CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
 
 
-def record(engine: Engine, store: Store, mode: str, max_new: int) -> str:
-    tracer = RecordingTracer(sink=store.record)
+def record(engine: Engine, writer: StoreWriter, mode: str, max_new: int) -> str:
+    tracer = Tee(writer).tracer()
     engine.generate(CODE, mode, {"max_new_tokens": max_new, "raw": True}, tracer=tracer)
+    writer.flush()
     return tracer.run_id
 
 
@@ -64,9 +64,9 @@ def main() -> None:
     p.add_argument("--db", default="sqlite:///sessions/perf.db")
     args = p.parse_args()
     engine = Engine()
-    with Store(args.db) as store:
-        runs = {"ar 512 tokens": record(engine, store, "ar", 512),
-                "block_diffusion 900 tokens": record(engine, store, "block_diffusion", 900)}
+    with Store(args.db) as store, StoreWriter(store) as writer:
+        runs = {"ar 512 tokens": record(engine, writer, "ar", 512),
+                "block_diffusion 900 tokens": record(engine, writer, "block_diffusion", 900)}
         client = TestClient(create_app(engine, store, ui=False))
         vocab = client.get("/api/vocab").json()["pieces"]
         for label, run_id in runs.items():

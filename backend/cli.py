@@ -10,17 +10,18 @@ import importlib
 import json
 import os
 import re
+import socket
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from backend.engine.params import ParamError
-from backend.store import Store, StoreError, export_json, export_perfetto
+from backend.store import Store, StoreError, StoreWriter, Tee, export_json, export_perfetto
 from backend.store.db import DEFAULT_URL
-from backend.tracing import RecordingTracer
 
 if TYPE_CHECKING:
     from backend.engine.engine import Engine, RunResult
@@ -57,16 +58,11 @@ def load_engine(args: argparse.Namespace) -> Engine:
     return Engine(load_checkpoint(args.model or DEFAULT_CHECKPOINT), num_slots=args.slots)
 
 
-def run_traced(engine: Engine, store: Store | None, prompt: str, mode: str, params: dict[str, Any],
-               on_event: Callable[[Event], None] | None = None) -> RunResult:
-    """One traced run, stored as it goes; Ctrl-C cancels it cleanly (stored as cancelled) and re-raises."""
-    sinks = [s for s in (store.record if store else None, on_event) if s is not None]
-
-    def sink(event: Event) -> None:
-        for s in sinks:
-            s(event)
-
-    req = engine.new_request(prompt, mode, params, RecordingTracer(sink=sink))
+def run_traced(engine: Engine, writer: StoreWriter | None, prompt: str, mode: str, params: dict[str, Any],
+               *listeners: Callable[[Event], None]) -> RunResult:
+    """One traced run, stored as it goes (and fully stored on return); Ctrl-C cancels it cleanly (stored as
+    cancelled) and re-raises."""
+    req = engine.new_request(prompt, mode, params, Tee(writer, *listeners).tracer())
     try:
         return engine.run([req])[0]
     except KeyboardInterrupt:
@@ -74,6 +70,9 @@ def run_traced(engine: Engine, store: Store | None, prompt: str, mode: str, para
         while engine.scheduler.has_work:
             engine.scheduler.step()
         raise
+    finally:
+        if writer is not None:
+            writer.flush()
 
 
 def fmt(value: float | None, spec: str = ".2f") -> str:
@@ -103,16 +102,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from backend.server import BindError, check_bind, create_app
-    from backend.server.protocol import MAX_MESSAGE_BYTES
+    from backend.server.protocol import MAX_MESSAGE_BYTES, MAX_QUEUED_RUNS
     try:
         check_bind(args.host, args.token)
     except BindError as e:
         raise CLIError(str(e)) from None
     if args.token:
         os.environ["SPECSCOPE_TOKEN"] = args.token  # the mounted UI reaches this server with it
-    store = Store(args.db)
+    store = Store(args.db, server=f"{socket.gethostname()}:{args.port}")
     app = create_app(load_engine(args), store, token=args.token, ui=not args.no_ui,
-                     backend_url=args.backend or f"ws://127.0.0.1:{args.port}")
+                     backend_url=args.backend or f"ws://127.0.0.1:{args.port}",
+                     max_queued=args.max_queued or MAX_QUEUED_RUNS)
     try:
         uvicorn.run(app, host=args.host, port=args.port, ws_max_size=4 * MAX_MESSAGE_BYTES)
     finally:
@@ -130,7 +130,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(event["text_delta"], end="", flush=True)
 
     try:
-        res = run_traced(engine, store, args.prompt, args.mode, params, show)
+        with StoreWriter(store) if store else nullcontext() as writer:
+            res = run_traced(engine, writer, args.prompt, args.mode, params, show)
     finally:
         if store:
             store.close()
@@ -155,11 +156,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise CLIError(f"--reference {reference} is not among --modes")
 
     engine = load_engine(args)
-    with Store(args.db) as store:
+    with Store(args.db) as store, StoreWriter(store) as writer:
         results = {}
         for mode in tqdm(modes, desc="compare", unit="mode", file=sys.stderr):
             mode_params = {k: v for k, v in params.items() if k in declared[mode]}
-            results[mode] = run_traced(engine, store, args.prompt, mode, mode_params)
+            results[mode] = run_traced(engine, writer, args.prompt, mode, mode_params)
         comparison_id = store.create_comparison(args.label or " vs ".join(modes), args.prompt,
                                                 [r.run_id for r in results.values()])
     ref_ids = results[reference].output_ids
@@ -189,8 +190,8 @@ def cmd_runs_ls(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
         runs = store.list_runs(args.mode, args.status, args.limit)
     rows = [[r["run_id"], r["created_at"][:19], r["mode"], r["status"], r["n_tokens"], r["n_rounds"],
-             r["prompt"][:40].replace("\n", " ")] for r in runs]
-    print(table(["run", "created (UTC)", "mode", "status", "tokens", "rounds", "prompt"], rows))
+             r["server"] or "-", r["prompt"][:40].replace("\n", " ")] for r in runs]
+    print(table(["run", "created (UTC)", "mode", "status", "tokens", "rounds", "server", "prompt"], rows))
     return 0
 
 
@@ -240,6 +241,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                    help="bearer token required by every request (default $SPECSCOPE_TOKEN)")
     p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI")
     p.add_argument("--backend", help="websocket URL the UI talks to (default ws://127.0.0.1:PORT)")
+    p.add_argument("--max-queued", type=int, help="runs queued or running at once before new ones get a busy "
+                                                  "error (default: MAX_QUEUED_RUNS in backend/server/protocol.py)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("run", parents=[gen, db, model], help="generate once, streaming text; store the run")

@@ -4,12 +4,12 @@ from __future__ import annotations
 import asyncio
 import importlib.machinery
 import json
+import logging
 import sys
 import threading
 import time
 import types
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,21 +17,22 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from backend.server import BindError, check_bind, create_app
+from backend.server.logs import redact_tokens
 from backend.server.outbox import Outbox, SlowClient
 from backend.server.protocol import MAX_MESSAGE_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from backend.store import Store
+from backend.tracing import RecordingTracer
 
+pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
 PROMPT = "What is 12 + 30?"
+SERVER = "testhost:7860"
 Event = dict[str, Any]
 
 
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'specscope.db'}"
-
-
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(db_url(tmp_path)) as s:
+def store(store_url: str) -> Iterator[Store]:
+    """The server's store, on SQLite, then on PostgreSQL; its runs are stamped as made by SERVER."""
+    with Store(store_url, server=SERVER) as s:
         yield s
 
 
@@ -158,6 +159,48 @@ def test_replay_of_an_unknown_run_or_bad_query_sends_one_error(client):
                 ws.receive_json()
 
 
+def test_replay_follows_a_run_that_is_still_recording(client, gate, store):
+    """Opened after run_start, the replay gets what is stored, then each round as the engine makes it."""
+    with client.websocket_connect("/ws/generate") as gen:
+        gen.send_text(gen_msg(max_new_tokens=6))
+        run_id = gen.receive_json()["run_id"]
+        wait_for(lambda: store.get_run(run_id) is not None)
+        with client.websocket_connect(f"/ws/replay/{run_id}?speed=0") as follower:
+            followed = [follower.receive_json()]
+            assert followed[0]["type"] == "run_start"
+            gate.allow()  # one scheduler step: the prefill round arrives while the run is still going
+            followed.append(follower.receive_json())
+            while followed[-1]["type"] != "round":
+                followed.append(follower.receive_json())
+            assert store.get_run(run_id)["status"] == "running"
+            gate.open()
+            followed += receive_run(follower)
+            with pytest.raises(WebSocketDisconnect):
+                follower.receive_json()
+        generated = receive_run(gen)
+    assert followed == [e for e in store.events(run_id)] and followed[1:] == generated
+    with client.websocket_connect(f"/ws/replay/{run_id}?speed=0&since_seq=3") as late:
+        assert receive_run(late) == followed[3:]
+
+
+def test_replay_of_a_run_that_stops_recording_without_run_end_closes(client, store, store_url):
+    """A server that crashed mid-run: the follower gets the stored events and is closed once a restart has marked
+    the run interrupted."""
+    crashed = RecordingTracer(sink=(dead := Store(store_url, server="elsewhere:1")).record)
+    crashed.emit("run_start", {"mode": "ar", "params": {}, "model": "tiny", "prompt": PROMPT, "prompt_ids": [1],
+                               "pieces": ["W"]})
+    crashed.emit("error", {"code": "x", "message": "still going"})
+    dead.flush()
+    with client.websocket_connect(f"/ws/replay/{crashed.run_id}?speed=0") as follower:
+        assert [follower.receive_json(), follower.receive_json()] == crashed.events
+        restarted = Store(store_url, server="elsewhere:1")
+        assert restarted.mark_interrupted() == [crashed.run_id]
+        restarted.close()
+        with pytest.raises(WebSocketDisconnect):
+            follower.receive_json()
+    dead.engine.dispose()
+
+
 # -- bad input, busy, cancel, disconnect ---------------------------------------------------------------------------
 
 def gen_msg(mode: str = "ar", prompt: str = PROMPT, **params: Any) -> str:
@@ -210,6 +253,46 @@ def test_second_generate_while_busy_is_refused_and_cancel_stops_the_run(client, 
     assert len(events[-1]["output_ids"]) < 64
     assert store.get_run(start["run_id"])["status"] == "cancelled"
     assert engine.rt.pool.used == 0
+
+
+def test_server_wide_bound_on_queued_runs(engine, store, monkeypatch):
+    """With max_queued=2, a third concurrent run (on any connection) gets `busy`; once one ends there is room."""
+    with TestClient(create_app(engine, store, ui=False, max_queued=2)) as c:
+        gate = StepGate(engine.scheduler, monkeypatch)
+        try:
+            with c.websocket_connect("/ws/generate") as a, c.websocket_connect("/ws/generate") as b, \
+                    c.websocket_connect("/ws/generate") as third:
+                a.send_text(gen_msg(max_new_tokens=4))
+                assert a.receive_json()["type"] == "run_start"  # admitted; the worker now waits in its first step
+                b.send_text(gen_msg(max_new_tokens=4))  # queued in the worker's inbox
+                wait_for(lambda: c.get("/api/health").json()["queued_runs"] == 2)
+                third.send_text(gen_msg(max_new_tokens=4))
+                busy = third.receive_json()
+                assert busy["type"] == "error" and busy["code"] == "busy" and "limit" in busy["message"]
+                a.send_json({"type": "cancel"})
+                gate.open()
+                assert receive_run(a)[-1]["status"] == "cancelled"
+                assert receive_run(b)[-1]["status"] == "done"  # from its run_start on
+                assert generate(third, max_new_tokens=4)[-1]["status"] == "done"
+        finally:
+            gate.open()
+    assert engine.rt.pool.used == 0
+
+
+def test_a_run_the_scheduler_cannot_end_still_ends_for_its_client(client, store, engine, monkeypatch):
+    """A mode bug while ending a run (as isd's metrics had for a run cancelled before its first round): the client
+    still gets run_end, the run is stored as an error, its KV is freed and it no longer counts as queued."""
+    def broken_finish(req, status):
+        raise RuntimeError("a mode bug while ending the run")
+
+    monkeypatch.setattr(engine.scheduler, "finish", broken_finish)
+    with client.websocket_connect("/ws/generate") as ws:
+        events = generate(ws, "ar", max_new_tokens=4)
+    assert_one_dense_run(events)
+    assert events[-2]["code"] == "run_failed" and events[-1]["status"] == "error"
+    assert store.get_run(events[0]["run_id"])["status"] == "error"
+    assert engine.rt.pool.used == 0
+    wait_for(lambda: client.get("/api/health").json()["queued_runs"] == 0)
 
 
 def test_disconnect_mid_run_cancels_it_and_frees_its_kv(client, gate, store, engine):
@@ -318,6 +401,7 @@ def test_run_listing_filters_and_unknown_ids(client):
         ar, bd = generate(ws, "ar", max_new_tokens=8), generate(ws, "block_diffusion", block_size=4)
     runs = client.get("/api/runs").json()
     assert [r["run_id"] for r in runs] == [bd[0]["run_id"], ar[0]["run_id"]]
+    assert [(r["server"], r["model_hash"]) for r in runs] == [(SERVER, e[0].get("model_hash")) for e in (bd, ar)]
     assert [r["run_id"] for r in client.get("/api/runs", params={"mode": "ar"}).json()] == [ar[0]["run_id"]]
     assert client.get("/api/runs", params={"status": "cancelled"}).json() == []
     assert len(client.get("/api/runs", params={"limit": 1, "offset": 1}).json()) == 1
@@ -368,19 +452,22 @@ def test_comparisons(client):
     assert client.get("/api/comparisons").json() == [comparison]
     assert client.post("/api/comparisons", json={"prompt": PROMPT, "run_ids": ["r_nope"]}).status_code == 404
     assert client.post("/api/comparisons", json={"prompt": "other", "run_ids": ids}).status_code == 422
+    invalid = client.post("/api/comparisons", content='{"label": Infinity}',
+                          headers={"content-type": "application/json"})
+    assert invalid.status_code == 422 and invalid.json()["detail"][0]["input"] is None  # found by test_fuzz
 
 
 # -- restart, auth, bind ---------------------------------------------------------------------------------------------
 
-def test_restart_keeps_completed_runs_and_marks_crashed_ones(engine, tmp_path):
-    with Store(db_url(tmp_path)) as store, TestClient(create_app(engine, store, ui=False)) as c:
+def test_restart_keeps_completed_runs_and_marks_crashed_ones(engine, store_url):
+    with Store(store_url) as store, TestClient(create_app(engine, store, ui=False)) as c:
         with c.websocket_connect("/ws/generate") as ws:
             events = generate(ws, "ar", max_new_tokens=8)
-    crashed = Store(db_url(tmp_path))  # a process that died mid-run: run_start stored, nothing else
+    crashed = Store(store_url)  # a process that died mid-run: run_start stored, nothing else
     crashed.record({**events[0], "run_id": "r_crashed"})
     crashed.engine.dispose()
 
-    with Store(db_url(tmp_path)) as store, TestClient(create_app(engine, store, ui=False)) as c:
+    with Store(store_url) as store, TestClient(create_app(engine, store, ui=False)) as c:
         run = c.get(f"/api/runs/{events[0]['run_id']}").json()
         assert run["status"] == "done" and run["n_tokens"] == len(events[-1]["output_ids"])
         assert c.get("/api/runs/r_crashed").json()["status"] == "interrupted"
@@ -407,6 +494,20 @@ def test_token_is_required_for_rest_websockets_and_pages(engine, store):
         assert c.get("/", params={"token": "s3cret"}).status_code == 200  # a browser's first visit
         assert c.cookies["specscope_token"] == "s3cret"
         assert c.get("/api/modes").status_code == 200  # the cookie carries the token from then on
+
+
+def test_token_is_redacted_from_uvicorn_log_records():
+    redact_tokens()
+    access = logging.getLogger("uvicorn.access")
+    record = access.makeRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "GET", "/?token=s3cret&x=1", "1.1", 200), None)
+    assert all(f.filter(record) for f in access.filters)
+    assert record.getMessage() == '127.0.0.1:5 - "GET /?token=***&x=1 HTTP/1.1" 200'
+    error = logging.getLogger("uvicorn.error")
+    record = error.makeRecord("uvicorn.error", logging.INFO, __file__, 1, '%s - "WebSocket %s" [accepted]',
+                              ("127.0.0.1:5", "/ws/generate?token=s3cret"), None)
+    assert all(f.filter(record) for f in error.filters)
+    assert "s3cret" not in record.getMessage() and "token=***" in record.getMessage()
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.7", "example.org", ""])

@@ -22,6 +22,7 @@ from backend.store import (
     RunExistsError,
     SeqGapError,
     Store,
+    StoreWriter,
     TraceError,
     UnknownRunError,
     export_json,
@@ -32,6 +33,7 @@ from backend.store import (
 from backend.store.models import Base, ComparisonRun, Event, KVInterval, Round
 from backend.tracing import KVEvent, Phase, RecordingTracer, RoundEvent
 
+pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
 PROMPT = "What is 12 + 30?"
 N_ROUNDS = 3
 DRAFT_SLOT = 9  # every round drafts one rejected token into slot 9, so the slot is reused
@@ -42,8 +44,9 @@ def url(path: Path) -> str:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(url(tmp_path / "specscope.db"), batch_size=4) as s:
+def store(store_url: str) -> Iterator[Store]:
+    """A store on SQLite, then on PostgreSQL."""
+    with Store(store_url, batch_size=4) as s:
         yield s
 
 
@@ -90,13 +93,29 @@ def count(store: Store, model: type[Base], run_id: str) -> int:
         return conn.scalar(select(func.count()).select_from(model).where(model.run_id == run_id))
 
 
-def test_schema_is_migrated_with_sqlite_pragmas(store: Store) -> None:
+def test_schema_is_migrated(store: Store) -> None:
     with store.engine.connect() as conn:
         context = MigrationContext.configure(conn)
-        assert context.get_current_revision() == "0001"
+        assert context.get_current_revision() == "0002"
         assert compare_metadata(context, Base.metadata) == []
-        pragmas = [conn.exec_driver_sql(f"PRAGMA {name}").scalar() for name in ("journal_mode", "foreign_keys")]
-        assert pragmas == ["wal", 1]
+        if conn.dialect.name == "sqlite":
+            pragmas = [conn.exec_driver_sql(f"PRAGMA {name}").scalar() for name in ("journal_mode", "foreign_keys")]
+            assert pragmas == ["wal", 1]
+
+
+def test_migration_0002_keeps_old_runs(store_url: str) -> None:
+    """A database made by 0001 upgrades in place: its runs stay, with no server and no model hash."""
+    from backend.store.db import make_engine
+    from backend.store.migrate import upgrade
+    engine = make_engine(store_url)
+    upgrade(engine, "0001")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO runs (run_id, created_at, mode, params, prompt, status, n_rounds, "
+                             "n_tokens) VALUES ('r_old', '2026-11-29 10:00:00', 'ar', '{}', 'hi', 'done', 0, 0)")
+    engine.dispose()
+    with Store(store_url) as store:
+        run = store.get_run("r_old")
+        assert run is not None and (run["status"], run["server"], run["model_hash"]) == ("done", None, None)
 
 
 def test_in_memory_url() -> None:
@@ -166,8 +185,8 @@ def test_list_filter_delete_cascades(store: Store) -> None:
     assert store.delete_run(a.run_id) is False
 
 
-def test_reopen_keeps_runs_and_marks_interrupted(tmp_path: Path) -> None:
-    db = url(tmp_path / "crash.db")
+def test_reopen_keeps_runs_and_marks_interrupted(store_url: str) -> None:
+    db = store_url
     first = Store(db, batch_size=4)
     done = record_run(first)
     crashed = start(first.record)
@@ -338,3 +357,62 @@ def test_gap_or_duplicate_seq_raises(store: Store) -> None:
     assert store.events(tracer.run_id) == tracer.events
     with pytest.raises(UnknownRunError):
         store.add_events([{**tracer.events[-2], "seq": len(tracer.events)}])
+
+
+def test_runs_record_their_server_and_model_hash(store_url: str) -> None:
+    with Store(store_url, server="gpu-a:7860") as a, Store(store_url, server="gpu-b:7861") as b:
+        tracer = RecordingTracer(sink=a.record)
+        tracer.emit("run_start", {"mode": "ar", "params": {}, "model": "tiny", "model_hash": "sha256:abc",
+                                  "prompt": PROMPT, "prompt_ids": [1], "pieces": ["W"]})
+        other = record_run(b)
+        runs = {r["run_id"]: r for r in a.list_runs()}
+        assert (runs[tracer.run_id]["server"], runs[tracer.run_id]["model_hash"]) == ("gpu-a:7860", "sha256:abc")
+        assert (runs[other.run_id]["server"], runs[other.run_id]["model_hash"]) == ("gpu-b:7861", None)
+
+
+def test_startup_marks_only_its_own_crashed_runs(store_url: str) -> None:
+    """Servers sharing a database: a restarted server marks its own (and server-less) runs, never another's."""
+    with Store(store_url, server="gpu-a:7860") as a, Store(store_url, server="gpu-b:7860") as b, \
+            Store(store_url) as cli:
+        mine, theirs, orphan = start(a.record), start(b.record), start(cli.record)
+        restarted = Store(store_url, server="gpu-a:7860")
+        assert sorted(restarted.mark_interrupted()) == sorted([mine.run_id, orphan.run_id])
+        assert b.get_run(theirs.run_id)["status"] == "running"
+        restarted.close()
+
+
+def test_nul_characters_and_oversized_keys(store: Store) -> None:
+    """PostgreSQL text cannot hold NUL: the run's columns get U+FFFD, its events keep the prompt exactly; a key the
+    database cannot hold matches nothing on reads and is a TraceError on writes."""
+    tracer = record_run(store, prompt="a\x00b")
+    assert store.get_run(tracer.run_id)["prompt"] == "a\ufffdb"
+    assert store.events(tracer.run_id)[0]["prompt"] == "a\x00b"
+    assert store.create_comparison("x\x00", "a\x00b", [tracer.run_id])
+    for key in ("r_\x00", "r_" + "x" * 100):
+        assert store.get_run(key) is None and store.events(key) == [] and store.rounds(key) == []
+        assert store.kv_intervals(key) == [] and store.get_comparison(key) is None and store.delete_run(key) is False
+    if store.engine.dialect.name == "postgresql":  # SQLite does not enforce lengths
+        with pytest.raises(TraceError, match="does not fit"):
+            record_run(store, mode="m" * 65)
+
+
+def test_writer_stores_every_event_and_isolates_a_failing_run(store: Store) -> None:
+    """Events put on the engine thread reach the store from the writer thread; flush waits for them. A run whose
+    storing fails (here: its id is taken) is dropped from then on, and the other runs are unaffected."""
+    taken = record_run(store)
+    with StoreWriter(store, interval_s=0.01) as writer:
+        good = start(writer.put)
+        clash = RecordingTracer(run_id=taken.run_id, sink=writer.put)
+        clash.emit("run_start", {"mode": "ar", "params": {}, "model": "tiny", "prompt": "other", "prompt_ids": [],
+                                 "pieces": []})
+        play_round(good, 0)
+        assert writer.flush(timeout=30)
+        assert store.events(good.run_id) == good.events
+        play_round(clash, 0)
+        for r in range(1, N_ROUNDS):
+            play_round(good, r)
+        finish(good)
+    assert writer.failed == {taken.run_id}
+    assert store.events(good.run_id) == good.events and store.get_run(good.run_id)["status"] == "done"
+    assert store.events(taken.run_id) == taken.events
+    assert writer.flush(timeout=0.2) is False  # closed

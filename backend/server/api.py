@@ -68,7 +68,8 @@ def api_router(engine: Engine, store: Store, worker: Worker, bench_dir: Path = B
     @router.get("/health")
     def health() -> Row:
         pool = engine.rt.pool
-        return {"status": "ok", "model": engine.model_name, "active_runs": worker.active,
+        return {"status": "ok", "model": engine.model_name, "active_runs": worker.active, "queued_runs": worker.held,
+                "max_queued_runs": worker.max_queued,
                 "pool": {"used": pool.used, "slots": pool.num_slots, "peak": pool.peak}}
 
     @router.get("/modes")

@@ -6,16 +6,21 @@ import importlib.util
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, WebSocket
-from fastapi.responses import HTMLResponse
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from backend.engine.engine import Engine
 from backend.server.api import api_router
 from backend.server.auth import TokenMiddleware
 from backend.server.generate import GenerateSession
+from backend.server.logs import redact_tokens
+from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.server.replay import replay
 from backend.server.worker import Worker
-from backend.store import Store
+from backend.store import Store, StoreWriter
+from backend.tracing import sanitize
 
 NO_UI_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>specscope</title></head><body>
 <h1>specscope backend</h1><p>The web UI is not installed or is turned off.
@@ -31,22 +36,34 @@ def ui_installed() -> bool:
         return False
 
 
+async def invalid_request(_: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422, with the echoed input made strict JSON (a body holding Infinity made the default one a 500)."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": sanitize(jsonable_encoder(exc.errors()))}, status_code=422)
+
+
 def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool = True,
-               backend_url: str | None = None) -> FastAPI:
-    """The server. Its worker thread starts and stops with the app's lifespan, and startup marks runs a crash left
-    'running' as interrupted. With a token, every route (REST, websockets, UI) needs it."""
-    worker = Worker(engine)
+               backend_url: str | None = None, max_queued: int = MAX_QUEUED_RUNS) -> FastAPI:
+    """The server. Its worker and store-writer threads start and stop with the app's lifespan, and startup marks
+    runs a crash of this server left 'running' as interrupted. With a token, every route (REST, websockets, UI)
+    needs it, and it is kept out of uvicorn's logs."""
+    worker = Worker(engine, max_queued)
+    writer = StoreWriter(store)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        redact_tokens()
         await asyncio.to_thread(store.mark_interrupted)
+        writer.start()
         worker.start()
         try:
             yield
         finally:
             await asyncio.to_thread(worker.stop)
+            await asyncio.to_thread(writer.close)
 
     app = FastAPI(title="specscope", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, invalid_request)
     if token:
         app.add_middleware(TokenMiddleware, token=token)
     app.include_router(api_router(engine, store, worker))
@@ -54,7 +71,7 @@ def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool 
     @app.websocket("/ws/generate")
     async def ws_generate(ws: WebSocket) -> None:
         await ws.accept()
-        await GenerateSession(ws, store, worker).serve()
+        await GenerateSession(ws, writer, worker).serve()
 
     @app.websocket("/ws/replay/{run_id}")
     async def ws_replay(ws: WebSocket, run_id: str) -> None:

@@ -14,43 +14,34 @@ from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 from backend.engine.params import ParamError
 from backend.server.outbox import Outbox, SlowClient
 from backend.server.protocol import Cancel, Generate, ProtocolError, error_event, parse_message
-from backend.server.worker import Worker
-from backend.store import Store
-from backend.tracing import RecordingTracer, to_json
+from backend.server.worker import Busy, Worker
+from backend.store import StoreWriter, Tee
+from backend.tracing import to_json
 
 log = logging.getLogger(__name__)
+Event = dict[str, Any]
+Listener = Callable[[Event], None]
 WS_TRY_AGAIN_LATER = 1013
 
 
-class RunSink:
-    """Tracer sink of one live run, called on the worker thread: store the event, then pass it to the loop."""
-
-    def __init__(self, store: Store, deliver: Callable[[dict[str, Any]], None], loop: asyncio.AbstractEventLoop):
-        self.store = store
-        self.deliver = deliver
-        self.loop = loop
-        self.storing = True
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        if self.storing:
-            try:
-                self.store.record(event)
-            except Exception:  # a store failure must not fail the run or the engine
-                log.exception("storing run %s failed; it goes on unrecorded", event["run_id"])
-                self.storing = False
+def on_loop(loop: asyncio.AbstractEventLoop, deliver: Listener) -> Listener:
+    """A listener that hands each event from the worker thread to `deliver` on the event loop."""
+    def listener(event: Event) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.deliver, event)
+            loop.call_soon_threadsafe(deliver, event)
         except RuntimeError:  # the event loop has closed: server shutdown
             pass
+    return listener
 
 
 class GenerateSession:
-    def __init__(self, ws: WebSocket, store: Store, worker: Worker):
+    def __init__(self, ws: WebSocket, writer: StoreWriter, worker: Worker):
         self.ws = ws
-        self.store = store
+        self.writer = writer
         self.worker = worker
         self.outbox = Outbox()
         self.cancel: threading.Event | None = None  # the active run's cancel flag; None when idle
+        self._ending: asyncio.Future[None] | None = None  # the active run's run_end, waiting for the store
 
     async def serve(self) -> None:
         """Read and write concurrently until the client leaves or falls too far behind; then cancel its run."""
@@ -97,14 +88,28 @@ class GenerateSession:
                                                 "for its run_end"))
             return
         self.cancel = threading.Event()
-        tracer = RecordingTracer(sink=RunSink(self.store, self._deliver, asyncio.get_running_loop()))
+        tracer = Tee(self.writer, on_loop(asyncio.get_running_loop(), self._deliver)).tracer()
         try:
             await asyncio.wrap_future(self.worker.submit(msg.prompt, msg.mode, msg.params, tracer, self.cancel))
         except ParamError as e:
             self.cancel = None
             self.outbox.put(error_event("bad_params", str(e)))
-
-    def _deliver(self, event: dict[str, Any]) -> None:
-        self.outbox.put(event)
-        if event["type"] == "run_end":
+        except Busy as e:
             self.cancel = None
+            self.outbox.put(error_event("busy", str(e)))
+        except Exception as e:  # an engine bug on this input: report it, keep the connection
+            log.exception("generate failed before its run started")
+            self.cancel = None
+            self.outbox.put(error_event("internal", f"{type(e).__name__}: {e}"))
+
+    def _deliver(self, event: Event) -> None:
+        if event["type"] == "run_end":
+            self._ending = asyncio.ensure_future(self._end(event))
+        else:
+            self.outbox.put(event)
+
+    async def _end(self, event: Event) -> None:
+        """run_end goes out once the whole run is stored, so a client that sees it can read the run back."""
+        await asyncio.to_thread(self.writer.flush)
+        self.outbox.put(event)
+        self.cancel = None

@@ -11,6 +11,7 @@ from backend.tracing import SCHEMA_VERSION
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_PROMPT_CHARS = 16_000
 MAX_NEW_TOKENS = 1024
+MAX_QUEUED_RUNS = 64       # runs queued or running on one server; past it a generate gets a `busy` error
 
 
 class ProtocolError(Exception):

@@ -14,9 +14,14 @@ from typing import Any
 
 from backend.engine.engine import Engine
 from backend.engine.request import Request
+from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.tracing import Tracer
 
 log = logging.getLogger(__name__)
+
+
+class Busy(Exception):
+    """The server already holds its limit of queued and running runs."""
 
 
 @dataclass
@@ -30,21 +35,36 @@ class Submission:
 
 
 class Worker:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, max_queued: int = MAX_QUEUED_RUNS):
         self.engine = engine
+        self.max_queued = max_queued
         self.active = 0  # requests waiting or running, as of the last step
+        self._held = 0  # submissions not ended yet (inbox, waiting, running); guarded by _held_lock
+        self._held_lock = threading.Lock()
+        self._live: list[Request] = []  # admitted requests not finished yet (worker thread only)
         self._inbox: queue.SimpleQueue[Submission | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="specscope-engine", daemon=True)
         self._closed = False
+
+    @property
+    def held(self) -> int:
+        """Runs submitted and not ended yet: in the inbox, waiting or running."""
+        return self._held
 
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: Tracer,
                cancel: threading.Event) -> Future[Request]:
-        """Queue a generation; the future holds the admitted request, or the ParamError that refused it."""
+        """Queue a generation; the future holds the admitted request, or the ParamError that refused it. Busy when
+        `max_queued` runs are already queued or running."""
         if self._closed:
             raise RuntimeError("the server is shutting down")
+        with self._held_lock:
+            if self._held >= self.max_queued:
+                raise Busy(f"the server has {self._held} runs queued or running, its limit; try again when one "
+                           f"has ended")
+            self._held += 1
         sub = Submission(prompt, mode, params, tracer, cancel)
         self._inbox.put(sub)
         return sub.future
@@ -80,16 +100,21 @@ class Worker:
 
     def _admit(self, sub: Submission) -> None:
         if not sub.future.set_running_or_notify_cancel():
-            return
+            return self._release(1)
         try:
             req = self.engine.new_request(sub.prompt, sub.mode, sub.params, sub.tracer, sub.cancel)
         except Exception as e:  # ParamError for bad input; anything else is reported to the submitter too
             sub.future.set_exception(e)
-            return
+            return self._release(1)
         if self._closed:
             req.cancel.set()
         self.engine.scheduler.add(req)
+        self._live.append(req)
         sub.future.set_result(req)
+
+    def _release(self, n: int) -> None:
+        with self._held_lock:
+            self._held -= n
 
     def _cancel_all(self) -> None:
         scheduler = self.engine.scheduler
@@ -104,13 +129,26 @@ class Worker:
             log.exception("scheduler step failed; ending every run with an error")
             self._abandon_all()
         self.active = len(scheduler.waiting) + len(scheduler.running)
+        ended = [r for r in self._live if r.finished]
+        if ended:
+            self._live = [r for r in self._live if not r.finished]
+            self._release(len(ended))
 
     def _abandon_all(self) -> None:
+        """End every admitted run with an error. A run the scheduler cannot end (finish raises, perhaps after it
+        was dequeued) still gets its KV freed and a run_end, so no client waits forever and no slot stays held."""
         scheduler = self.engine.scheduler
-        for req in [*scheduler.waiting, *scheduler.running]:
-            try:
-                scheduler.finish(req, "error")
-            except Exception:
-                log.exception("could not end run %s cleanly", req.rid)
+        for req in self._live:
+            if not req.finished:
+                try:
+                    scheduler.finish(req, "error")
+                except Exception:
+                    log.exception("could not end run %s cleanly", req.rid)
+                    self.engine.rt.release_all(req, "error")
+            tracer = req.tracer
+            if tracer.enabled and (not tracer.events or tracer.events[-1]["type"] != "run_end"):
+                req.status = "error"
+                tracer.emit("error", {"code": "run_failed", "message": "the scheduler failed; see the server log"})
+                tracer.emit("run_end", {"status": "error", "output_ids": [], "text": "", "metrics": {}})
         scheduler.waiting.clear()
         scheduler.running.clear()

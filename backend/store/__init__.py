@@ -10,6 +10,8 @@ from backend.store.errors import (
 )
 from backend.store.export import export_json, export_perfetto, import_json
 from backend.store.store import Store
+from backend.store.tee import Tee
+from backend.store.writer import StoreWriter
 
-__all__ = ["DocumentError", "DuplicateSeqError", "RunExistsError", "SeqGapError", "Store", "StoreError",
-           "TraceError", "UnknownRunError", "export_json", "export_perfetto", "import_json"]
+__all__ = ["DocumentError", "DuplicateSeqError", "RunExistsError", "SeqGapError", "Store", "StoreError", "StoreWriter",
+           "Tee", "TraceError", "UnknownRunError", "export_json", "export_perfetto", "import_json"]

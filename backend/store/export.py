@@ -15,6 +15,7 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "prompt": (str,), "status": (str,), "output": (str, type(None)), "metrics": (dict, type(None)),
     "n_rounds": (int,), "n_tokens": (int,),
 }
+OPTIONAL_RUN_FIELDS: dict[str, tuple[type, ...]] = {"server": (str, type(None)), "model_hash": (str, type(None))}
 
 
 def export_json(store: Store, run_id: str) -> dict[str, Any]:
@@ -47,10 +48,11 @@ def check_document(data: Any) -> None:
     if data["schema"] != EXPORT_SCHEMA:
         raise DocumentError(f"export schema {data['schema']!r} is not {EXPORT_SCHEMA}")
     run, events = data["run"], data["events"]
-    if not isinstance(run, dict) or set(run) != set(RUN_FIELDS):
-        raise DocumentError(f"run must be an object with exactly the keys {sorted(RUN_FIELDS)}")
-    for key, types in RUN_FIELDS.items():
-        if not isinstance(run[key], types) or isinstance(run[key], bool):
+    if not isinstance(run, dict) or not set(RUN_FIELDS) <= set(run) <= set(RUN_FIELDS) | set(OPTIONAL_RUN_FIELDS):
+        raise DocumentError(f"run must be an object with the keys {sorted(RUN_FIELDS)} (and optionally "
+                            f"{sorted(OPTIONAL_RUN_FIELDS)})")
+    for key, types in (RUN_FIELDS | OPTIONAL_RUN_FIELDS).items():
+        if key in run and (not isinstance(run[key], types) or isinstance(run[key], bool)):
             raise DocumentError(f"run.{key} has the wrong type ({type(run[key]).__name__})")
     if run["status"] not in RUN_STATES:
         raise DocumentError(f"run.status {run['status']!r} is not one of {RUN_STATES}")

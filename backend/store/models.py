@@ -46,12 +46,14 @@ class Run(Base):
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     n_rounds: Mapped[int] = mapped_column(Integer, default=0)
     n_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    server: Mapped[str | None] = mapped_column(String(256), index=True)   # host:port of the server that ran it
+    model_hash: Mapped[str | None] = mapped_column(String(128))          # run_start's model_hash, when given
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "created_at": utc(self.created_at).isoformat(), "mode": self.mode,
                 "model": self.model, "params": self.params, "prompt": self.prompt, "status": self.status,
                 "output": self.output, "metrics": self.metrics, "n_rounds": self.n_rounds,
-                "n_tokens": self.n_tokens}
+                "n_tokens": self.n_tokens, "server": self.server, "model_hash": self.model_hash}
 
 
 class Event(Base):

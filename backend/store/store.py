@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend.store.db import DEFAULT_URL, make_engine
@@ -24,6 +24,11 @@ T = TypeVar("T")
 Row = dict[str, Any]
 
 
+def no_nul(row: Row) -> Row:
+    """Text columns without NUL characters (PostgreSQL text cannot hold them; the events keep them, escaped)."""
+    return {k: v.replace("\x00", "\ufffd") if isinstance(v, str) else v for k, v in row.items()}
+
+
 def insert_rows(session: Session, model: type[Base], rows: Sequence[Row]) -> None:
     if rows:
         session.execute(insert(model), list(rows))
@@ -37,10 +42,12 @@ class Store:
     when the store is a RecordingTracer's sink.
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, batch_size: int = 64, busy_timeout_ms: int = 5000) -> None:
+    def __init__(self, url: str = DEFAULT_URL, *, batch_size: int = 64, busy_timeout_ms: int = 5000,
+                 server: str | None = None) -> None:
         self.engine = make_engine(url, busy_timeout_ms)
         retry_locked(lambda: upgrade(self.engine))
         self.batch_size = batch_size
+        self.server = server  # host:port stamped on every run this store begins (None outside a server)
         self._sessions = sessionmaker(self.engine)
         self._buffer: list[Row] = []
         self._next_seq: dict[str, int] = {}  # runs being recorded -> next expected seq
@@ -74,9 +81,11 @@ class Store:
             raise TraceError(f"begin_run takes a run_start event, not {event['type']}")
         run_id = event["run_id"]
         check_seq(run_id, 0, event["seq"])
+        model_hash = event.get("model_hash")
         run = {"run_id": run_id, "created_at": datetime.now(UTC), "mode": event.get("mode") or "",
                "model": event.get("model"), "params": event.get("params") or {}, "prompt": event.get("prompt") or "",
-               "status": "running", "output": None, "metrics": None, "n_rounds": 0, "n_tokens": 0}
+               "status": "running", "output": None, "metrics": None, "n_rounds": 0, "n_tokens": 0,
+               "server": self.server, "model_hash": model_hash if isinstance(model_hash, str) else None}
         with self._lock:
             if run_id in self._next_seq:
                 raise RunExistsError(f"run {run_id} is already being recorded")
@@ -121,13 +130,26 @@ class Store:
             self._buffer.clear()
             del self._next_seq[run_id]
 
-    def mark_interrupted(self) -> list[str]:
-        """Mark runs left 'running' by a crash (not those this store is recording) as interrupted; call at startup.
+    def abandon(self, run_ids: Iterable[str] | None = None) -> set[str]:
+        """Stop recording runs whose storing failed (default: every run with unwritten events). Their unwritten
+        events are dropped, what is stored stays, and the next startup marks them interrupted. Returns the ids."""
+        with self._lock:
+            ids = {e["run_id"] for e in self._buffer} if run_ids is None else set(run_ids)
+            self._buffer = [e for e in self._buffer if e["run_id"] not in ids]
+            for run_id in ids:
+                self._next_seq.pop(run_id, None)
+            return ids
 
-        Their stored events are kept and their rounds and KV intervals derived, so they can still be inspected.
+    def mark_interrupted(self) -> list[str]:
+        """Mark runs a crash left 'running' as interrupted; call at startup.
+
+        Only this store's own runs (same `server`) and runs made outside any server (`server` NULL) are marked,
+        never those this store is recording: other servers on a shared database keep theirs. Stored events are
+        kept and rounds and KV intervals derived, so the runs can still be inspected.
         """
         def mark(session: Session) -> list[str]:
-            query = select(Run.run_id).where(Run.status == "running", Run.run_id.not_in(live))
+            own = Run.server.is_(None) if self.server is None else or_(Run.server.is_(None), Run.server == self.server)
+            query = select(Run.run_id).where(Run.status == "running", own, Run.run_id.not_in(live))
             run_ids = list(session.scalars(query))
             for run_id in run_ids:
                 self._derive(session, run_id, self._load_events(session, run_id))
@@ -163,46 +185,40 @@ class Store:
             query = query.where(Run.mode == mode)
         if status is not None:
             query = query.where(Run.status == status)
-        with self._sessions() as session:
-            return [run.as_dict() for run in session.scalars(query)]
+        return self._read(lambda session: [run.as_dict() for run in session.scalars(query)], [])
 
     def get_run(self, run_id: str) -> Row | None:
-        with self._sessions() as session:
+        def read(session: Session) -> Row | None:
             run = session.get(Run, run_id)
             return run.as_dict() if run else None
+        return self._read(read, None)
 
-    def events(self, run_id: str, since_seq: int = 0) -> list[Row]:
-        """The stored events of a run from `since_seq` on, exactly as emitted, in seq order."""
-        with self._sessions() as session:
-            return self._load_events(session, run_id, since_seq)
+    def events(self, run_id: str, since_seq: int = 0, limit: int | None = None) -> list[Row]:
+        """The stored events of a run from `since_seq` on (at most `limit`), exactly as emitted, in seq order."""
+        return self._read(lambda session: self._load_events(session, run_id, since_seq, limit), [])
 
     def rounds(self, run_id: str, start: int = 0, stop: int | None = None) -> list[Row]:
         """The round events with start <= round < stop, in round order."""
         query = select(Round.payload).where(Round.run_id == run_id, Round.round >= start).order_by(Round.round)
         if stop is not None:
             query = query.where(Round.round < stop)
-        with self._sessions() as session:
-            return list(session.scalars(query))
+        return self._read(lambda session: list(session.scalars(query)), [])
 
     def kv_intervals(self, run_id: str) -> list[Row]:
         """KV slot occupancy intervals, by slot then allocation order."""
         query = (select(KVInterval).where(KVInterval.run_id == run_id)
                  .order_by(KVInterval.slot, KVInterval.alloc_seq))
-        with self._sessions() as session:
-            return [interval.as_dict() for interval in session.scalars(query)]
+        return self._read(lambda session: [interval.as_dict() for interval in session.scalars(query)], [])
 
     def delete_run(self, run_id: str) -> bool:
         """Delete a run with its events, derived rows and comparison memberships; False if there was none."""
         def remove(session: Session) -> bool:
-            if session.get(Run, run_id) is None:
-                return False
-            session.execute(delete(Run).where(Run.run_id == run_id))
-            return True
+            return session.execute(delete(Run).where(Run.run_id == run_id)).rowcount > 0
 
         with self._lock:
             if run_id in self._next_seq:
                 raise StoreError(f"run {run_id} is being recorded; end it before deleting it")
-            return self._write(remove)
+            return self.get_run(run_id) is not None and self._write(remove)
 
     # -- comparisons ---------------------------------------------------------------------------------------------
 
@@ -211,17 +227,18 @@ class Store:
         if not run_ids or len(set(run_ids)) != len(run_ids):
             raise ValueError("a comparison needs one or more distinct runs")
         comparison_id = "c_" + uuid.uuid4().hex[:16]
+        row = no_nul({"comparison_id": comparison_id, "label": label, "prompt": prompt,
+                      "created_at": datetime.now(UTC)})
 
         def write(session: Session) -> None:
             prompts = dict(session.execute(select(Run.run_id, Run.prompt).where(Run.run_id.in_(run_ids))).all())
             missing = [r for r in run_ids if r not in prompts]
             if missing:
                 raise UnknownRunError(f"no such runs: {missing}")
-            others = [r for r in run_ids if prompts[r] != prompt]
+            others = [r for r in run_ids if prompts[r] != row["prompt"]]
             if others:
                 raise ValueError(f"runs {others} are not on the comparison's prompt")
-            insert_rows(session, Comparison, [{"comparison_id": comparison_id, "label": label, "prompt": prompt,
-                                               "created_at": datetime.now(UTC)}])
+            insert_rows(session, Comparison, [row])
             insert_rows(session, ComparisonRun, [{"comparison_id": comparison_id, "position": i, "run_id": r}
                                                  for i, r in enumerate(run_ids)])
 
@@ -229,24 +246,37 @@ class Store:
         return comparison_id
 
     def get_comparison(self, comparison_id: str) -> Row | None:
-        with self._sessions() as session:
+        def read(session: Session) -> Row | None:
             comparison = session.get(Comparison, comparison_id)
             return self._comparison_dict(session, comparison) if comparison else None
+        return self._read(read, None)
 
     def list_comparisons(self) -> list[Row]:
         """Comparisons, newest first."""
         query = select(Comparison).order_by(Comparison.created_at.desc(), Comparison.comparison_id)
-        with self._sessions() as session:
-            return [self._comparison_dict(session, c) for c in session.scalars(query)]
+        return self._read(lambda session: [self._comparison_dict(session, c) for c in session.scalars(query)], [])
 
     # -- internals -----------------------------------------------------------------------------------------------
 
     def _write(self, fn: Callable[[Session], T]) -> T:
-        """Run `fn` in one transaction, retried while the database is locked."""
+        """Run `fn` in one transaction, retried while the database is locked; a value the database cannot hold
+        (a string over its column's length or with a NUL byte on PostgreSQL, an integer out of range) is a
+        TraceError."""
         def attempt() -> T:
             with self._sessions.begin() as session:
                 return fn(session)
-        return retry_locked(attempt)
+        try:
+            return retry_locked(attempt)
+        except DataError as exc:
+            raise TraceError(f"a value does not fit the database: {exc.orig}") from exc
+
+    def _read(self, fn: Callable[[Session], T], default: T) -> T:
+        """Run a read; a key the database cannot even hold (a NUL byte on PostgreSQL) matches nothing."""
+        try:
+            with self._sessions() as session:
+                return fn(session)
+        except DataError:
+            return default
 
     def _accept(self, event: Row, types: tuple[str, ...]) -> None:
         check_envelope(event)
@@ -265,7 +295,7 @@ class Store:
     @staticmethod
     def _insert_run(session: Session, run: Row, events: Sequence[Row]) -> None:
         try:
-            insert_rows(session, Run, [run])
+            insert_rows(session, Run, [no_nul(run)])
         except IntegrityError as exc:
             raise RunExistsError(f"run {run['run_id']} already exists") from exc
         insert_rows(session, Event, [to_row(e) for e in events])
@@ -276,12 +306,12 @@ class Store:
             session.execute(delete(model).where(model.run_id == run_id))
         insert_rows(session, Round, round_rows(run_id, events))
         insert_rows(session, KVInterval, kv_interval_rows(run_id, events))
-        session.execute(update(Run).where(Run.run_id == run_id).values(**run_summary(events)))
+        session.execute(update(Run).where(Run.run_id == run_id).values(**no_nul(run_summary(events))))
 
     @staticmethod
-    def _load_events(session: Session, run_id: str, since_seq: int = 0) -> list[Row]:
+    def _load_events(session: Session, run_id: str, since_seq: int = 0, limit: int | None = None) -> list[Row]:
         query = (select(Event.seq, Event.t_ms, Event.type, Event.payload)
-                 .where(Event.run_id == run_id, Event.seq >= since_seq).order_by(Event.seq))
+                 .where(Event.run_id == run_id, Event.seq >= since_seq).order_by(Event.seq).limit(limit))
         return [from_row(run_id, *row) for row in session.execute(query)]
 
     @staticmethod

@@ -1,0 +1,107 @@
+"""A throwaway PostgreSQL server for tests: a cluster in a temp dir on a free loopback port, owned by an unprivileged
+user, removed afterwards. Without the server binaries the tests that need it skip (they must run where CI=true).
+
+Use the fixtures in a test module with `pytest_plugins = ["postgres"]`.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from live_server import free_port
+
+INSTALL = "install the PostgreSQL server to run them: apt-get install postgresql (Debian/Ubuntu)"
+
+
+def find_bin() -> Path | None:
+    """The newest Debian-style /usr/lib/postgresql/N/bin, else the folder of `initdb` on PATH."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    initdb = found[-1] if found else shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def run_as() -> list[str]:
+    """PostgreSQL refuses to run as root: as root, run it as the `postgres` user (else `nobody`)."""
+    if os.geteuid() != 0:
+        return []
+    for user in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(user)
+            return ["runuser", "-u", user, "--"]
+        except KeyError:
+            continue
+    raise RuntimeError("running as root and neither a postgres nor a nobody user exists")
+
+
+@dataclass
+class Cluster:
+    bin: Path
+    root: Path
+    port: int
+    prefix: list[str]
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def pg_ctl(self, *args: str) -> None:
+        subprocess.run([*self.prefix, str(self.bin / "pg_ctl"), "-D", str(self.data), *args], check=True,
+                       capture_output=True, timeout=60)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def new_database(self) -> str:
+        """A fresh empty database; returns its SQLAlchemy URL."""
+        import psycopg
+        name = "t_" + uuid.uuid4().hex[:12]
+        with psycopg.connect(f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres",
+                             autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+
+def start_cluster(bin_dir: Path) -> Cluster:
+    root = Path(tempfile.mkdtemp(prefix="specscope-pg-"))
+    prefix = run_as()
+    if prefix:
+        shutil.chown(root, user=prefix[2])
+    cluster = Cluster(bin_dir, root, free_port(), prefix)
+    subprocess.run([*prefix, str(bin_dir / "initdb"), "-D", str(cluster.data), "-U", "postgres", "--auth=trust",
+                    "-E", "UTF8", "--no-sync"], check=True, capture_output=True, timeout=120)
+    options = f"-p {cluster.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+    cluster.pg_ctl("-o", options, "-l", str(root / "log"), "-w", "start")
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """One PostgreSQL server for the session, stopped and deleted at its end."""
+    bin_dir = find_bin()
+    if bin_dir is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL tests must run in CI; {INSTALL}")
+        pytest.skip(f"no PostgreSQL server binaries; {INSTALL}")
+    cluster = start_cluster(bin_dir)
+    try:
+        yield cluster
+    finally:
+        cluster.pg_ctl("-m", "immediate", "stop")
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty store database: a SQLite file, then a fresh database on the test PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'specscope.db'}"
+    return request.getfixturevalue("pg_cluster").new_database()

@@ -1,0 +1,68 @@
+"""kill -9 of `specscope serve` mid-run, on SQLite and on PostgreSQL: after a restart the run is interrupted with
+every event stored before the crash, the other runs are untouched, and the token never reached the logs."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from serve_process import TOKEN, generate, receive, serving
+from websockets.exceptions import ConnectionClosed
+
+from backend.store import Store
+
+pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
+CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
+SETTLE_S = 2.0  # far above the StoreWriter's bound (interval_s = 0.05 plus one batch write)
+
+
+def snapshot(store_url: str, run_id: str) -> tuple[dict, list[dict]]:
+    with Store(store_url) as store:
+        return store.get_run(run_id), store.events(run_id)
+
+
+def test_kill_9_mid_run_leaves_an_interrupted_run_with_its_stored_events(store_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with serving(store_url, log) as server:
+        finished = generate(server, "What is 12 + 30?", max_new_tokens=8)
+        before = snapshot(store_url, finished[0]["run_id"])
+        with server.ws("/ws/generate") as ws:
+            ws.send(json.dumps({"type": "generate", "prompt": CODE, "mode": "ar",
+                                "params": {"max_new_tokens": 900, "raw": True}}))
+            streamed = receive(ws, "run_start")
+            for _ in range(5):
+                streamed += receive(ws, "round")
+            emitted_before = len(streamed)  # these were emitted at least SETTLE_S before the kill
+            settled = time.monotonic() + SETTLE_S
+            while time.monotonic() < settled and streamed[-1]["type"] != "run_end":  # keep reading: a client
+                streamed.append(json.loads(ws.recv(timeout=30)))  # that stops reading has rounds dropped
+            _, stored_at_kill = snapshot(store_url, streamed[0]["run_id"])
+            server.kill()
+            try:
+                while True:
+                    streamed.append(json.loads(ws.recv(timeout=5)))
+            except (ConnectionClosed, TimeoutError):  # the connection died with the server
+                pass
+    run_id = streamed[0]["run_id"]
+    assert streamed[-1]["type"] != "run_end", "the run finished before the kill; make it longer"
+
+    with serving(store_url, log, port=server.port) as restarted:
+        run = restarted.get(f"/api/runs/{run_id}")
+        assert run["status"] == "interrupted" and run["server"].endswith(f":{server.port}")
+        _, stored = snapshot(store_url, run_id)
+        assert stored == streamed[:len(stored)]  # exactly what was emitted, in order, nothing lost in between
+        assert len(stored) >= max(emitted_before, len(stored_at_kill))
+        assert run["n_rounds"] == sum(e["type"] == "round" for e in stored)
+        assert restarted.get(f"/api/runs/{finished[0]['run_id']}") == before[0]
+        assert snapshot(store_url, finished[0]["run_id"]) == before
+        with restarted.ws(f"/ws/replay/{run_id}?speed=0") as ws:  # replays the stored part, then closes
+            replayed = []
+            try:
+                while True:
+                    replayed.append(json.loads(ws.recv(timeout=30)))
+            except ConnectionClosed:
+                pass
+        assert replayed == stored
+    text = log.read_text()
+    assert "/ws/generate" in text and "token=***" in text  # uvicorn logged the requests, redacted
+    assert TOKEN not in text
