@@ -53,9 +53,22 @@ def parse_params(pairs: Sequence[str], max_new_tokens: int | None) -> dict[str, 
 
 
 def load_engine(args: argparse.Namespace) -> Engine:
+    """The engine the model options name: device, dtype, adapter, KV pool (sized from free memory when not
+    given, at most what the scheduler can hold), block-size tiers and intra-op threads."""
+    import torch
+
     from backend.engine.engine import Engine
-    from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-    return Engine(load_checkpoint(args.model or DEFAULT_CHECKPOINT), num_slots=args.slots)
+    from backend.engine.scheduler import MAX_RUNNING, parse_tiers
+    from backend.model.config import CheckpointError
+    from backend.model.options import load_from_args
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        tiers = parse_tiers(args.block_size_tiers) if args.block_size_tiers else None
+        loaded, slots = load_from_args(args, at_most_per_sequence=MAX_RUNNING)
+    except (ParamError, CheckpointError) as e:
+        raise CLIError(str(e)) from None
+    return Engine(loaded, num_slots=slots, tiers=tiers)
 
 
 def run_traced(engine: Engine, writer: StoreWriter | None, prompt: str, mode: str, params: dict[str, Any],
@@ -220,12 +233,17 @@ DELEGATED = {"bench": ("backend.bench", "benchmark the modes on held-out prompts
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from backend.model.options import add_model_args
+
     """The parser, and the subparsers of DELEGATED commands (still without their arguments)."""
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL of the store (default {DEFAULT_URL})")
     model = argparse.ArgumentParser(add_help=False)
-    model.add_argument("--model", help="checkpoint folder (default: the shipped tiny model)")
-    model.add_argument("--slots", type=int, default=16384, help="KV pool size in slots")
+    add_model_args(model)
+    model.add_argument("--block-size-tiers", metavar="N:B,...",
+                       help="block size by running requests, SGLang-style, e.g. 1:32,4:16,64:8 (a catch-all tier "
+                            "covering 64 running requests is required)")
+    model.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own)")
     gen = argparse.ArgumentParser(add_help=False)
     gen.add_argument("prompt")
     gen.add_argument("--param", action="append", default=[], metavar="K=V", help="decoding parameter (repeatable)")

@@ -122,3 +122,13 @@ def test_console_script(tmp_path):
     result = subprocess.run([str(script), "runs", "ls", "--db", f"sqlite:///{tmp_path / 'empty.db'}"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.split()[:2] == ["run", "created"]
+
+
+def test_run_takes_block_size_tiers_and_records_them(capsys, db):
+    run_id, _ = generate(capsys, db, "linear_spec", "--param", "block_size=4", "--block-size-tiers", "1:8,64:4")
+    with Store(db) as store:
+        events = store.events(run_id)
+    assert events[0]["block_size_tiers"] == [[1, 8], [64, 4]]
+    assert {e["block_size"] for e in events if e["type"] == "round" and e["round"] > 0} == {8}
+    code, _, err = run_cli(capsys, "run", PROMPT, "--mode", "ar", "--db", db, "--block-size-tiers", "1:32")
+    assert code != 0 and "catch-all" in err

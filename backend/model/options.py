@@ -24,9 +24,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, default=None, help="KV pool size in slots (default: half the free memory)")
 
 
-def load_from_args(args: argparse.Namespace) -> tuple[LoadedModel, int]:
-    """The model the options name and the KV pool size to serve it with."""
+def load_from_args(args: argparse.Namespace, at_most_per_sequence: int = 64) -> tuple[LoadedModel, int]:
+    """The model the options name and the KV pool size to serve it with: --slots, else what half the free memory
+    holds, at most `at_most_per_sequence` full contexts (more could never be used at once)."""
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
     adapter = False if args.adapter == "none" else args.adapter
     loaded = load_checkpoint(args.model or DEFAULT_CHECKPOINT, dtype, args.device, adapter, args.adapter_scope)
-    return loaded, args.slots or auto_slots(loaded.model.cfg, dtype, args.device)
+    cfg = loaded.model.cfg
+    return loaded, args.slots or auto_slots(cfg, dtype, args.device,
+                                            at_most=at_most_per_sequence * cfg.max_position_embeddings)
