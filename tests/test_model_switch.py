@@ -75,3 +75,22 @@ def test_compare_says_different_model_instead_of_a_verdict() -> None:
     assert "different model" in rows[2] and "same output" not in rows[2]
     assert "== ar" in lossless_badge(same, [ref, same], {"linear_spec": "ar"})
     assert "different model" in lossless_badge(other, [ref, other], {"linear_spec": "ar"})
+
+
+def test_token_pieces_come_from_the_vocabulary_of_the_runs_model() -> None:
+    """After a switch the UI shows a run's tokens with its own model's vocabulary, never the other model's."""
+    from app.session import Backend
+
+    class Switching:
+        http_url = "http://backend"
+        served = ("a", ["A0", "A1"])
+
+        def vocab(self) -> tuple[str, list[str]]:
+            return self.served
+
+    backend, client = Backend(), Switching()
+    run_a, run_b = trace("ar", [1], "a", "sha256:aaa"), trace("ar", [1], "b", "sha256:bbb")
+    assert backend.piece(client, run_a)(1) == "A1"
+    assert backend.piece(client, run_b)(1) == "#1"   # b is not served: its recorded pieces only
+    client.served = ("b", ["B0", "B1"])
+    assert backend.piece(client, run_b)(1) == "B1" and backend.piece(client, run_a)(1) == "A1"
