@@ -99,6 +99,8 @@ def build_ui(backend: Backend) -> gr.Blocks:
         demo.load(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
         demo.load(open_from_url, None, [tabs, viz.run], concurrency_limit=None, show_progress="hidden")
         health_timer.tick(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
+        health_timer.tick(picker.follow, picker.choice, [picker.choice, picker.info], concurrency_limit=None,
+                          show_progress="hidden")
         for button, source in ((chat.open_button, chat.run_id), (runs.open_button, runs.selected)):
             button.click(open_run, source, [tabs, viz.run], concurrency_limit=None)
     return demo

@@ -81,3 +81,6 @@ def test_switch_models_run_each_and_list_which_model_ran(page, server) -> None:
         cells.wait_for()
         assert cells.inner_text().split("\n")[2:4] == [RUNS[name], f"{name} · {run['model_hash']}"]
     shot(page, "models-runs")
+    httpx.post(f"{server}/api/models/rand-a", timeout=60).raise_for_status()  # a switch made elsewhere shows up
+    page.wait_for_selector("#model-current >> text=rand-a")
+    page.wait_for_function("() => document.querySelector('#model-pick input').value === 'rand-a'")

@@ -47,6 +47,14 @@ class ModelPicker:
             return gr.skip(), warning_html(exc)
         return picker_update(listing), model_info_html(listing)
 
+    def follow(self, shown: str | None, request: gr.Request) -> tuple[Any, Any]:
+        """Show a switch made elsewhere (another browser, the API): re-list only when the served model changed."""
+        try:
+            served = self.backend.client(request).health().get("model")
+        except (BackendUnavailable, BackendError):
+            return gr.skip(), gr.skip()
+        return self.show(request) if served != shown else (gr.skip(), gr.skip())
+
     def switch(self, name: str, request: gr.Request) -> tuple[Any, str]:
         """Serve `name` (the backend cancels running runs first), then show what is served."""
         try:
