@@ -86,11 +86,7 @@ def folder_options(args: argparse.Namespace, folder: Path) -> argparse.Namespace
 def first_model(models_dir: str) -> str | None:
     """The first loadable folder of a models directory, or None."""
     from backend.model.catalog import scan
-    from backend.model.config import CheckpointError
-    try:
-        return next((e.path for e in scan(models_dir) if e.loadable), None)
-    except CheckpointError as e:
-        raise CLIError(str(e)) from None
+    return next((e.path for e in scan(models_dir) if e.loadable), None)
 
 
 def run_traced(engine: Engine, writer: StoreWriter | None, prompt: str, mode: str, params: dict[str, Any],
@@ -144,6 +140,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CLIError(str(e)) from None
     if args.token:
         os.environ["SPECSCOPE_TOKEN"] = args.token  # the mounted UI reaches this server with it
+    if args.models and not Path(args.models).is_dir():
+        raise CLIError(f"--models {args.models}: no such directory")
     if args.models and not args.model:
         args.model = first_model(args.models)
     engine = load_engine(args)

@@ -75,3 +75,10 @@ def test_serve_starts_on_the_first_loadable_folder(tmp_path):
     assert first_model(str(tmp_path)) is None
     shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / "b")
     assert first_model(str(tmp_path)) == str(tmp_path / "b")
+
+
+def test_serve_refuses_a_missing_models_directory(tmp_path, capsys):
+    from backend.cli import main
+
+    assert main(["serve", "--models", str(tmp_path / "nope"), "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
+    assert "no such directory" in capsys.readouterr().err
