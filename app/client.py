@@ -67,6 +67,14 @@ class Client:
     def modes(self) -> list[dict[str, Any]]:
         return self.get("/api/modes")
 
+    def models(self) -> dict[str, Any]:
+        """The served model (`current`, `weights_hash`, `family`) and the models directory's catalog (`models`)."""
+        return self.get("/api/models")
+
+    def switch_model(self, name: str, timeout: float = 600.0) -> dict[str, Any]:
+        """Serve another folder of the models directory (running runs are cancelled); /api/models' new answer."""
+        return self.request("POST", f"/api/models/{quote(name, safe='')}", timeout=timeout).json()
+
     def bench(self) -> dict[str, Any]:
         return self.get("/api/bench")
 

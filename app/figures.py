@@ -265,14 +265,23 @@ def badge(css: str, text: str) -> str:
     return f'<span class="ss-badge {css}">{esc(text)}</span>'
 
 
+def same_model(a: RunTrace, b: RunTrace) -> bool:
+    """Whether two runs used the same weights: their weights hashes when both are recorded, else their model names."""
+    if a.model_hash and b.model_hash:
+        return a.model_hash == b.model_hash
+    return a.model == b.model
+
+
 def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], lossless: Mapping[str, str | None]) -> str:
-    """A mode's own lossless claim (e.g. linear_spec == ar) checked against that mode's run in the same set."""
+    """A mode's own lossless claim (e.g. linear_spec == ar) checked against that mode's run of the same model in the
+    same set; a run of another model gives no verdict."""
     target = lossless.get(run.mode)
     if not target:
         return ""
-    base = next((r for r in runs if r.mode == target), None)
+    base = next((r for r in runs if r.mode == target and same_model(r, run)), None)
     if base is None:
-        return badge("ss-ref", f"add {target} to check")
+        other = any(r.mode == target for r in runs)
+        return badge("ss-ref", f"{target} is of a different model" if other else f"add {target} to check")
     return badge("ss-ok", f"== {target}") if base.output_ids == run.output_ids else badge("ss-bad", f"≠ {target}")
 
 
@@ -290,6 +299,8 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
             same = ""
         elif run is reference:
             same = badge("ss-ref", "reference")
+        elif not same_model(run, reference):
+            same = badge("ss-ref", "different model")
         elif run.output_ids == reference.output_ids:
             same = badge("ss-ok", "same output as reference")
         else:

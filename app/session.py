@@ -18,7 +18,7 @@ class Backend:
         self.token = token
         self.max_runs = max_runs
         self._runs: OrderedDict[tuple[str, str], RunTrace] = OrderedDict()
-        self._vocabs: dict[str, tuple[str, list[str]] | None] = {}
+        self._vocabs: dict[tuple[str, str], list[str]] = {}  # (backend, model) -> display text of token ids
         self._lock = threading.Lock()
 
     def client(self, request: gr.Request | None = None) -> Client:
@@ -47,10 +47,11 @@ class Backend:
             self._runs.pop((client.http_url, run_id), None)
 
     def piece(self, client: Client, trace: RunTrace) -> Piece:
-        """Token display for a run: its own recorded pieces, then the backend's vocabulary if the run is of the
-        backend's model."""
-        if client.http_url not in self._vocabs:
-            self._vocabs[client.http_url] = client.vocab()
-        found = self._vocabs[client.http_url]
-        vocab = found[1] if found is not None and found[0] in (trace.model, "") else None
-        return make_piece(vocab, trace.known_pieces)
+        """Token display for a run: its own recorded pieces, then the vocabulary of the run's model, kept once the
+        backend has served that model (it can be switched; a run of a model not served has its own pieces only)."""
+        key = (client.http_url, trace.model)
+        if key not in self._vocabs:
+            found = client.vocab()
+            if found is not None:
+                self._vocabs[(client.http_url, found[0])] = found[1]
+        return make_piece(self._vocabs.get(key), trace.known_pieces)

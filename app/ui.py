@@ -1,4 +1,4 @@
-"""The Gradio UI (Chat, Visualizer, Compare, Runs, Bench), mounted at "/" on the backend's FastAPI app.
+"""The Gradio UI (model picker; Chat, Visualizer, Compare, Runs, Bench), mounted at "/" on the backend's FastAPI app.
 
 The UI talks to the backend only through REST and /ws/generate (app.client), so `backend_url` may point at another
 machine. Without one, each browser request is served by the backend that served the page.
@@ -22,6 +22,7 @@ from app.session import Backend
 from app.tabs.bench import build_bench
 from app.tabs.chat import build_chat
 from app.tabs.compare import DEFAULT_MODES, build_compare
+from app.tabs.models import build_model_picker
 from app.tabs.runs import ALL, build_runs
 from app.tabs.viz import build_viz
 
@@ -48,6 +49,7 @@ def build_ui(backend: Backend) -> gr.Blocks:
     with gr.Blocks(title="specscope", analytics_enabled=False) as demo:
         with gr.Row():
             gr.Markdown("## specscope · self-speculative decoding, round by round")
+        picker = build_model_picker(backend)
         status = gr.HTML(status_html(None, "connecting to the backend…"), elem_id="ss-status")
         with gr.Tabs() as tabs:
             with gr.Tab("Chat", id="chat"):
@@ -87,10 +89,18 @@ def build_ui(backend: Backend) -> gr.Blocks:
             """`/?run=<id>&round=<n>` opens that run in the visualizer (static/viz.js then goes to the round)."""
             return open_run(request.query_params.get("run", "").strip())
 
+        def switch_model(name: str, request: gr.Request) -> list[Any]:
+            """Serve another model, then reload the banner and the mode lists in the same update."""
+            return [*picker.switch(name, request), *check([], request)]
+
         checked = [status, chat.modes, chat.mode, compare.modes, compare.reference, runs.mode]
+        demo.load(picker.show, None, [picker.choice, picker.info], concurrency_limit=None, show_progress="hidden")
+        picker.choice.input(switch_model, picker.choice, [picker.choice, picker.info, *checked], concurrency_limit=1)
         demo.load(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
         demo.load(open_from_url, None, [tabs, viz.run], concurrency_limit=None, show_progress="hidden")
         health_timer.tick(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
+        health_timer.tick(picker.follow, picker.choice, [picker.choice, picker.info], concurrency_limit=None,
+                          show_progress="hidden")
         for button, source in ((chat.open_button, chat.run_id), (runs.open_button, runs.selected)):
             button.click(open_run, source, [tabs, viz.run], concurrency_limit=None)
     return demo

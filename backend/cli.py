@@ -52,23 +52,41 @@ def parse_params(pairs: Sequence[str], max_new_tokens: int | None) -> dict[str, 
     return params
 
 
-def load_engine(args: argparse.Namespace) -> Engine:
+def build_engine(args: argparse.Namespace) -> Engine:
     """The engine the model options name: device, dtype, adapter, KV pool (sized from free memory when not
-    given, at most what the scheduler can hold), block-size tiers and intra-op threads."""
+    given, at most what the scheduler can hold), block-size tiers and intra-op threads. Raises ParamError or
+    CheckpointError."""
     import torch
 
     from backend.engine.engine import Engine
     from backend.engine.scheduler import MAX_RUNNING, parse_tiers
-    from backend.model.config import CheckpointError
     from backend.model.options import load_from_args
     if args.threads:
         torch.set_num_threads(args.threads)
+    tiers = parse_tiers(args.block_size_tiers) if args.block_size_tiers else None
+    loaded, slots = load_from_args(args, at_most_per_sequence=MAX_RUNNING)
+    return Engine(loaded, num_slots=slots, tiers=tiers)
+
+
+def load_engine(args: argparse.Namespace) -> Engine:
+    """build_engine, its errors as CLIError."""
+    from backend.model.config import CheckpointError
     try:
-        tiers = parse_tiers(args.block_size_tiers) if args.block_size_tiers else None
-        loaded, slots = load_from_args(args, at_most_per_sequence=MAX_RUNNING)
+        return build_engine(args)
     except (ParamError, CheckpointError) as e:
         raise CLIError(str(e)) from None
-    return Engine(loaded, num_slots=slots, tiers=tiers)
+
+
+def folder_options(args: argparse.Namespace, folder: Path) -> argparse.Namespace:
+    """The same model options for another checkpoint folder (its own shipped adapter, unless --adapter none)."""
+    return argparse.Namespace(**{**vars(args), "model": str(folder),
+                                 "adapter": "none" if args.adapter == "none" else None})
+
+
+def first_model(models_dir: str) -> str | None:
+    """The first loadable folder of a models directory, or None."""
+    from backend.model.catalog import scan
+    return next((e.path for e in scan(models_dir) if e.loadable), None)
 
 
 def run_traced(engine: Engine, writer: StoreWriter | None, prompt: str, mode: str, params: dict[str, Any],
@@ -122,10 +140,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CLIError(str(e)) from None
     if args.token:
         os.environ["SPECSCOPE_TOKEN"] = args.token  # the mounted UI reaches this server with it
+    if args.models and not Path(args.models).is_dir():
+        raise CLIError(f"--models {args.models}: no such directory")
+    if args.models and not args.model:
+        args.model = first_model(args.models)
+    engine = load_engine(args)
     store = Store(args.db, server=f"{socket.gethostname()}:{args.port}")
-    app = create_app(load_engine(args), store, token=args.token, ui=not args.no_ui,
+    app = create_app(engine, store, token=args.token, ui=not args.no_ui,
                      backend_url=args.backend or f"ws://127.0.0.1:{args.port}",
-                     max_queued=args.max_queued or MAX_QUEUED_RUNS)
+                     max_queued=args.max_queued or MAX_QUEUED_RUNS, models_dir=args.models,
+                     build=lambda folder: build_engine(folder_options(args, folder)))
     try:
         uvicorn.run(app, host=args.host, port=args.port, ws_max_size=4 * MAX_MESSAGE_BYTES)
     finally:
@@ -259,6 +283,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                    help="bearer token required by every request (default $SPECSCOPE_TOKEN)")
     p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI")
     p.add_argument("--backend", help="websocket URL the UI talks to (default ws://127.0.0.1:PORT)")
+    p.add_argument("--models", metavar="DIR", help="a folder of checkpoint folders: the UI and /api/models switch "
+                                                   "between them (default served model: --model, else DIR's first "
+                                                   "loadable folder)")
     p.add_argument("--max-queued", type=int, help="runs queued or running at once before new ones get a busy "
                                                   "error (default: MAX_QUEUED_RUNS in backend/server/protocol.py)")
     p.set_defaults(func=cmd_serve)

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,20 +19,21 @@ from websockets.sync.client import connect
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "s3cret-token"
 MAIN = "import sys; from backend.cli import main; sys.exit(main(sys.argv[1:]))"
+OPTIONS = ("--no-ui", "--token", TOKEN, "--slots", "4096")
 Event = dict[str, Any]
 
 
 class Served:
     """One server process; its output (uvicorn's logs included) goes to `log`."""
 
-    def __init__(self, db: str, log: Path, port: int | None = None):
+    def __init__(self, db: str, log: Path, port: int | None = None, options: Sequence[str] = OPTIONS):
         self.port = port or free_port()
         self.log = log
         env = {**os.environ, "PYTHONPATH": str(ROOT), "SPECSCOPE_TOKEN": ""}
         with log.open("a") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", MAIN, "serve", "--no-ui", "--port", str(self.port), "--db", db,
-                 "--token", TOKEN, "--slots", "4096"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+                [sys.executable, "-c", MAIN, "serve", "--port", str(self.port), "--db", db, *options], cwd=ROOT,
+                env=env, stdout=out, stderr=subprocess.STDOUT)
         self.wait_ready()
 
     @property

@@ -36,3 +36,49 @@ def test_list_and_switch(tmp_path, loaded):
     bad = client.post("/api/models/broken")
     assert bad.status_code == 422 and "unknown architecture" in bad.json()["detail"]
     assert client.get("/api/models").json()["current"] == "b"
+
+
+def test_app_switches_the_served_model(tmp_path, loaded):
+    """Through create_app: the switch reaches the worker, so health, vocab and the next run use the new model;
+    without a models directory /api/models lists only the served model."""
+    from backend.server import create_app
+    from backend.store import Store
+
+    shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / "models" / "b")
+    engine = Engine(loaded, num_slots=256)
+    store = Store(f"sqlite:///{tmp_path / 'runs.db'}")
+    plain = create_app(engine, store, ui=False)
+    with TestClient(plain) as client:
+        assert client.get("/api/models").json() == {"current": "tiny", "weights_hash": loaded.weights_hash,
+                                                    "family": loaded.family, "models": []}
+        assert client.post("/api/models/tiny").status_code == 404
+    app = create_app(engine, store, ui=False, models_dir=tmp_path / "models",
+                     build=lambda path: Engine(load_checkpoint(path), num_slots=256))
+    with TestClient(app) as client:
+        assert client.get("/api/health").json()["model"] == "tiny"
+        assert client.post("/api/models/b").json()["current"] == "b"
+        assert client.get("/api/health").json()["model"] == "b"
+        assert client.get("/api/vocab").json()["model"] == "b"
+        with client.websocket_connect("/ws/generate") as ws:
+            ws.send_json({"type": "generate", "prompt": "What is 2 + 3?", "mode": "ar",
+                          "params": {"max_new_tokens": 4}})
+            start = ws.receive_json()
+        assert (start["type"], start["model"]) == ("run_start", "b")
+    store.close()
+
+
+def test_serve_starts_on_the_first_loadable_folder(tmp_path):
+    from backend.cli import first_model
+
+    (tmp_path / "a-broken").mkdir()
+    (tmp_path / "a-broken" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    assert first_model(str(tmp_path)) is None
+    shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / "b")
+    assert first_model(str(tmp_path)) == str(tmp_path / "b")
+
+
+def test_serve_refuses_a_missing_models_directory(tmp_path, capsys):
+    from backend.cli import main
+
+    assert main(["serve", "--models", str(tmp_path / "nope"), "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
+    assert "no such directory" in capsys.readouterr().err

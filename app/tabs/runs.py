@@ -16,7 +16,7 @@ from app.session import Backend
 
 ALL = "all"
 STATUSES = [ALL, "running", "done", "cancelled", "error", "interrupted"]
-COLUMNS = ["run id", "created", "mode", "status", "tokens", "rounds", "NFE", "TPF", "prompt"]
+COLUMNS = ["run id", "created", "mode", "model", "status", "tokens", "rounds", "NFE", "TPF", "prompt"]
 EXPORTS = {"json": ".json", "perfetto": ".perfetto.json"}
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
 
@@ -28,12 +28,17 @@ class RunsTab:
     open_button: gr.Button
 
 
+def model_label(run: dict[str, Any]) -> str:
+    """The model a run used: its name and weights hash, as far as they were recorded."""
+    return " · ".join(str(v) for v in (run.get("model"), run.get("model_hash")) if v) or "?"
+
+
 def table_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
     rows = []
     for r in runs:
         m = r.get("metrics") or {}
-        rows.append([r["run_id"], r["created_at"][:19].replace("T", " "), r["mode"], r["status"], r["n_tokens"],
-                     r["n_rounds"], fmt(m.get("nfe")), fmt(m.get("tpf"), 2), r["prompt"][:80]])
+        rows.append([r["run_id"], r["created_at"][:19].replace("T", " "), r["mode"], model_label(r), r["status"],
+                     r["n_tokens"], r["n_rounds"], fmt(m.get("nfe")), fmt(m.get("tpf"), 2), r["prompt"][:80]])
     return rows
 
 

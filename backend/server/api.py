@@ -14,7 +14,6 @@ from fastapi import APIRouter, Body, HTTPException, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from backend.engine.engine import Engine
 from backend.engine.modes import describe_modes
 from backend.server.worker import Worker
 from backend.store import (
@@ -54,10 +53,9 @@ class NewComparison(BaseModel):
     run_ids: list[str] = Field(min_length=1)
 
 
-def api_router(engine: Engine, store: Store, worker: Worker, bench_dir: Path = BENCH_DIR) -> APIRouter:
+def api_router(store: Store, worker: Worker, bench_dir: Path = BENCH_DIR) -> APIRouter:
+    """The routes; the served engine is always read through the worker (it changes when the model is switched)."""
     router = APIRouter(prefix="/api")
-    tok = engine.rt.tokenizer
-    pieces = [tok.decode([i]) for i in range(len(tok))]  # now, before the worker thread uses the tokenizer
 
     def run_or_404(run_id: str) -> Row:
         run = store.get_run(run_id)
@@ -67,6 +65,7 @@ def api_router(engine: Engine, store: Store, worker: Worker, bench_dir: Path = B
 
     @router.get("/health")
     def health() -> Row:
+        engine = worker.engine
         pool = engine.rt.pool
         return {"status": "ok", "model": engine.model_name, "active_runs": worker.active, "queued_runs": worker.held,
                 "max_queued_runs": worker.max_queued,
@@ -79,6 +78,7 @@ def api_router(engine: Engine, store: Store, worker: Worker, bench_dir: Path = B
     @router.get("/vocab")
     def vocab() -> Row:
         """Display text of every token id, as run_start's `pieces` shows the prompt's."""
+        engine, pieces = worker.engine, worker.pieces
         return {"model": engine.model_name, "pieces": pieces}
 
     @router.get("/bench")

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.encoders import jsonable_encoder
@@ -16,6 +17,7 @@ from backend.server.api import api_router
 from backend.server.auth import TokenMiddleware
 from backend.server.generate import GenerateSession
 from backend.server.logs import redact_tokens
+from backend.server.models import ModelHost, models_router
 from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.server.replay import replay
 from backend.server.worker import Worker
@@ -43,11 +45,14 @@ async def invalid_request(_: Request, exc: Exception) -> JSONResponse:
 
 
 def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool = True,
-               backend_url: str | None = None, max_queued: int = MAX_QUEUED_RUNS) -> FastAPI:
+               backend_url: str | None = None, max_queued: int = MAX_QUEUED_RUNS,
+               models_dir: str | Path | None = None, build: Callable[[Path], Engine] | None = None) -> FastAPI:
     """The server. Its worker and store-writer threads start and stop with the app's lifespan, and startup marks
     runs a crash of this server left 'running' as interrupted. With a token, every route (REST, websockets, UI)
-    needs it, and it is kept out of uvicorn's logs."""
+    needs it, and it is kept out of uvicorn's logs. `models_dir` (with `build`, which loads one of its folders
+    into an Engine) lets /api/models switch the served model; without it /api/models lists only `engine`."""
     worker = Worker(engine, max_queued)
+    host = ModelHost(models_dir, engine, build, lambda new: worker.replace_engine(new).result())
     writer = StoreWriter(store)
 
     @asynccontextmanager
@@ -66,7 +71,8 @@ def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool 
     app.add_exception_handler(RequestValidationError, invalid_request)
     if token:
         app.add_middleware(TokenMiddleware, token=token)
-    app.include_router(api_router(engine, store, worker))
+    app.include_router(api_router(store, worker))
+    app.include_router(models_router(host))
 
     @app.websocket("/ws/generate")
     async def ws_generate(ws: WebSocket) -> None:

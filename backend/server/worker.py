@@ -1,7 +1,8 @@
 """The one thread that owns the engine: it validates submissions, admits them and steps the scheduler.
 
 Everything that touches the engine (tokenizer, scheduler, KV pool, model) runs here, never on the event loop.
-Trace events leave through each request's tracer sink, called on this thread.
+Trace events leave through each request's tracer sink, called on this thread. Switching the served model
+(`replace_engine`) happens here too, between steps, so a run only ever sees one engine.
 """
 from __future__ import annotations
 
@@ -34,15 +35,30 @@ class Submission:
     future: Future[Request] = field(default_factory=Future)
 
 
+@dataclass
+class Swap:
+    """A new engine to serve once the current one has no runs left, and the display text of its token ids."""
+    engine: Engine
+    pieces: list[str]
+    future: Future[Engine] = field(default_factory=Future)
+
+
+def vocab_pieces(engine: Engine) -> list[str]:
+    """Display text of every token id (the /api/vocab answer)."""
+    tok = engine.rt.tokenizer
+    return [tok.decode([i]) for i in range(len(tok))]
+
+
 class Worker:
     def __init__(self, engine: Engine, max_queued: int = MAX_QUEUED_RUNS):
         self.engine = engine
+        self.pieces = vocab_pieces(engine)  # now, before this thread uses the tokenizer
         self.max_queued = max_queued
         self.active = 0  # requests waiting or running, as of the last step
         self._held = 0  # submissions not ended yet (inbox, waiting, running); guarded by _held_lock
         self._held_lock = threading.Lock()
         self._live: list[Request] = []  # admitted requests not finished yet (worker thread only)
-        self._inbox: queue.SimpleQueue[Submission | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Submission | Swap | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="specscope-engine", daemon=True)
         self._closed = False
 
@@ -69,6 +85,16 @@ class Worker:
         self._inbox.put(sub)
         return sub.future
 
+    def replace_engine(self, engine: Engine) -> Future[Engine]:
+        """Serve `engine` from now on: runs waiting or running on the current one are cancelled (each ends as a
+        cancelled run, KV freed, run_end sent), then the engines are swapped; submissions after this call run on
+        the new one. The future holds the new engine once it is served."""
+        if self._closed:
+            raise RuntimeError("the server is shutting down")
+        swap = Swap(engine, vocab_pieces(engine))  # before the new engine is shared with this thread
+        self._inbox.put(swap)
+        return swap.future
+
     def stop(self, timeout: float = 60.0) -> None:
         """Cancel every request (each ends as a cancelled run, KV freed), then end the thread."""
         self._closed = True
@@ -77,19 +103,28 @@ class Worker:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
-        scheduler = self.engine.scheduler
         stopping = False
-        while not stopping or scheduler.has_work:
-            for sub in self._take(block=not scheduler.has_work and not stopping):
-                if sub is None:
+        while not stopping or self.engine.scheduler.has_work:
+            for item in self._take(block=not self.engine.scheduler.has_work and not stopping):
+                if item is None:
                     stopping = True
                     self._cancel_all()
+                elif isinstance(item, Swap):
+                    self._swap(item)
                 else:
-                    self._admit(sub)
-            if scheduler.has_work:
+                    self._admit(item)
+            if self.engine.scheduler.has_work:
                 self._step()
 
-    def _take(self, block: bool) -> list[Submission | None]:
+    def _swap(self, swap: Swap) -> None:
+        """Cancel the current engine's runs, step until they have ended, then serve the new engine."""
+        self._cancel_all()
+        while self.engine.scheduler.has_work:
+            self._step()
+        self.engine, self.pieces = swap.engine, swap.pieces
+        swap.future.set_result(swap.engine)
+
+    def _take(self, block: bool) -> list[Submission | Swap | None]:
         """Everything in the inbox, waiting for the first item if `block`."""
         items = [self._inbox.get()] if block else []
         while True:

@@ -1,0 +1,86 @@
+"""`specscope serve --models DIR` in Chromium: three model folders (the shipped checkpoint and two tiny random
+Qwen3 models with its tokenizer), switched in the header picker, a run on each, and the Runs tab showing which
+model (name · weights hash) each run used."""
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from hf_tiny import save_hf
+from serve_process import Served
+from test_browser import ARGS, ARTIFACTS, CHROMIUM, TIMEOUT_MS, chat, choose, shot
+
+from backend.model.checkpoint import DEFAULT_CHECKPOINT
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"system Chromium not found at {CHROMIUM}")
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+RUNS = {"rand-a": "ar", "rand-b": "block_diffusion", "shipped": "linear_spec"}   # served first: rand-a
+
+
+def random_qwen3(folder: Path, seed: int) -> None:
+    """A tiny random Qwen3 with the shipped tokenizer, its mask and end tokens (so every mode can run)."""
+    from transformers import Qwen3Config
+
+    save_hf(Qwen3Config(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                        tie_word_embeddings=True, mask_token_id=2, eos_token_id=1), folder, seed)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("picker")
+    models = root / "models"
+    shutil.copytree(DEFAULT_CHECKPOINT, models / "shipped")
+    random_qwen3(models / "rand-a", seed=1)
+    random_qwen3(models / "rand-b", seed=2)
+    served = Served(f"sqlite:///{root / 'runs.db'}", root / "serve.log",
+                    options=("--models", str(models), "--slots", "1024", "--threads", "1"))
+    try:
+        yield served.http
+    finally:
+        served.stop()
+
+
+@pytest.fixture(scope="module")
+def page(server) -> Iterator:
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(server + "/")
+        page.wait_for_selector("#ss-up")
+        yield page
+        browser.close()
+
+
+def test_switch_models_run_each_and_list_which_model_ran(page, server) -> None:
+    page.wait_for_selector("#model-current >> text=rand-a")
+    page.click("#model-pick input")
+    assert sorted(t.replace("✓", "").strip() for t in page.get_by_role("option").all_inner_texts()) == sorted(RUNS)
+    page.keyboard.press("Escape")
+    run_ids = {}
+    for name, mode in RUNS.items():
+        if name != "rand-a":
+            choose(page, "#model-pick", name)
+            page.wait_for_selector(f"#model-current >> text={name}")
+        page.wait_for_selector(f"#ss-up >> text=model {name}")
+        chat(page, mode)
+        run_ids[name] = page.input_value("#chat-run textarea")
+    shot(page, "models-picker")
+    runs = {name: httpx.get(f"{server}/api/runs/{run_id}").json() for name, run_id in run_ids.items()}
+    assert {name: run["model"] for name, run in runs.items()} == {name: name for name in RUNS}
+    assert len({run["model_hash"] for run in runs.values()}) == 3
+    page.get_by_role("tab", name="Runs").click()
+    for name, run in runs.items():
+        cells = page.locator("#runs-table [role=row]", has_text=run["run_id"])
+        cells.wait_for()
+        assert cells.inner_text().split("\n")[2:4] == [RUNS[name], f"{name} · {run['model_hash']}"]
+    shot(page, "models-runs")
+    httpx.post(f"{server}/api/models/rand-a", timeout=60).raise_for_status()  # a switch made elsewhere shows up
+    page.wait_for_selector("#model-current >> text=rand-a")
+    page.wait_for_function("() => document.querySelector('#model-pick input').value === 'rand-a'")
