@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.model import data
+from backend.model.card import CARD_FILE, model_card
 from backend.model.checkpoint import load_model, save_checkpoint
 from backend.model.config import ModelConfig
 from backend.model.tokenizer import MASK, load_tokenizer, train_tokenizer
@@ -157,6 +158,7 @@ def export(args: argparse.Namespace) -> None:
         parent = Path(train_args["init_from"]) / "training.json"
         meta["warm_start"] = json.loads(parent.read_text()) if parent.exists() else None
     save_checkpoint(model, tok, out, meta)
+    (out / CARD_FILE).write_text(json.dumps(model_card(), indent=1))
     print(f"exported step {state['step']} to {out}")
 
 
