@@ -3,7 +3,7 @@
     python -m backend.calibrate [--checkpoint DIR] [--out DIR] [--per-kind 10] [--branches 7]
 
 Runs block_diffusion (greedy, default parameters) on the calibration prompts (`task_set("calibration")`,
-5 kinds x per-kind; disjoint from the held-out split by construction) and records every denoise step: the
+every task family x per-kind; disjoint from the held-out split by construction) and records every denoise step: the
 block state and the ranks its logits give (positions by confidence, tokens per position). Each step's
 successor is the unmask pattern the real trajectory took, as (position rank, vocab rank) under the previous
 step's logits. The graph then grows greedily, one node (parent, pos_rank, vocab_rank) at a time: the node
@@ -161,7 +161,7 @@ def calibrate(engine: Engine, prompts: list[str], branches: int, max_pos_rank: i
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     p.add_argument("--out", default=None, help=f"folder for {GRAPH_FILE} (default: the checkpoint folder)")
-    p.add_argument("--per-kind", type=int, default=10, help="calibration prompts per task kind (5 kinds)")
+    p.add_argument("--per-kind", type=int, default=10, help="calibration prompts per task family")
     p.add_argument("--branches", type=int, default=7, help="graph nodes (draft branches)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-pos-rank", type=int, default=6, help="position ranks searched")

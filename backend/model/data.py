@@ -102,21 +102,30 @@ def tri_stream_mask(t: int, bd_block: int, idlm_block: int) -> Tensor:
     return torch.cat([torch.cat(r, dim=1) for r in rows], dim=0)
 
 
+TASK_WEIGHTS = {"add": 1.5, "sort": 1.5, "spell": 1.25, "copy": 0.5}   # the rest weigh 1
+
+
 def task_row(tokenizer, rng: random.Random, t: int, split: str = "train", block: int = 1) -> list[int]:
-    """Chat tasks of one split until T tokens, each padded with EOS to a multiple of `block` tokens.
+    """Whole chat tasks of one split up to T tokens, each padded with EOS to a multiple of `block` tokens.
 
     The padding teaches a confident EOS after the answer up to the block end, as Fast-dLLM's SFT does,
-    so block diffusion can finish a block in one step once the answer is out.
+    so block diffusion can finish a block in one step once the answer is out. A task that would not fit is
+    redrawn a few times, then the row is filled with EOS, so every answer is seen whole.
     """
-    ids: list[int] = []
-    kinds = list(tasks.GENERATORS)
+    kinds = list(tasks.FAMILIES)
+    weights = [TASK_WEIGHTS.get(k, 1.0) for k in kinds]
     eos = tokenizer.convert_tokens_to_ids(EOS)
-    while len(ids) < t:
-        prompt, answer = tasks.GENERATORS[rng.choice(kinds)](rng)
-        if tasks.split_of(prompt) == split:
-            ids += tokenizer(chat_text(prompt, answer), add_special_tokens=False)["input_ids"]
-            ids += [eos] * (-len(ids) % block)
-    return ids[:t]
+    ids: list[int] = []
+    misses = 0
+    while len(ids) < t and misses < 4:
+        task = tasks.draw(tasks.FAMILIES[rng.choices(kinds, weights)[0]], rng, split)
+        new = tokenizer(chat_text(task.prompt, task.answer), add_special_tokens=False)["input_ids"]
+        new += [eos] * (-len(new) % block)
+        if ids and len(ids) + len(new) > t:
+            misses += 1
+            continue
+        ids += new
+    return (ids + [eos] * t)[:t]
 
 
 def make_batch(tokenizer, stream: np.ndarray, spec: BatchSpec, seed: int, step: int, mask_id: int,

@@ -1,23 +1,26 @@
-"""Evaluate a checkpoint: held-out loss per objective vs a unigram baseline, AR greedy exact-match per task.
+"""Evaluate a checkpoint: held-out loss per objective vs a unigram baseline, and greedy exact-match per family.
 
-    python -m backend.model.evaluate [--checkpoint DIR] [--per-kind 40] [--batches 8]
+    python -m backend.model.evaluate [--checkpoint DIR] [--per-kind 20] [--batches 8] [--modes ar,isd]
 
-Writes evaluation.json next to the checkpoint.
+Exact match is on held-out values, split by wording: `train_wording` prompts use wordings seen in training,
+`heldout_wording` prompts wordings never trained. Every mode also reports TPF (tokens per forward).
+Writes evaluation.json next to the checkpoint (or to --out).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from backend.model import data
 from backend.model.checkpoint import DEFAULT_CHECKPOINT, LoadedModel, load_checkpoint
-from backend.model.tasks import task_set
+from backend.model.tasks import REQUIRED, Task, task_set
 from backend.model.train import OBJECTIVES, objective_losses
 
 
@@ -45,40 +48,50 @@ def unigram_loss(loaded: LoadedModel) -> float:
     return float(-logp[held].mean())
 
 
-def exact_match(loaded: LoadedModel, per_kind: int, mode: str = "ar",
-                params: dict | None = None) -> dict[str, float]:
-    """Greedy exact-match of the answer per task kind on the held-out split, plus the average."""
+def exact_match(loaded: LoadedModel, tasks: list[Task], mode: str = "ar",
+                params: dict | None = None) -> dict[str, Any]:
+    """Greedy exact-match and TPF per family and wording split; the average and minimum over required families."""
     from backend.engine.engine import Engine
     engine = Engine(loaded, num_slots=4096)
-    hits: Counter[str] = Counter()
-    total: Counter[str] = Counter()
-    for task in task_set("heldout", per_kind):
-        out = engine.generate(task.prompt, mode, {"max_new_tokens": 32, **(params or {})})
-        total[task.kind] += 1
-        hits[task.kind] += out.text.strip() == task.answer
-    scores = {k: hits[k] / total[k] for k in total}
-    scores["average"] = sum(scores.values()) / len(scores)
-    return scores
+    hits: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    tokens = nfe = 0
+    for task in tasks:
+        budget = len(loaded.tokenizer(task.answer, add_special_tokens=False)["input_ids"]) + 8
+        out = engine.generate(task.prompt, mode, {"max_new_tokens": budget, **(params or {})})
+        hits[task.kind][f"{task.phrasing}_wording"].append(out.text.strip() == task.answer)
+        tokens, nfe = tokens + len(out.output_ids), nfe + out.metrics["nfe"]
+    per_family = {k: {s: round(sum(v) / len(v), 3) for s, v in sorted(d.items())} |
+                  {"all": round(sum(sum(v) for v in d.values()) / sum(len(v) for v in d.values()), 3)}
+                  for k, d in hits.items()}
+    required = [per_family[k]["all"] for k in REQUIRED if k in per_family]
+    return {"per_family": per_family, "average": round(sum(required) / len(required), 3),
+            "min": min(required), "tpf": round(tokens / max(nfe, 1), 3), "prompts": len(tasks)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
-    p.add_argument("--per-kind", type=int, default=40)
-    p.add_argument("--batches", type=int, default=8)
+    p.add_argument("--per-kind", type=int, default=20)
+    p.add_argument("--batches", type=int, default=8, help="held-out text batches for the loss (0: skip)")
+    p.add_argument("--modes", default="ar")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", help="write evaluation.json here instead of the checkpoint folder")
     args = p.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     loaded = load_checkpoint(args.checkpoint)
-    losses = heldout_losses(loaded, args.batches)
-    unigram = unigram_loss(loaded)
-    result = {
-        "heldout_loss": {k: round(v, 4) for k, v in losses.items()},
-        "heldout_perplexity": {k: round(math.exp(v), 2) for k, v in losses.items()},
-        "unigram_baseline_loss": round(unigram, 4),
-        "ar_exact_match": exact_match(loaded, args.per_kind),
-        "per_kind": args.per_kind,
-    }
-    out = Path(args.checkpoint) / "evaluation.json"
+    tasks = task_set("heldout", args.per_kind)
+    result: dict[str, Any] = {"per_kind": args.per_kind}
+    if args.batches:
+        losses = heldout_losses(loaded, args.batches)
+        result |= {"heldout_loss": {k: round(v, 4) for k, v in losses.items()},
+                   "heldout_perplexity": {k: round(math.exp(v), 2) for k, v in losses.items()},
+                   "unigram_baseline_loss": round(unigram_loss(loaded), 4)}
+    result["exact_match"] = {}
+    for mode in args.modes.split(","):
+        result["exact_match"][mode] = exact_match(loaded, tasks, mode)
+        print(mode, json.dumps(result["exact_match"][mode]), flush=True)
+    out = Path(args.out or args.checkpoint) / "evaluation.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 

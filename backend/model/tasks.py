@@ -1,17 +1,24 @@
-"""Generated chat tasks with checkable answers: addition, sorting, copying, reversing, counting.
+"""Chat tasks of the declared domain (backend.model.domain), split by values and by phrasing.
 
-Splits are disjoint by construction: a prompt belongs to the split named by a stable hash of its text,
-so the same prompt can never appear in two splits, whatever seed generated it.
+Two independent, stable hashes decide where a task belongs, so no seed can leak one split into another:
+- its values (the family's canonical key, not the wording): 80 % train, 10 % held-out, 10 % calibration;
+- its wording (see domain.phrasing): 80 % of wordings are trained, 20 % are never trained.
+Training draws train values in trained wordings; the held-out set alternates trained and held-out wordings
+(`Task.phrasing` says which); calibration uses calibration values in trained wordings.
 """
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
+
+from backend.model.domain import FAMILIES, Family
+from backend.model.domain.phrasing import decorate, wordings
 
 SPLITS = ("train", "heldout", "calibration")
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
+REQUIRED = ("count", "table", "add", "sort", "reverse", "spell", "json", "pyfunc")
 
 
 @dataclass(frozen=True)
@@ -19,65 +26,48 @@ class Task:
     kind: str
     prompt: str
     answer: str
+    phrasing: str = "train"   # the phrasing split of the prompt's wording
+    key: str = ""             # the canonical values (decide the value split)
+    wording: str = ""         # the wording pattern the prompt was filled from
 
 
-def _add(rng: random.Random) -> tuple[str, str]:
-    a, b = rng.randint(0, 10 ** rng.randint(1, 3) - 1), rng.randint(0, 10 ** rng.randint(1, 3) - 1)
-    return f"What is {a} + {b}?", str(a + b)
-
-
-def _sort(rng: random.Random) -> tuple[str, str]:
-    xs = [rng.randint(0, 99) for _ in range(rng.randint(3, 6))]
-    return "Sort: " + " ".join(map(str, xs)), " ".join(map(str, sorted(xs)))
-
-
-def _letters(rng: random.Random) -> list[str]:
-    return [rng.choice(LETTERS) for _ in range(rng.randint(3, 8))]
-
-
-def _copy(rng: random.Random) -> tuple[str, str]:
-    s = " ".join(_letters(rng))
-    return f"Copy: {s}", s
-
-
-def _reverse(rng: random.Random) -> tuple[str, str]:
-    xs = _letters(rng)
-    return "Reverse: " + " ".join(xs), " ".join(reversed(xs))
-
-
-def _count(rng: random.Random) -> tuple[str, str]:
-    alphabet = LETTERS[: rng.randint(2, 4)]
-    xs = [rng.choice(alphabet) for _ in range(rng.randint(3, 10))]
-    target = rng.choice(xs)
-    return f"Count {target} in: " + " ".join(xs), str(xs.count(target))
-
-
-GENERATORS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
-    "add": _add, "sort": _sort, "copy": _copy, "reverse": _reverse, "count": _count}
-
-
-def split_of(prompt: str) -> str:
-    """The split a prompt belongs to: 80 % train, 10 % held-out, 10 % calibration, by hash."""
-    h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "little") % 10
+def split_of(key: str) -> str:
+    """The value split of a family's canonical value key: 80 % train, 10 % held-out, 10 % calibration."""
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") % 10
     return "heldout" if h == 0 else "calibration" if h == 1 else "train"
 
 
-def generate(split: str, seed: int, kinds: tuple[str, ...] = tuple(GENERATORS)) -> Iterator[Task]:
-    """An endless, seeded stream of tasks of one split, cycling through the task kinds."""
+@cache
+def family_wordings(kind: str, variant: str, phrasing: str) -> tuple[str, ...]:
+    return tuple(wordings(FAMILIES[kind].patterns[variant], phrasing))
+
+
+def draw(family: Family, rng: random.Random, split: str, phrasing: str = "train") -> Task:
+    """One task of a family whose values fall in `split`, worded in the `phrasing` split."""
+    while True:
+        inst = family.draw(rng)
+        if split_of(inst.key) == split:
+            break
+    wording = rng.choice(family_wordings(family.name, inst.variant, phrasing))
+    return Task(family.name, decorate(wording.format(**inst.slots), rng), inst.answer, phrasing, inst.key, wording)
+
+
+def generate(split: str, seed: int, kinds: tuple[str, ...] = tuple(FAMILIES)) -> Iterator[Task]:
+    """An endless, seeded stream of tasks of one split; held-out tasks alternate trained / held-out wordings."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     rng = random.Random(f"{split}:{seed}")
+    i = 0
     while True:
-        kind = rng.choice(kinds)
-        prompt, answer = GENERATORS[kind](rng)
-        if split_of(prompt) == split:
-            yield Task(kind, prompt, answer)
+        phrasing = "heldout" if split == "heldout" and i % 2 else "train"
+        i += 1
+        yield draw(FAMILIES[rng.choice(kinds)], rng, split, phrasing)
 
 
-def task_set(split: str, per_kind: int, seed: int = 0) -> list[Task]:
+def task_set(split: str, per_kind: int, seed: int = 0, kinds: tuple[str, ...] = tuple(FAMILIES)) -> list[Task]:
     """A fixed list of distinct tasks: `per_kind` of every kind, in a stable order."""
     out: list[Task] = []
-    for kind in GENERATORS:
+    for kind in kinds:
         seen: set[str] = set()
         for task in generate(split, seed, (kind,)):
             if task.prompt not in seen:
@@ -85,4 +75,18 @@ def task_set(split: str, per_kind: int, seed: int = 0) -> list[Task]:
                 out.append(task)
             if len(seen) == per_kind:
                 break
+    return out
+
+
+def example_prompts(per_kind: int = 3) -> dict[str, list[str]]:
+    """A few held-out prompts per family (values and wordings never trained), for one-click use in the UI."""
+    out: dict[str, list[str]] = {}
+    for kind in FAMILIES:
+        prompts: list[str] = []
+        for task in generate("heldout", 7, (kind,)):
+            if task.phrasing == "heldout" and task.prompt not in prompts:
+                prompts.append(task.prompt)
+            if len(prompts) == per_kind:
+                break
+        out[kind] = prompts
     return out

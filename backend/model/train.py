@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from backend.model import data
+from backend.model.card import CARD_FILE, model_card
 from backend.model.checkpoint import load_model, save_checkpoint
 from backend.model.config import ModelConfig
 from backend.model.tokenizer import MASK, load_tokenizer, train_tokenizer
@@ -111,6 +112,7 @@ def train(args: argparse.Namespace) -> None:
         truncate_curves(workdir / "curves.jsonl", step)
         print(f"resumed at step {step}", flush=True)
     meta = {"seed": args.seed, "steps": args.steps, "lr": args.lr, "batch": asdict(spec), "init_from": args.init_from,
+            "bf16": args.bf16, "threads": args.threads,
             "loss_weights": LOSS_WEIGHTS, "params": sum(p.numel() for p in model.parameters())}
     (workdir / "train_args.json").write_text(json.dumps(meta, indent=1))
     curves = (workdir / "curves.jsonl").open("a")
@@ -120,7 +122,8 @@ def train(args: argparse.Namespace) -> None:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr)
         batch = data.make_batch(tok, stream, spec, args.seed, step, mask_id)
-        losses = objective_losses(model, batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            losses = objective_losses(model, batch)
         loss = sum(LOSS_WEIGHTS[k] * v for k, v in losses.items())
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -155,6 +158,7 @@ def export(args: argparse.Namespace) -> None:
         parent = Path(train_args["init_from"]) / "training.json"
         meta["warm_start"] = json.loads(parent.read_text()) if parent.exists() else None
     save_checkpoint(model, tok, out, meta)
+    (out / CARD_FILE).write_text(json.dumps(model_card(), indent=1))
     print(f"exported step {state['step']} to {out}")
 
 
@@ -171,6 +175,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--save-every", type=int, default=20)
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast forward (fp32 master weights)")
     p.add_argument("--init-from", help="warm-start a new workdir from a checkpoint folder (weights only)")
     p.add_argument("--export", help="write the shipped checkpoint to this folder and exit")
     args = p.parse_args()
