@@ -75,6 +75,10 @@ class Client:
         """Serve another folder of the models directory (running runs are cancelled); /api/models' new answer."""
         return self.request("POST", f"/api/models/{quote(name, safe='')}", timeout=timeout).json()
 
+    def model_card(self) -> dict[str, Any]:
+        """The served model's card: {model, card: {summary, families: [{name, what, examples}], out_of_domain}}."""
+        return self.get("/api/model_card")
+
     def bench(self) -> dict[str, Any]:
         return self.get("/api/bench")
 

@@ -20,6 +20,7 @@ from app.palette import palette_css
 from app.plot import serve_plotly_js
 from app.session import Backend
 from app.tabs.bench import build_bench
+from app.tabs.card import build_model_card
 from app.tabs.chat import build_chat
 from app.tabs.compare import DEFAULT_MODES, build_compare
 from app.tabs.models import build_model_picker
@@ -50,6 +51,7 @@ def build_ui(backend: Backend) -> gr.Blocks:
         with gr.Row():
             gr.Markdown("## specscope · self-speculative decoding, round by round")
         picker = build_model_picker(backend)
+        card = build_model_card(backend)
         status = gr.HTML(status_html(None, "connecting to the backend…"), elem_id="ss-status")
         with gr.Tabs() as tabs:
             with gr.Tab("Chat", id="chat"):
@@ -90,12 +92,15 @@ def build_ui(backend: Backend) -> gr.Blocks:
             return open_run(request.query_params.get("run", "").strip())
 
         def switch_model(name: str, request: gr.Request) -> list[Any]:
-            """Serve another model, then reload the banner and the mode lists in the same update."""
-            return [*picker.switch(name, request), *check([], request)]
+            """Serve another model, then reload the banner, the mode lists and its card in the same update."""
+            return [*picker.switch(name, request), *check([], request), *card.load(request)]
 
         checked = [status, chat.modes, chat.mode, compare.modes, compare.reference, runs.mode]
         demo.load(picker.show, None, [picker.choice, picker.info], concurrency_limit=None, show_progress="hidden")
-        picker.choice.input(switch_model, picker.choice, [picker.choice, picker.info, *checked], concurrency_limit=1)
+        carded = [card.html, chat.examples, compare.examples]
+        picker.choice.input(switch_model, picker.choice, [picker.choice, picker.info, *checked, *carded],
+                            concurrency_limit=1)
+        demo.load(card.load, None, carded, concurrency_limit=None, show_progress="hidden")
         demo.load(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
         demo.load(open_from_url, None, [tabs, viz.run], concurrency_limit=None, show_progress="hidden")
         health_timer.tick(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")

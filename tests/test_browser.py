@@ -189,6 +189,25 @@ def test_chat_streams_in_two_modes(page) -> None:
     shot(page, "chat")
 
 
+def test_model_card_and_one_click_examples(page) -> None:
+    """The header's model card says what the served model knows and what is out of its domain; an example row
+    fills the chat's prompt, and the compare view has the same examples."""
+    page.click("#ss-card-open button")
+    page.wait_for_selector("#ss-card >> text=out of its domain")
+    families = page.locator("#ss-card tbody tr").count()
+    assert families >= 3
+    page.locator("#chat-examples tbody tr").first.click()
+    page.wait_for_function("() => document.querySelector('#chat-input textarea').value.length > 0")
+    first = page.locator("#chat-examples tbody tr").first.inner_text()
+    assert page.input_value("#chat-input textarea") in first
+    rows = page.locator("#chat-examples tbody tr").count()
+    page.get_by_role("tab", name="Compare").click()
+    page.wait_for_selector("#cmp-examples tbody tr")
+    assert page.locator("#cmp-examples tbody tr").count() == rows
+    page.get_by_role("tab", name="Chat").click()
+    page.fill("#chat-input textarea", "")
+
+
 def test_param_widgets_show_the_values_the_run_uses(page) -> None:
     """Issue 16.1: values set for a mode survive switching to another mode and back, and reach the run."""
     choose(page, "#chat-mode", "isd")
@@ -350,6 +369,7 @@ def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
     set_number(page, "#cmp-max-new", 0)  # out of range: runs with 1 … and shows it
     page.click("#cmp-run")
     page.wait_for_function("() => document.querySelector('#cmp-max-new input').value === '1'")
+    page.wait_for_function("() => document.querySelector('#cmp-table').innerText.includes('isd n=3')")
     page.wait_for_function("() => document.querySelectorAll('#cmp-table tbody tr').length === 3")
     seen = page.evaluate("() => { window.__stopWatching = true; return window.__whileRunning; }")
     assert seen and all(seen), "the previous results are gone while the new comparison runs"

@@ -14,6 +14,7 @@ import gradio as gr
 from app.client import BackendError, BackendUnavailable
 from app.figures import esc, pre_html, run_stats_html, token_grid_html
 from app.session import Backend
+from app.tabs.card import example_picker
 from app.trace import Piece, RunTrace
 
 REDRAW_EVERY_S = 0.1
@@ -28,6 +29,7 @@ class ChatTab:
     modes: gr.State
     run_id: gr.Textbox
     open_button: gr.Button
+    examples: gr.Dataset
 
 
 def mode_spec(modes: list[Spec], name: str | None) -> Spec | None:
@@ -90,6 +92,7 @@ def build_chat(backend: Backend) -> ChatTab:
                                  elem_id="chat-bot", buttons=["copy"], render_markdown=False)
             prompt = gr.Textbox(label="message", placeholder="Ask something, e.g. What is 12 + 30?  (Enter sends)",
                                 elem_id="chat-input", lines=1, max_lines=6)
+            examples = example_picker(prompt, "chat-examples")
             with gr.Row():
                 send = gr.Button("Send", variant="primary", elem_id="chat-send")
                 stop = gr.Button("Stop", elem_id="chat-stop")
@@ -175,4 +178,4 @@ def build_chat(backend: Backend) -> ChatTab:
         return found.group(0) if found else gr.skip()
 
     chatbot.select(pick_run, None, run_id)
-    return ChatTab(mode=mode, modes=modes, run_id=run_id, open_button=open_button)
+    return ChatTab(mode=mode, modes=modes, run_id=run_id, open_button=open_button, examples=examples)

@@ -20,6 +20,7 @@ from app.figures import comparison_figure, metrics_rows, metrics_table_html, run
 from app.plot import chart, figure_json
 from app.session import Backend
 from app.sweep import EXAMPLE, Variant, parse_variants
+from app.tabs.card import example_picker
 from app.trace import RunTrace
 
 DEFAULT_MODES = ["ar", "block_diffusion", "linear_spec"]
@@ -32,6 +33,7 @@ EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
 class CompareTab:
     modes: gr.CheckboxGroup
     reference: gr.Dropdown
+    examples: gr.Dataset
 
 
 def pick_reference(traces: list[RunTrace], mode: str | None) -> RunTrace | None:
@@ -97,6 +99,7 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         prompt = gr.Textbox(label="prompt", value="What is 12 + 30?", elem_id="cmp-prompt", scale=3)
         max_new = gr.Number(label=f"max_new_tokens [{MAX_NEW[0]}, {MAX_NEW[1]}]", value=16, precision=0,
                             elem_id="cmp-max-new", scale=1)
+    examples = example_picker(prompt, "cmp-examples")
     with gr.Row():
         modes = gr.CheckboxGroup(label="modes (defaults)", choices=DEFAULT_MODES, value=DEFAULT_MODES,
                                  elem_id="cmp-modes", scale=3)
@@ -228,4 +231,4 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
     export.click(export_csv, run_ids, [download, status], concurrency_limit=None)
     for trigger in (max_new.blur, max_new.submit):
         trigger(lambda v: clamp_max_new(v), max_new, max_new, queue=False)
-    return CompareTab(modes=modes, reference=reference)
+    return CompareTab(modes=modes, reference=reference, examples=examples)

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from backend.engine.modes import describe_modes
+from backend.model.card import CARD_FILE
 from backend.server.worker import Worker
 from backend.store import (
     DocumentError,
@@ -74,6 +75,16 @@ def api_router(store: Store, worker: Worker, bench_dir: Path = BENCH_DIR) -> API
     @router.get("/modes")
     def modes() -> list[Row]:
         return describe_modes()
+
+    @router.get("/model_card")
+    def model_card() -> Row:
+        """The served checkpoint's model card (model_card.json beside its weights: task families with example
+        prompts, what is out of its domain); card None when it ships none."""
+        engine = worker.engine
+        folder = engine.rt.loaded.folder
+        path = None if folder is None else folder / CARD_FILE
+        card = json.loads(path.read_text()) if path is not None and path.is_file() else None
+        return {"model": engine.model_name, "card": card}
 
     @router.get("/vocab")
     def vocab() -> Row:
