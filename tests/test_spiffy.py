@@ -11,6 +11,7 @@ from backend.engine.draft_graph import GRAPH_FILE, GraphError, load_graph
 from backend.engine.engine import Engine
 from backend.engine.params import ParamError
 from backend.model.checkpoint import DEFAULT_CHECKPOINT
+from backend.model.domain import FAMILIES
 from backend.tracing import RecordingTracer
 
 GEN = {"max_new_tokens": 32}
@@ -181,7 +182,7 @@ def test_calibration_writes_a_valid_graph_spiffy_can_use(loaded, tmp_path, heldo
     loaded_graph = load_graph(tmp_path / GRAPH_FILE)
     assert loaded_graph == graph and len(graph.nodes) == 4
     assert {"prompts", "steps", "block_size", "threshold"} <= set(graph.calibration)
-    assert graph.calibration["prompts"] == 5 and graph.calibration["steps"] > 0
+    assert graph.calibration["prompts"] == len(FAMILIES) and graph.calibration["steps"] > 0
     assert all(0 <= n.hit_rate <= 1 and n.pos_rank < 3 and n.vocab_rank < 2 for n in graph.nodes)
     eng = engine_with_graph(loaded, tmp_path)
     prompt = heldout_prompts[0]

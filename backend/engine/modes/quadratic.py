@@ -61,7 +61,7 @@ class Quadratic(Mode):
     summary = "quadratic self-speculation: k masks after each of the k specs, fresh specs for any accepted prefix"
     nfe_note = "one forward per round ((k+1)² query rows); prefill not counted"
     lossless_vs = "ar"
-    drafter = ("accept_len_mean", 1.5)
+    drafter = ("accept_len_mean", 1.3)
     params = (Param("k", int, 4, 1, 8, "speculative tokens per round; each is followed by k masks"),)
 
     def extra_positions(self, params: dict) -> int:
