@@ -27,7 +27,7 @@ def test_trim_counts_follow_the_case_table(engine, heldout_prompts, n):
             elif r["case"] == "C":
                 assert count == {"mask": 2 * n - 2, "rejected": 0} and commits == 1
             else:
-                i = r["accepted_len"] - 1
+                i = r["extra"]["rejected_at"]
                 assert count == {"mask": n - 1, "rejected": n - 1 - i} and commits == 1 + i
             assert r["extra"]["trim"] == count["mask"] + count["rejected"]
             assert allocs - commits == r["extra"]["trim"]

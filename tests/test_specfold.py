@@ -128,7 +128,7 @@ def test_specfold_default_delta_folds_and_traces(spiffy_engine, heldout_prompts)
     for e in folds:
         assert len(e["fold"]) == layers and e["extra"]["fold_ffn"] == e["fold"]    # paper: one gate for both
         assert all(len(row) == len(e["branches"]) for row in e["fold"])
-        assert all(row[0] == len(e["tokens"]) - (e["states"][-1] == "bonus") for row in e["fold"])
+        assert all(row[0] == e["block_size"] for row in e["fold"])     # the main row recomputes every position
 
 
 def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy_engine, heldout_prompts,

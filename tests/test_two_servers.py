@@ -3,6 +3,7 @@ runs lists with the server that made it, runs compare across servers, and one se
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,7 @@ def test_two_servers_share_one_postgresql_store(pg_cluster, tmp_path: Path) -> N
             start = receive(live, "run_start")[0]
             other.send(json.dumps({"type": "generate", "prompt": PROMPT, "mode": "ar",
                                    "params": {"max_new_tokens": 8}}))
+            wait_listed(b, start["run_id"])  # as a user would: the run shows in b's list, then b follows it
             with b.ws(f"/ws/replay/{start['run_id']}?speed=0") as follower:  # b follows a's run as it records
                 followed = receive(follower)
             streamed = [start, *receive(live)]
@@ -39,3 +41,11 @@ def test_two_servers_share_one_postgresql_store(pg_cluster, tmp_path: Path) -> N
         assert made.status_code == 201
         assert a.get(f"/api/comparisons/{made.json()['comparison_id']}") == made.json()
         assert a.get(f"/api/runs/{on_b[0]['run_id']}/rounds") == [e for e in on_b if e["type"] == "round"]
+
+
+def wait_listed(server, run_id: str, timeout: float = 30.0) -> None:
+    """Until the store (written by the other server's writer thread, ~50 ms behind) lists the run."""
+    deadline = time.monotonic() + timeout
+    while not any(r["run_id"] == run_id for r in server.get("/api/runs", limit=50)):
+        assert time.monotonic() < deadline, f"{run_id} never appeared in the shared store"
+        time.sleep(0.05)

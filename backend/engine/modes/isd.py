@@ -163,6 +163,6 @@ class ISD(Mode):
             states = (["pending"] + ["accepted"] * i + ["bonus"] + ["rejected"] * (k - i - 1)
                       + ["padding"] * k)
             view = RoundEvent(start, tokens, states, None, case="R", pq=pq,
-                             extra={"n": n, "trim": (k - i) + k, "replaced_draft": specs[i]})
+                             extra={"n": n, "trim": (k - i) + k, "replaced_draft": specs[i], "rejected_at": i})
         return RoundResult(specs[:i] + [fix], i + 1, commit=slots[:keep],
                            free=[rejected, masks], view=view)
