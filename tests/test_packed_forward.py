@@ -1,7 +1,7 @@
 """The packed float32 CPU folded verify (kernels/packed_forward.py) against the float64 reference and dense."""
 import pytest
 import torch
-from test_specfold import CHAIN, TREE, reference_attention
+from test_specfold import BRANCH_CASES, CHAIN, TREE, random_branches, reference_attention
 from test_spiffy import engine_with_graph, graph_json
 
 from backend.engine.modes.spiffy import DenseVerify
@@ -27,20 +27,11 @@ def test_packing_sources_follow_fold_chains(parents, density):
     assert torch.equal(pack.rows[pack.source], want)
 
 
-@pytest.mark.parametrize("parents", [CHAIN, TREE])
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
-@pytest.mark.parametrize("prefix", [0, 9])
-@pytest.mark.parametrize("density", [0.0, 0.3, 1.0])
+@BRANCH_CASES
 def test_folded_attention_equals_exact_attention_over_own_kv(parents, heads, kv_heads, prefix, density):
-    g = torch.Generator().manual_seed(hash((len(parents), heads, kv_heads, prefix, density)) % 2**31)
-    r, n, hd = len(parents), 7, 16
-    q = torch.randn(r, n, heads, hd, generator=g) * 2
-    k = torch.randn(r, n, kv_heads, hd, generator=g) * 2
-    v = torch.randn(r, n, kv_heads, hd, generator=g)
-    pk, pv = torch.randn(prefix, kv_heads, hd, generator=g), torch.randn(prefix, kv_heads, hd, generator=g)
-    rec = torch.rand(r, n, generator=g) < density
-    rec[0] = True
+    q, k, v, pk, pv, rec = random_branches(parents, heads, kv_heads, prefix, density)
     pack = Packing.of(rec, ancestor_table(parents, rec.device))
+    n = rec.shape[1]
     rows = (pack.rows // n, pack.rows % n)
     got = folded_attention(q[rows], k[rows], v[rows], pack.source, pk, pv)
     want, _ = reference_attention(q, k, v, rec, parents, pk, pv)

@@ -39,11 +39,14 @@ CHAIN = [-1, 0, 1, 2, 3]             # depth 4: at density 0 every fold chain ru
 TREE = [-1, 0, 0, 1, 3, 2, 5, 0]     # siblings, and chains of depth 3
 
 
-@pytest.mark.parametrize("parents", [CHAIN, TREE])
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
-@pytest.mark.parametrize("prefix", [0, 9])
-@pytest.mark.parametrize("density", [0.0, 0.3, 1.0])
-def test_folded_attention_equals_exact_attention_over_own_kv(parents, heads, kv_heads, prefix, density):
+BRANCH_CASES = pytest.mark.parametrize("parents,heads,kv_heads,prefix,density", [
+    (parents, heads, kv_heads, prefix, density) for parents in (CHAIN, TREE)
+    for heads, kv_heads in ((4, 4), (4, 2), (6, 1)) for prefix in (0, 9) for density in (0.0, 0.3, 1.0)])
+
+
+def random_branches(parents, heads, kv_heads, prefix, density):
+    """q [R, N, H, hd], k, v [R, N, Hkv, hd], the prefix K/V [P, Hkv, hd] and recompute flags [R, N] (the main
+    row always recomputes; below density 1, row 2 recomputes nothing: an empty set mid-chain)."""
     g = torch.Generator().manual_seed(hash((len(parents), heads, kv_heads, prefix, density)) % 2**31)
     r, n, hd = len(parents), 7, 16
     q = torch.randn(r, n, heads, hd, generator=g) * 2
@@ -53,7 +56,13 @@ def test_folded_attention_equals_exact_attention_over_own_kv(parents, heads, kv_
     recompute = torch.rand(r, n, generator=g) < density
     recompute[0] = True
     if density < 1:
-        recompute[2] = False                  # an empty recompute set mid-chain
+        recompute[2] = False
+    return q, k, v, pk, pv, recompute
+
+
+@BRANCH_CASES
+def test_folded_attention_equals_exact_attention_over_own_kv(parents, heads, kv_heads, prefix, density):
+    q, k, v, pk, pv, recompute = random_branches(parents, heads, kv_heads, prefix, density)
     out = branch_attention(q, k, v, recompute, parents, pk, pv)
     want, src = reference_attention(q, k, v, recompute, parents, pk, pv)
     assert torch.equal(resolve_sources(recompute, parents), src)
