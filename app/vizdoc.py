@@ -21,6 +21,10 @@ EXPLAIN: dict[str, str] = {
            "drafts new ones. Case V: every spec accepted; R: a spec rejected, the correction replaces it and the "
            "rest is dropped (KV trimmed); C: cold start, nothing to verify. Accepted spec: p/q test passed (greedy: "
            "same argmax; T > 0: u < min(1, p/(αq))).",
+    "quadratic": "One forward per round over [d0, M×k, d1, M×k, …]: each spec d_j is followed by k masks that see "
+                 "exactly d0..d_j. Accepted = the specs the causal rows confirm, then the correction (bonus); the "
+                 "accepted group's masks become the next k specs (drafts). Cells are in input order; the small "
+                 "number under a cell is its position. Masks and rejected specs have their KV freed.",
     "spiffy": "Block diffusion with drafted future states: a verify forward denoises the main state and every "
               "drafted branch at once; when the next main state equals a drafted branch it is a cache hit and "
               "that round costs no forward (forwards saved). Accepted = unmasked this round.",

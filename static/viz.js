@@ -79,6 +79,22 @@ window.specscopeViz = (() => {
       `<span class="ss-txt">${esc(shown)}</span><span class="ss-pos">${pos}</span></span>`;
   }
 
+  // A cell's position - block_start: its index, or extra.offsets[i] where a round lays several cells on one
+  // position (quadratic's interleaved [d, M×k] groups).
+  function cellOffset(r, i) {
+    const off = (r.extra || {}).offsets;
+    return off ? off[i] : i;
+  }
+
+  // The cell of a position in a round: the one the position's token occupies (quadratic: its d cell, not a mask).
+  function cellIndex(r, pos) {
+    const off = (r.extra || {}).offsets;
+    if (!off) return pos - (r.block_start || 0);
+    const at = pos - (r.block_start || 0);
+    const own = off.findIndex((o, j) => o === at && !["padding", "draft"].includes((r.states || [])[j]));
+    return own >= 0 ? own : off.indexOf(at);
+  }
+
   function blockCells(ctx, r) {
     const start = r.block_start || 0;
     const conf = r.conf || [];
@@ -90,7 +106,7 @@ window.specscopeViz = (() => {
       if (MASKED.has(st) && i > 0 && i <= guess.length) details.push(`guess ${JSON.stringify(ctx.piece(guess[i - 1]))}`);
       const e = pq.get(i);
       if (e) details.push(`p ${fmt(e.p)} · q ${fmt(e.q)} · ${e.accepted ? "accepted" : "rejected"}`);
-      return cell(ctx, start + i, token, st, details);
+      return cell(ctx, start + cellOffset(r, i), token, st, details);
     }).join("");
   }
 
@@ -108,7 +124,7 @@ window.specscopeViz = (() => {
     if (x.tier !== undefined) facts.push(`tier ${esc(x.tier)}`);
     if (r.fold_qkv !== undefined) facts.push(`fold QKV ${pct(r.fold_qkv)}`);
     if (r.fold_ffn_ratio !== undefined) facts.push(`fold FFN ${pct(r.fold_ffn_ratio)}`);
-    if (x.replaced_draft !== undefined) {
+    if (x.replaced_draft != null) {
       facts.push(`<span class="ssv-replaced">rejected draft <s>${esc(show(ctx.piece(x.replaced_draft), 24))}</s> → ` +
                  `correction ${esc(show(ctx.piece(bonusToken(r)), 24))}</span>`);
     }
@@ -227,7 +243,7 @@ window.specscopeViz = (() => {
   function historyHtml(doc, ctx, pos) {
     const entries = [];  // one per round whose block holds the position; unchanged runs are merged below
     doc.rounds.forEach((r, k) => {
-      const i = pos - (r.block_start || 0);
+      const i = cellIndex(r, pos);
       if (i < 0 || i >= (r.tokens || []).length) return;
       const st = r.states[i];
       const guess = (r.extra || {}).guess || [];
@@ -237,7 +253,7 @@ window.specscopeViz = (() => {
       const notes = [];
       if (MASKED.has(st) && i > 0 && i <= guess.length) notes.push(`guess ${show(ctx.piece(guess[i - 1]), 20)}`);
       if (e) notes.push(`p ${fmt(e.p)} q ${fmt(e.q)} ${e.accepted ? "accepted" : "rejected"}`);
-      if (st === "bonus" && (r.extra || {}).replaced_draft !== undefined) {
+      if (st === "bonus" && (r.extra || {}).replaced_draft != null) {
         notes.push(`replaced draft ${show(ctx.piece(r.extra.replaced_draft), 20)}`);
       }
       if (drafts.size) notes.push(`branch drafts ${[...drafts].map((t) => show(ctx.piece(t), 12)).join(", ")}`);
