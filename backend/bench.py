@@ -252,7 +252,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine(loaded, num_slots=8192)
     tasks = task_set("heldout", args.per_kind)
     params = {"max_new_tokens": args.max_new_tokens}
-    runs = [(m, m, {}) for m in modes] + [(spec, *parse_variant(spec)) for spec in args.variant]
+    runs: list[tuple[str, str, dict[str, Any]]] = [(m, m, {}) for m in modes]
+    runs += [(spec, *parse_variant(spec)) for spec in args.variant]
     clock = CLOCKS[args.clock]
     rows = {label: bench_mode(engine, mode, tasks, {**params, **extra}, args.repeats, clock)
             for label, mode, extra in tqdm(runs, desc="modes")}

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from backend.engine.kv import KVError
@@ -126,7 +127,7 @@ class Scheduler:
                 self.waiting.popleft()
             growth += need
             self.running.append(req)
-            self._guarded([req], lambda r=req: self._prefill(r))
+            self._guarded([req], partial(self._prefill, req))
 
     def _prefill(self, req: Request) -> None:
         req.status = "running"
@@ -144,7 +145,10 @@ class Scheduler:
             self._guarded(live, lambda: self._apply_all(live, mode.round_batch(live, self.rt)))
         else:
             for r in live:
-                self._guarded([r], lambda r=r: self.apply(r, r.mode.round(r, self.rt)))
+                self._guarded([r], partial(self._round, r))
+
+    def _round(self, req: Request) -> None:
+        self.apply(req, req.mode.round(req, self.rt))
 
     def _apply_all(self, reqs: list[Request], results: list[RoundResult]) -> None:
         for r, res in zip(reqs, results, strict=True):

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch import Tensor
 
 from backend.model.config import CheckpointError
 from backend.model.families import BY_NAME, Family
@@ -126,9 +127,10 @@ def save_adapter(model: Transformer, folder: str | Path, base_model: str | None 
     tensors, ranks, alphas = {}, {}, {}
     for name, m in adapters.items():
         peft_name = f"model.{name}"
-        tensors[f"{PEFT_PREFIX}{peft_name}.lora_A.weight"] = m.lora_A.detach().contiguous()
-        tensors[f"{PEFT_PREFIX}{peft_name}.lora_B.weight"] = m.lora_B.detach().contiguous()
-        ranks[peft_name], alphas[peft_name] = m.lora_A.shape[0], m.lora_scale * m.lora_A.shape[0]
+        lora_a, lora_b = cast(Tensor, m.lora_A), cast(Tensor, m.lora_B)   # set: filtered above
+        tensors[f"{PEFT_PREFIX}{peft_name}.lora_A.weight"] = lora_a.detach().contiguous()
+        tensors[f"{PEFT_PREFIX}{peft_name}.lora_B.weight"] = lora_b.detach().contiguous()
+        ranks[peft_name], alphas[peft_name] = lora_a.shape[0], m.lora_scale * lora_a.shape[0]
     rank, alpha = max(ranks.values()), max(alphas.values())
     config = {"peft_type": "LORA", "base_model_name_or_path": base_model, "bias": "none", "use_rslora": False,
               "r": rank, "lora_alpha": alpha, "target_modules": sorted({n.rsplit(".", 1)[-1] for n in adapters}),

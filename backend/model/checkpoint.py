@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import safe_open
@@ -124,7 +124,7 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32, device: s
     folder = Path(folder)
     d = read_config(folder)
     cfg = ModelConfig.from_hf_dict(d)
-    family = family_of(d)
+    family = cast(Family, family_of(d))   # ModelConfig.from_hf_dict refuses an unknown family
     with torch.device("meta"):  # adapters come only from PEFT files, never from a config's lora_rank
         model = Transformer(replace(cfg, lora_rank=0))
     _load_weights(model, _read_tensors(weight_files(folder), family), folder, dtype, device)
@@ -169,7 +169,7 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
     d = read_config(folder)
     adapter_dir = _adapter_dir(folder, adapter)
     model = load_model(folder, dtype, device, adapter_dir or False)
-    family = family_of(d)
+    family = cast(Family, family_of(d))   # ModelConfig.from_hf_dict refuses an unknown family
     tok = _load_tokenizer(folder)
     cfg = model.cfg
     mask_id = next((i for i in (cfg.mask_token_id, mask_token_id(tok), family.mask_token_id)
@@ -188,9 +188,9 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
 def _load_tokenizer(folder: Path) -> Any:
     if not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise CheckpointError(f"{folder}: missing tokenizer (tokenizer.json / tokenizer_config.json)")
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder))
+        tok = cast(PreTrainedTokenizerFast, AutoTokenizer.from_pretrained(str(folder)))
     except Exception as e:
         raise CheckpointError(f"{folder}: cannot load the tokenizer ({e})") from None
     ensure_chat_template(tok, folder)

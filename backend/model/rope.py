@@ -32,9 +32,16 @@ class RopeSpec:
     llama_4_scaling_beta: float | None = None
 
 
+def original_max(spec: RopeSpec) -> int:
+    """original_max_position_embeddings of a scaled RoPE (config.py refuses a scaled one without it)."""
+    if spec.original_max_position_embeddings is None:
+        raise ValueError(f"rope type {spec.rope_type!r} needs original_max_position_embeddings")
+    return spec.original_max_position_embeddings
+
+
 def _yarn(base: Tensor, spec: RopeSpec, dim: int, theta: float) -> tuple[Tensor, float]:
     """YaRN inverse frequencies and cos/sin attention factor (transformers' _compute_yarn_parameters)."""
-    factor, orig = spec.factor, spec.original_max_position_embeddings
+    factor, orig = spec.factor, original_max(spec)
 
     def mscale(scale: float, m: float = 1.0) -> float:
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
@@ -60,7 +67,7 @@ def _yarn(base: Tensor, spec: RopeSpec, dim: int, theta: float) -> tuple[Tensor,
 
 def _llama3(base: Tensor, spec: RopeSpec) -> Tensor:
     """Llama 3.x frequency-dependent interpolation (transformers' _compute_llama3_parameters)."""
-    orig = spec.original_max_position_embeddings
+    orig = original_max(spec)
     low_wavelen, high_wavelen = orig / spec.low_freq_factor, orig / spec.high_freq_factor
     wavelen = 2 * math.pi / base
     scaled = torch.where(wavelen > low_wavelen, base / spec.factor, base)
@@ -104,5 +111,5 @@ class Rotary:
         beta = self.spec.llama_4_scaling_beta
         if not beta:
             return None
-        orig = self.spec.original_max_position_embeddings
+        orig = original_max(self.spec)
         return (1 + beta * torch.log1p(torch.floor(positions.float() / orig)))[..., None, None]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -46,7 +47,7 @@ def chat_prompt(user_text: str) -> str:
 
 def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(folder))
+    return cast(PreTrainedTokenizerFast, AutoTokenizer.from_pretrained(str(folder)))
 
 
 MASK_NAMES = ("<|MASK|>", "<|mask|>", "<|mdm_mask|>", "[MASK]", "<mask>")

@@ -53,13 +53,14 @@ def _sort_patterns(order: str, noun: str) -> tuple[str, ...]:
         how = ("ascending order|increasing order|order|alphabetical order" if noun == "words"
                else "ascending order|increasing order|order|numerical order")
         span = "from A to Z" if noun == "words" else "from smallest to largest|from lowest to highest"
-        extra = ("Sort {items}", "Sort: {items}", "sort {items}", "Order {items}",
+        extra: tuple[str, ...] = ("Sort {items}", "Sort: {items}", "sort {items}", "Order {items}",
                  f"Sort these {noun}: {{items}}", f"Sort the {noun} {{items}}")
     else:
         how = ("descending order|decreasing order|reverse alphabetical order" if noun == "words"
                else "descending order|decreasing order")
         span = "from Z to A" if noun == "words" else "from largest to smallest|from highest to lowest"
-        extra = ("Sort {items} descending", "Sort descending: {items}", f"Sort these {noun} in reverse: {{items}}")
+        extra = ("Sort {items} descending", "Sort descending: {items}",
+                 f"Sort these {noun} in reverse: {{items}}")
     return extra + (
         f"[Put|Arrange|Sort|Order] {{items}} in [{how}]",
         f"[Sort|Arrange|Order|Put] {{items}} [{span}]",
