@@ -273,6 +273,8 @@ def test_visualizer_steps_and_moves_cursor(page) -> None:
     page.click("#chat-open")
     page.wait_for_selector("#viz-grid .ss-tok")
     page.wait_for_selector("#viz-accepted .main-svg")
+    page.wait_for_selector("#viz-summary .ss-badge.ss-ok")  # settled: a run loaded while still live sits at its head
+    page.eval_on_selector("#viz-slider", "s => { s.value = '0'; s.dispatchEvent(new Event('input')); }")
     wait_round(page, 0)
     page.click("#viz-next")
     wait_round(page, 1)
