@@ -151,7 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                      max_queued=args.max_queued or MAX_QUEUED_RUNS, models_dir=args.models,
                      build=lambda folder: build_engine(folder_options(args, folder)))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, ws_max_size=4 * MAX_MESSAGE_BYTES)
+        uvicorn.run(app, host=args.host, port=args.port, ws_max_size=4 * MAX_MESSAGE_BYTES,
+                    ws_per_message_deflate=False)  # small JSON events: compressing each cost the engine time
     finally:
         store.close()
     return 0
@@ -352,3 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

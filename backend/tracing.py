@@ -82,7 +82,11 @@ def sanitize(value: Any) -> Any:
 
 
 def to_json(event: dict[str, Any]) -> str:
-    return json.dumps(sanitize(event), allow_nan=False, separators=(",", ":"))
+    """Compact JSON; an event that still holds NaN or Infinity is sanitized first (a tracer's never does)."""
+    try:
+        return json.dumps(event, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        return json.dumps(sanitize(event), allow_nan=False, separators=(",", ":"))
 
 
 def new_run_id() -> str:

@@ -40,13 +40,16 @@ TORCH_OPS = FoldOps(gate.fold_gate_torch, sources.resolve_sources_torch, qkv.pac
 
 
 def layer_weights(layer: DecoderLayer, eps: float) -> tuple[qkv.QKVWeights, ffn.FFNWeights]:
+    """The layer's weights as the kernels read them: row-major [out, in] (a no-op unless the runtime stored
+    them input-major for CPU matmuls, Transformer.store_weights_input_major)."""
     a, mlp = layer.self_attn, layer.mlp
     has_norm = a.cfg.qk_norm
-    attn_w = qkv.QKVWeights(layer.input_layernorm.weight, a.q_proj.weight, a.k_proj.weight, a.v_proj.weight,
+    w = {name: getattr(a, name).weight.contiguous() for name in ("q_proj", "k_proj", "v_proj")}
+    attn_w = qkv.QKVWeights(layer.input_layernorm.weight, w["q_proj"], w["k_proj"], w["v_proj"],
                             a.q_proj.bias, a.k_proj.bias, a.v_proj.bias,
                             a.q_norm.weight if has_norm else None, a.k_norm.weight if has_norm else None, eps)
-    ffn_w = ffn.FFNWeights(layer.post_attention_layernorm.weight, mlp.gate_proj.weight, mlp.up_proj.weight,
-                           mlp.down_proj.weight, eps)
+    ffn_w = ffn.FFNWeights(layer.post_attention_layernorm.weight, mlp.gate_proj.weight.contiguous(),
+                           mlp.up_proj.weight.contiguous(), mlp.down_proj.weight.contiguous(), eps)
     return attn_w, ffn_w
 
 

@@ -26,6 +26,8 @@ class Runtime:
         self.context = self.model.cfg.max_position_embeddings
         param = next(self.model.parameters())
         self.device = param.device
+        if self.device.type == "cpu":
+            self.model.store_weights_input_major()
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
 
     @property

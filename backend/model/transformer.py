@@ -33,7 +33,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        """HF's formula (fp32 statistics); on CPU cheaper than F.rms_norm, which runs more kernels."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
 
 
 class LoRALinear(nn.Module):
@@ -127,8 +130,11 @@ def chunk_mask(q_len: int, attn: str, device: torch.device) -> Tensor:
     return torch.ones(q_len, q_len, dtype=torch.bool, device=device).tril()
 
 
-def build_mask(q_len: int, attn: str, kv: KVContext | None, batch: int, device: torch.device) -> Tensor:
-    """Attention mask [B, 1, Q, P+Q] over [prefix ‖ chunk] for one attention mode."""
+def build_mask(q_len: int, attn: str, kv: KVContext | None, batch: int, device: torch.device) -> Tensor | None:
+    """Attention mask [B, 1, Q, P+Q] over [prefix ‖ chunk] for one attention mode; None when every row sees
+    every key (a 1-row or bidirectional chunk over an unpadded prefix), so attention runs unmasked."""
+    if (q_len == 1 or attn == "block") and (kv is None or kv.prefix_valid is None) and attn in ATTN_MODES:
+        return None
     own = chunk_mask(q_len, attn, device)[None, None].expand(batch, 1, q_len, q_len)
     if kv is None or kv.prefix_slots.shape[1] == 0:
         return own
@@ -169,7 +175,7 @@ class Attention(nn.Module):
         return q, apply_rope(k, cos, sin), v
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """Softmax attention of q [B, Q, H, hd] over k, v [B, K, Hkv, hd] (GQA) -> [B, Q, H*hd]."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=mask, enable_gqa=True)
@@ -201,7 +207,7 @@ class DecoderLayer(nn.Module):
         """FFN branch output (without the residual) for hidden states h."""
         return self.mlp(self.post_attention_layernorm(h), lora)
 
-    def forward(self, index: int, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor,
+    def forward(self, index: int, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 kv: KVContext | None, lora: LoRA, hook: Hook | None, q_scale: Tensor | None = None) -> Tensor:
         q, k, v = self.self_attn.qkv(self.input_layernorm(h), cos, sin, lora, q_scale)
         if kv is not None:
@@ -231,6 +237,17 @@ class Transformer(nn.Module):
     @property
     def has_lora(self) -> bool:
         return any(isinstance(m, LoRALinear) and m.lora_A is not None for m in self.modules())
+
+    def store_weights_input_major(self) -> None:
+        """Keep every widening projection's weight [out, in] (in < out: gate/up, the LM head, tied or not) as a
+        view of [in, out] storage: the same values and shapes, but a CPU matmul of a few rows (decode, small
+        verifies) streams it faster; narrowing and square ones are faster as they are (docs/notes/perf.md).
+        For inference only: save a copy made contiguous."""
+        for module in self.modules():
+            if (isinstance(module, (LoRALinear, nn.Linear, nn.Embedding)) and module.weight.is_contiguous()
+                    and module.weight.shape[1] < module.weight.shape[0]):
+                weight = module.weight
+                module.weight = nn.Parameter(weight.detach().t().contiguous().t(), weight.requires_grad)
 
     def logits(self, h: Tensor) -> Tensor:
         """Final norm + LM head on hidden states [..., D]."""

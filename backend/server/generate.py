@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -24,14 +25,32 @@ Listener = Callable[[Event], None]
 WS_TRY_AGAIN_LATER = 1013
 
 
-def on_loop(loop: asyncio.AbstractEventLoop, deliver: Listener) -> Listener:
-    """A listener that hands each event from the worker thread to `deliver` on the event loop."""
-    def listener(event: Event) -> None:
+class LoopHandoff:
+    """A listener that hands the worker thread's events to `deliver` on the event loop, in order, waking the loop
+    once per round: kv events wait for the round event that closes them (or any other event), and an event that
+    finds a hand-off already scheduled just joins it. Each wake-up costs both threads the GIL and the loop's
+    core, so per-event wake-ups slowed the engine."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Listener):
+        self.loop = loop
+        self.deliver = deliver
+        self._events: deque[Event] = deque()
+        self._scheduled = False
+
+    def __call__(self, event: Event) -> None:
+        self._events.append(event)
+        if self._scheduled or event["type"] == "kv":
+            return
+        self._scheduled = True
         try:
-            loop.call_soon_threadsafe(deliver, event)
+            self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the event loop has closed: server shutdown
             pass
-    return listener
+
+    def _drain(self) -> None:
+        self._scheduled = False   # before draining: an event appended from now on schedules a new drain
+        while self._events:
+            self.deliver(self._events.popleft())
 
 
 class GenerateSession:
@@ -88,7 +107,7 @@ class GenerateSession:
                                                 "for its run_end"))
             return
         self.cancel = threading.Event()
-        tracer = Tee(self.writer, on_loop(asyncio.get_running_loop(), self._deliver)).tracer()
+        tracer = Tee(self.writer, LoopHandoff(asyncio.get_running_loop(), self._deliver)).tracer()
         try:
             await asyncio.wrap_future(self.worker.submit(msg.prompt, msg.mode, msg.params, tracer, self.cancel))
         except ParamError as e:

@@ -1,10 +1,14 @@
 """Does serving slow the engine? `ar` tok/s in-process (untraced, and traced into a store) vs through the server.
 
     python -m backend.server.throughput [--db sqlite:///sessions/throughput.db] [--max-new-tokens 128]
+                                         [--threads 1] [--repeat 3]
 
+The server is `specscope serve --no-ui` in a process of its own, as users run it, with this process as its
+websocket client (a client sharing the server's process would tax its GIL with work a browser does elsewhere).
 Each prompt runs once per path per repeat, one run at a time, the paths interleaved, after a warm-up run.
-In-process tok/s is the engine's own figure (run_end metrics); through the server it is tokens over the wall time
-from sending `generate` to receiving run_end, as a client sees it (run_end is sent once the run is stored).
+In-process tok/s is the engine's own figure (run_end metrics); through the server both the engine's figure from
+run_end and the client's (tokens over the time from sending `generate` to receiving run_end, which is sent once
+the run is stored) are reported.
 """
 from __future__ import annotations
 
@@ -12,14 +16,15 @@ import argparse
 import asyncio
 import json
 import statistics
-import threading
+import subprocess
+import sys
 import time
+import urllib.request
 
-import uvicorn
+import torch
 from websockets.asyncio.client import connect
 
 from backend.engine.engine import Engine
-from backend.server.app import create_app
 from backend.store import Store, StoreWriter, Tee
 
 PROMPTS = ["What is 12 + 30?", "Reverse: a b c d e f", "Write a haiku about rivers.",
@@ -41,7 +46,9 @@ async def through_server(port: int, prompt: str, n: int) -> tuple[float, float]:
         began = time.perf_counter()
         await ws.send(json.dumps({"type": "generate", "prompt": prompt, "mode": "ar",
                                   "params": {"max_new_tokens": n, "raw": True}}))
-        async for raw in ws:
+        async for raw in ws:   # parse only run_end: the client's own work shares this machine's cores
+            if '"type":"run_end"' not in raw:
+                continue
             event = json.loads(raw)
             if event["type"] == "run_end":
                 tokens, wall = event["metrics"]["tokens"], time.perf_counter() - began
@@ -49,13 +56,21 @@ async def through_server(port: int, prompt: str, n: int) -> tuple[float, float]:
     raise RuntimeError("the server closed the socket before run_end")
 
 
-def serve_in_thread(app: object, port: int) -> tuple[uvicorn.Server, threading.Thread]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    return server, thread
+def serve_in_process(db: str, port: int, threads: int) -> subprocess.Popen[bytes]:
+    """`specscope serve --no-ui` as a child process, once its health endpoint answers."""
+    server = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--no-ui", "--db", db,
+                               "--port", str(port), "--threads", str(threads)])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with status {server.returncode}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=1).close()
+            return server
+        except OSError:
+            time.sleep(0.2)
+    server.terminate()
+    raise RuntimeError("the server did not answer within 120 s")
 
 
 def main() -> None:
@@ -64,14 +79,17 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--port", type=int, default=7871)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, here and in the server")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     engine, n = Engine(num_slots=4096), args.max_new_tokens
     rows: dict[str, list[float]] = {"in-process, untraced": [], "in-process, traced + stored": [],
                                     "through the server (engine's figure)": [], "through the server (client)": []}
-    with Store(args.db, server="throughput:0") as store:
-        server, thread = serve_in_thread(create_app(engine, store, ui=False), args.port)
-        with StoreWriter(store) as writer:
+    server = serve_in_process(args.db, args.port, args.threads)
+    try:
+        with Store(args.db, server="throughput:0") as store, StoreWriter(store) as writer:
             in_process(engine, writer, PROMPTS[0], n)  # warm-up
+            asyncio.run(through_server(args.port, PROMPTS[0], n))
             for _ in range(args.repeat):  # interleaved, so load changes on a shared machine hit every path alike
                 for q in PROMPTS:
                     rows["in-process, untraced"].append(in_process(engine, None, q, n))
@@ -79,8 +97,9 @@ def main() -> None:
                     client, engine_side = asyncio.run(through_server(args.port, q, n))
                     rows["through the server (client)"].append(client)
                     rows["through the server (engine's figure)"].append(engine_side)
-        server.should_exit = True
-        thread.join(60)
+    finally:
+        server.terminate()
+        server.wait(60)
     base = statistics.median(rows["in-process, untraced"])
     for label, figures in rows.items():
         median = statistics.median(figures)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from backend.store.store import Store
@@ -25,10 +25,14 @@ class StoreWriter:
 
     def __init__(self, store: Store, max_queued: int = 20_000, interval_s: float = 0.05):
         self.store = store
+        self.max_queued = max_queued
         self.interval_s = interval_s
         self.failed: set[str] = set()  # runs no longer recorded
-        self._queue: queue.Queue[Event | threading.Event | None] = queue.Queue(max_queued)
-        self._wake = threading.Event()  # a flush cuts the pause between batches short
+        # put() appends to a deque (no lock, no wake-up per event: the engine thread only pays for an append);
+        # the thread is woken when the deque turns non-empty, and paced to one batch per interval_s.
+        self._pending: deque[Event | threading.Event | None] = deque()
+        self._ready = threading.Event()  # something is pending
+        self._wake = threading.Event()   # a flush or close cuts the pause between batches short
         self._thread = threading.Thread(target=self._loop, name="specscope-store-writer", daemon=True)
 
     def start(self) -> StoreWriter:
@@ -37,12 +41,14 @@ class StoreWriter:
 
     def put(self, event: Event) -> None:
         """Hand one event over (a RecordingTracer sink); cheap unless the database is far behind."""
-        self._queue.put(event)
+        while len(self._pending) >= self.max_queued and self._thread.is_alive():
+            time.sleep(0.001)
+        self._enqueue(event)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything put so far is written; False after `timeout` or when the writer has closed."""
         done, deadline = threading.Event(), None if timeout is None else time.monotonic() + timeout
-        self._queue.put(done)
+        self._enqueue(done)
         self._wake.set()
         while not done.wait(0.1):
             if not self._thread.is_alive() or (deadline is not None and time.monotonic() > deadline):
@@ -52,7 +58,7 @@ class StoreWriter:
     def close(self) -> None:
         """Write what is queued, then end the thread (the store stays open)."""
         if self._thread.is_alive():
-            self._queue.put(None)
+            self._enqueue(None)
             self._wake.set()
             self._thread.join()
 
@@ -62,15 +68,19 @@ class StoreWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _enqueue(self, item: Event | threading.Event | None) -> None:
+        self._pending.append(item)
+        if len(self._pending) == 1:
+            self._ready.set()
+
     def _loop(self) -> None:
         while True:
+            self._ready.wait()
+            self._ready.clear()
             started = time.monotonic()
-            batch = [self._queue.get()]
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = []
+            while self._pending:
+                batch.append(self._pending.popleft())
             waiters = [item for item in batch if isinstance(item, threading.Event)]
             self._write([item for item in batch if isinstance(item, dict)])
             for waiter in waiters:
