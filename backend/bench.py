@@ -10,7 +10,9 @@ checkpoint and prompts), the tracing-on / tracing-off time ratio (in-process Rec
 median batched verify-forward time against the reference mode's (e.g. SpecFold's folded verify vs spiffy's
 dense one), the share of time per forward kind, and the mode's own metrics (e.g. fold_ratio), read
 generically from its runs. Times (wall clock, or --clock cpu: this process's CPU time) are medians over
-repeats, tracing on and off interleaved. Writes bench.json and bench.md to --out.
+repeats; each repeat times every row and the peer in turn, and within a row each prompt runs untraced and
+traced back to back (the tracing ratio is the median over repeats of the traced / untraced time). Writes
+bench.json and bench.md to --out.
 """
 from __future__ import annotations
 
@@ -57,13 +59,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench_results")
 
 
-def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict, tracing: bool,
-               clock: Clock) -> tuple[float, list[RunResult]]:
-    tracers = [RecordingTracer() for _ in tasks] if tracing else []
-    t0 = clock()
-    results = [engine.generate(t.prompt, mode, params, tracer=tracers[i] if tracing else NULL_TRACER)
-               for i, t in enumerate(tasks)]
-    return clock() - t0, results
+def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict,
+               clock: Clock) -> tuple[dict[bool, float], dict[bool, list[RunResult]]]:
+    """One pass over the prompts, each run untraced and traced back to back (alternating which goes first), so
+    the on/off ratio compares runs made moments apart. Returns the seconds and results by tracing on/off."""
+    spent: dict[bool, float] = {False: 0.0, True: 0.0}
+    results: dict[bool, list[RunResult]] = {False: [], True: []}
+    for i, task in enumerate(tasks):
+        for tracing in ((False, True) if i % 2 == 0 else (True, False)):
+            t0 = clock()
+            res = engine.generate(task.prompt, mode, params, tracer=RecordingTracer() if tracing else NULL_TRACER)
+            spent[tracing] += clock() - t0
+            results[tracing].append(res)
+    return spent, results
 
 
 @dataclass
@@ -72,7 +80,7 @@ class ForwardClock:
     (prefill, decode, denoise, verify, ...); the traces' phase times are wall times."""
     forward: Callable[..., Any]
     clock: Clock
-    ms: dict[str, list[float]] = field(default_factory=dict)
+    ms: dict[str, list[float]]
 
     def __call__(self, *args: Any, kind: str, **kwargs: Any) -> Any:
         t0 = self.clock()
@@ -100,51 +108,64 @@ def parse_variant(spec: str) -> tuple[str, dict[str, Any]]:
     return mode, params
 
 
-def bench_mode(engine: Engine, mode: str, tasks: list[Task], params: dict, repeats: int,
-               clock: Clock) -> dict[str, Any]:
-    times: dict[bool, list[float]] = {False: [], True: []}
-    outputs: dict[bool, list[RunResult]] = {}
-    engine.generate(tasks[0].prompt, mode, params)          # warm-up, untimed
-    rt = engine.rt
-    forwards = rt.forward = ForwardClock(rt.forward, clock)  # type: ignore[method-assign]
-    try:
-        for rep in range(repeats):
-            for tracing in ((False, True) if rep % 2 == 0 else (True, False)):
-                spent, outputs[tracing] = timed_pass(engine, mode, tasks, params, tracing, clock)
-                times[tracing].append(spent)
-    finally:
-        del rt.forward                                       # the class's own method again
-    verify = forwards.ms.get("verify")
-    runs = outputs[False]
-    nfe = sum(r.metrics["nfe"] for r in runs)
-    tokens = sum(r.metrics["tokens"] for r in runs)
-    hist: Counter[str] = Counter()
-    for r in runs:
-        hist.update(r.metrics["accept_hist"])
-    rounds = sum(hist.values())
-    correct: Counter[str] = Counter()
-    for t, r in zip(tasks, runs, strict=True):
-        correct[t.kind] += r.text.strip() == t.answer
-    kinds = sorted({t.kind for t in tasks})
-    per_kind = {k: correct[k] / sum(t.kind == k for t in tasks) for k in kinds}
-    t_off, t_on = statistics.median(times[False]), statistics.median(times[True])
-    extra = mode_metrics(runs)
-    return {
-        "mode": mode, "params": params, "nfe": nfe, "tokens": tokens, "tpf": tokens / nfe if nfe else None,
-        "time_s": t_off, "tok_per_s": tokens / t_off,
-        "accept_len_mean": sum(int(k) * v for k, v in hist.items()) / rounds if rounds else None,
-        "accept_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-        "accuracy": {**per_kind, "average": sum(per_kind.values()) / len(per_kind)},
-        "tracing_ratio": t_on / t_off,
-        "tracing_identical": [r.output_ids for r in outputs[True]] == [r.output_ids for r in runs],
-        "kv_leaked": sum(r.metrics["kv_leaked"] for r in runs),
-        "kv_peak": max(r.metrics["kv_peak"] for r in runs),
-        "mode_metrics": extra,
-        "fold_ratio": extra.get("fold_ratio"),        # the UI's bench tab reads it here
-        "verify_forward_ms": statistics.median(verify) if verify else None,
-        "time_split": time_split(forwards.ms, sum(times[False]) + sum(times[True])),
-        "outputs": [r.output_ids for r in runs],
-    }
+@dataclass
+class ModeBench:
+    """One bench row (a mode with its parameters), timed one pass per repeat: the run loop interleaves every
+    row and the peer within each repeat, so a slow spell of a shared machine hits them all alike."""
+    engine: Engine
+    mode: str
+    tasks: list[Task]
+    params: dict
+    clock: Clock
+    times: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})
+    outputs: dict[bool, list[RunResult]] = field(default_factory=dict)
+    forward_ms: dict[str, list[float]] = field(default_factory=dict)
+
+    def warm_up(self) -> None:
+        self.engine.generate(self.tasks[0].prompt, self.mode, self.params)
+
+    def timed_pass(self) -> None:
+        rt = self.engine.rt
+        rt.forward = ForwardClock(rt.forward, self.clock, self.forward_ms)  # type: ignore[method-assign]
+        try:
+            spent, self.outputs = timed_pass(self.engine, self.mode, self.tasks, self.params, self.clock)
+        finally:
+            del rt.forward                                   # the class's own method again
+        for tracing, seconds in spent.items():
+            self.times[tracing].append(seconds)
+
+    def row(self) -> dict[str, Any]:
+        tasks, runs, verify = self.tasks, self.outputs[False], self.forward_ms.get("verify")
+        nfe = sum(r.metrics["nfe"] for r in runs)
+        tokens = sum(r.metrics["tokens"] for r in runs)
+        hist: Counter[str] = Counter()
+        for r in runs:
+            hist.update(r.metrics["accept_hist"])
+        rounds = sum(hist.values())
+        correct: Counter[str] = Counter()
+        for t, r in zip(tasks, runs, strict=True):
+            correct[t.kind] += r.text.strip() == t.answer
+        kinds = sorted({t.kind for t in tasks})
+        per_kind = {k: correct[k] / sum(t.kind == k for t in tasks) for k in kinds}
+        t_off = statistics.median(self.times[False])
+        extra = mode_metrics(runs)
+        return {
+            "mode": self.mode, "params": self.params, "nfe": nfe, "tokens": tokens,
+            "tpf": tokens / nfe if nfe else None, "time_s": t_off, "tok_per_s": tokens / t_off,
+            "accept_len_mean": sum(int(k) * v for k, v in hist.items()) / rounds if rounds else None,
+            "accept_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+            "accuracy": {**per_kind, "average": sum(per_kind.values()) / len(per_kind)},
+            "tracing_ratio": statistics.median(on / off for on, off in zip(self.times[True], self.times[False],
+                                                                             strict=True)),
+            "tracing_identical": [r.output_ids for r in self.outputs[True]] == [r.output_ids for r in runs],
+            "kv_leaked": sum(r.metrics["kv_leaked"] for r in runs),
+            "kv_peak": max(r.metrics["kv_peak"] for r in runs),
+            "mode_metrics": extra,
+            "fold_ratio": extra.get("fold_ratio"),        # the UI's bench tab reads it here
+            "verify_forward_ms": statistics.median(verify) if verify else None,
+            "time_split": time_split(self.forward_ms, sum(self.times[False]) + sum(self.times[True])),
+            "outputs": [r.output_ids for r in runs],
+        }
 
 
 def mode_metrics(runs: list[RunResult]) -> dict[str, float]:
@@ -157,30 +178,45 @@ def mode_metrics(runs: list[RunResult]) -> dict[str, float]:
     return {k: sum(vs) if all(isinstance(v, int) for v in vs) else sum(vs) / len(vs) for k, vs in values.items()}
 
 
-def peer_generate(folder: Path, engine: Engine, tasks: list[Task], max_new_tokens: int, repeats: int,
-                  clock: Clock) -> dict[str, Any]:
+@dataclass
+class PeerBench:
     """The peer baseline: HF transformers `generate` (greedy, eager attention, its default DynamicCache) on
     the same checkpoint and chat-encoded prompts; tokens counted as ours (up to, without, EOS)."""
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, attn_implementation="eager")
-    model.eval()
-    eos = engine.rt.eos_id
-    prompts = [torch.tensor([engine.encode_prompt(t.prompt, raw=False)]) for t in tasks]
-    times, outputs = [], []
-    with torch.inference_mode():                              # warm-up, untimed
-        model.generate(prompts[0], attention_mask=torch.ones_like(prompts[0]), max_new_tokens=4, do_sample=False,
-                       eos_token_id=eos, pad_token_id=eos)
-    for _ in range(repeats):
-        t0 = clock()
+    model: Any
+    prompts: list[torch.Tensor]
+    eos: int | None
+    max_new_tokens: int
+    clock: Clock
+    times: list[float] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, folder: Path, engine: Engine, tasks: list[Task], max_new_tokens: int, clock: Clock) -> PeerBench:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, attn_implementation="eager")
+        prompts = [torch.tensor([engine.encode_prompt(t.prompt, raw=False)]) for t in tasks]
+        return cls(model.eval(), prompts, engine.rt.eos_id, max_new_tokens, clock)
+
+    def generate(self, ids: torch.Tensor, max_new_tokens: int) -> list[int]:
         with torch.inference_mode():
-            outs = [model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                   do_sample=False, eos_token_id=eos, pad_token_id=eos)[0, ids.shape[1]:].tolist()
-                    for ids in prompts]
-        times.append(clock() - t0)
-        outputs = [o[:o.index(eos)] if eos in o else o for o in outs]
-    spent = statistics.median(times)
-    tokens = sum(len(o) for o in outputs)
-    return {"mode": PEER, "tokens": tokens, "time_s": spent, "tok_per_s": tokens / spent, "outputs": outputs}
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                      do_sample=False, eos_token_id=self.eos, pad_token_id=self.eos)
+        return out[0, ids.shape[1]:].tolist()
+
+    def warm_up(self) -> None:
+        self.generate(self.prompts[0], 4)
+
+    def timed_pass(self) -> None:
+        t0 = self.clock()
+        outs = [self.generate(ids, self.max_new_tokens) for ids in self.prompts]
+        self.times.append(self.clock() - t0)
+        self.outputs = [o[:o.index(self.eos)] if self.eos in o else o for o in outs]
+
+    def row(self) -> dict[str, Any]:
+        spent = statistics.median(self.times)
+        tokens = sum(len(o) for o in self.outputs)
+        return {"mode": PEER, "tokens": tokens, "time_s": spent, "tok_per_s": tokens / spent,
+                "outputs": self.outputs}
 
 
 def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> None:
@@ -255,10 +291,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[tuple[str, str, dict[str, Any]]] = [(m, m, {}) for m in modes]
     runs += [(spec, *parse_variant(spec)) for spec in args.variant]
     clock = CLOCKS[args.clock]
-    rows = {label: bench_mode(engine, mode, tasks, {**params, **extra}, args.repeats, clock)
-            for label, mode, extra in tqdm(runs, desc="modes")}
-    peer = None if args.no_peer else peer_generate(Path(args.checkpoint), engine, tasks, args.max_new_tokens,
-                                                   args.repeats, clock)
+    benches: dict[str, ModeBench | PeerBench] = {
+        label: ModeBench(engine, mode, tasks, {**params, **extra}, clock) for label, mode, extra in runs}
+    if not args.no_peer:
+        benches[PEER] = PeerBench.load(Path(args.checkpoint), engine, tasks, args.max_new_tokens, clock)
+    for b in benches.values():
+        b.warm_up()
+    for _ in tqdm(range(args.repeats), desc="repeats"):  # every row once per repeat: drift hits all alike
+        for b in benches.values():
+            b.timed_pass()
+    peer = benches.pop(PEER).row() if PEER in benches else None
+    rows = {label: b.row() for label, b in benches.items()}
     compare_to_references(rows, peer)
     meta = {"prompts": len(tasks), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
             "model": engine.model_name, "threads": torch.get_num_threads(), "clock": args.clock}

@@ -10,7 +10,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -59,6 +59,8 @@ class RoundEvent:
 
 
 ROUND_FIELDS = tuple(f.name for f in fields(RoundEvent))
+FLOAT_FIELDS = ("conf", "pq", "branches", "extra")
+"""The RoundEvent fields that may hold floats (and so NaN or Infinity)."""
 
 
 @dataclass
@@ -71,12 +73,14 @@ class KVEvent:
 
 
 def sanitize(value: Any) -> Any:
-    """Replace NaN/Infinity by None, recursively, so the JSON is valid everywhere."""
+    """A copy with NaN/Infinity replaced by None, recursively, so the JSON is valid everywhere."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
         return {k: sanitize(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        if all(type(v) is int for v in value):   # token ids, slots, positions: copied without recursion
+            return list(value)
         return [sanitize(v) for v in value]
     return value
 
@@ -124,22 +128,32 @@ class RecordingTracer:
     def emit(self, type: str, payload: dict[str, Any]) -> None:
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}")
-        event = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": len(self.events),
-                 "t_ms": round((time.perf_counter() - self._t0) * 1000, 3), "type": type,
-                 **sanitize(payload)}
-        self.events.append(event)
-        if self.sink is not None:
-            self.sink(event)
+        self._emit(type, sanitize(payload))
 
     def round(self, event: RoundEvent) -> None:
         payload = {name: getattr(event, name) for name in ROUND_FIELDS}
+        for name in FLOAT_FIELDS:          # sanitize copies; the rest hold ints and strings: copied as they are
+            payload[name] = sanitize(payload[name])
+        for name in ("tokens", "states", "committed"):
+            payload[name] = list(payload[name])
+        if event.fold is not None:
+            payload["fold"] = [list(rows) for rows in event.fold]
         payload["phases"] = [dict(vars(p)) for p in event.phases]
         if not payload["extra"]:
             del payload["extra"]
-        self.emit("round", payload)
+        self._emit("round", payload)
 
     def kv(self, event: KVEvent) -> None:
-        self.emit("kv", asdict(event))
+        """Ints and strings only, so no sanitizing; the slot lists are copied (callers reuse theirs)."""
+        self._emit("kv", {"op": event.op, "slots": list(event.slots), "positions": list(event.positions),
+                          "round": event.round, "reason": event.reason})
+
+    def _emit(self, type: str, payload: dict[str, Any]) -> None:
+        event = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": len(self.events),
+                 "t_ms": round((time.perf_counter() - self._t0) * 1000, 3), "type": type, **payload}
+        self.events.append(event)
+        if self.sink is not None:
+            self.sink(event)
 
 
 Tracer = NullTracer | RecordingTracer

@@ -1,6 +1,7 @@
 """The engine: validate a request, run it through the scheduler, return or stream its trace."""
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ class Engine:
                  tiers: Tiers | None = None, check_invariants: bool = False):
         self.rt = Runtime(loaded or load_checkpoint(), num_slots)
         self.scheduler = Scheduler(self.rt, tiers, check_invariants)
+        gc.freeze()  # the model, tokenizer and tables live as long as the process: the cyclic GC, which a traced
+        #              run's many event dicts set off, need not rescan them (measured: ~2 % of a traced ar run)
 
     @property
     def model_name(self) -> str:

@@ -9,6 +9,8 @@ from backend.engine.request import Request
 from backend.tracing import RoundEvent
 
 SHOWN_EOS_STATES = ("accepted", "committed", "bonus")
+TEXT_WINDOW = 24   # output ids decoded per round at most (plus that round's new ones)
+TEXT_CONTEXT = 4   # ids a restarted window keeps before the read point (a token's text can depend on them)
 
 
 class RunRecorder:
@@ -25,17 +27,21 @@ class RunRecorder:
         return self.tokenizer.decode(self.output_ids(req), skip_special_tokens=True)
 
     def text_delta(self, req: Request) -> str:
-        """New text since the last call, decoding only a short window of recent tokens (not the whole output
-        every round). A window that ends inside a multi-byte character waits for the next round."""
+        """New text since the last call. Only a short window of recent tokens is decoded, once per round: the
+        window's text so far is kept, and the window restarts a few tokens back once it holds TEXT_WINDOW ids.
+        A window that ends inside a multi-byte character waits for the next round."""
         ids = self.output_ids(req)
-        prefix_at, read_at = req.text_offsets
+        start, read_at, shown = req.text_window
         if len(ids) == read_at:
             return ""
-        shown = self.tokenizer.decode(ids[prefix_at:read_at], skip_special_tokens=True)
-        full = self.tokenizer.decode(ids[prefix_at:], skip_special_tokens=True)
+        full = self.tokenizer.decode(ids[start:], skip_special_tokens=True)
         if full.endswith("\ufffd") or len(full) <= len(shown):
             return ""
-        req.text_offsets = (read_at, len(ids))
+        if len(ids) - start >= TEXT_WINDOW:    # restart the window on the last tokens (their text: a second decode)
+            start = len(ids) - TEXT_CONTEXT
+            req.text_window = (start, len(ids), self.tokenizer.decode(ids[start:], skip_special_tokens=True))
+        else:
+            req.text_window = (start, len(ids), full)
         return full[len(shown):]
 
     # -- events --------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ class Request:
     block_size: int | None = None
     kv_peak: int = 0
     error: str | None = None
-    text_offsets: tuple[int, int] = (0, 0)   # output ids decoded so far: (window start, end), text deltas
+    text_window: tuple[int, int, str] = (0, 0, "")  # text deltas: (window start, end, the window's text)
     generator: torch.Generator | None = None
     t_start: float = field(default_factory=time.perf_counter)
     t_end: float | None = None
