@@ -8,7 +8,8 @@ websocket client (a client sharing the server's process would tax its GIL with w
 Each prompt runs once per path per repeat, one run at a time, the paths interleaved, after a warm-up run.
 In-process tok/s is the engine's own figure (run_end metrics); through the server both the engine's figure from
 run_end and the client's (tokens over the time from sending `generate` to receiving run_end, which is sent once
-the run is stored) are reported.
+the run is stored) are reported, each also as the median of its per-run ratios to the untraced in-process run
+of the same prompt in the same repeat.
 """
 from __future__ import annotations
 
@@ -100,11 +101,11 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(60)
-    base = statistics.median(rows["in-process, untraced"])
+    base = rows["in-process, untraced"]
     for label, figures in rows.items():
-        median = statistics.median(figures)
-        print(f"{label:38s} median {median:7.1f} tok/s  ({median / base:.2f}x of in-process)  "
-              f"min {min(figures):.1f} max {max(figures):.1f}")
+        paired = statistics.median(f / b for f, b in zip(figures, base, strict=True))
+        print(f"{label:38s} median {statistics.median(figures):7.1f} tok/s  min {min(figures):6.1f}  "
+              f"max {max(figures):6.1f}  {paired:.2f}x in-process (median of per-run ratios)")
 
 
 if __name__ == "__main__":

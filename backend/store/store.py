@@ -51,7 +51,8 @@ class Store:
         self.server = server  # host:port stamped on every run this store begins (None outside a server)
         self._sessions = sessionmaker(self.engine)
         self._buffer: list[Row] = []
-        self._next_seq: dict[str, int] = {}  # runs being recorded -> next expected seq
+        self._recorded: dict[str, list[Row]] = {}  # runs being recorded -> their events so far: the next seq
+        #                                            expected, and what end_run derives from (no read-back)
         self._lock = threading.RLock()
 
     def close(self) -> None:
@@ -88,10 +89,10 @@ class Store:
                "status": "running", "output": None, "metrics": None, "n_rounds": 0, "n_tokens": 0,
                "server": self.server, "model_hash": model_hash if isinstance(model_hash, str) else None}
         with self._lock:
-            if run_id in self._next_seq:
+            if run_id in self._recorded:
                 raise RunExistsError(f"run {run_id} is already being recorded")
             self._write(lambda s: self._insert_run(s, run, [event]))
-            self._next_seq[run_id] = 1
+            self._recorded[run_id] = [event]
         return run_id
 
     def add_events(self, events: Iterable[Row]) -> None:
@@ -118,7 +119,7 @@ class Store:
 
         def finish(session: Session) -> None:
             self._insert_buffer(session)
-            self._derive(session, run_id, self._load_events(session, run_id))
+            self._derive(session, run_id, self._recorded[run_id])
 
         with self._lock:
             self._accept(event, ("run_end",))
@@ -126,10 +127,10 @@ class Store:
                 self._write(finish)
             except BaseException:
                 self._buffer.pop()
-                self._next_seq[run_id] -= 1
+                self._recorded[run_id].pop()
                 raise
             self._buffer.clear()
-            del self._next_seq[run_id]
+            del self._recorded[run_id]
 
     def abandon(self, run_ids: Iterable[str] | None = None) -> set[str]:
         """Stop recording runs whose storing failed (default: every run with unwritten events). Their unwritten
@@ -138,7 +139,7 @@ class Store:
             ids = {e["run_id"] for e in self._buffer} if run_ids is None else set(run_ids)
             self._buffer = [e for e in self._buffer if e["run_id"] not in ids]
             for run_id in ids:
-                self._next_seq.pop(run_id, None)
+                self._recorded.pop(run_id, None)
             return ids
 
     def mark_interrupted(self) -> list[str]:
@@ -157,7 +158,7 @@ class Store:
             return run_ids
 
         with self._lock:
-            live = list(self._next_seq)
+            live = list(self._recorded)
             return self._write(mark)
 
     def insert_run(self, run: Row, events: Sequence[Row]) -> None:
@@ -172,7 +173,7 @@ class Store:
             insert_rows(session, KVInterval, kv_interval_rows(run_id, events))
 
         with self._lock:
-            if run_id in self._next_seq:
+            if run_id in self._recorded:
                 raise RunExistsError(f"run {run_id} is being recorded")
             self._write(write)
 
@@ -217,7 +218,7 @@ class Store:
             return session.execute(delete(Run).where(Run.run_id == run_id)).rowcount > 0
 
         with self._lock:
-            if run_id in self._next_seq:
+            if run_id in self._recorded:
                 raise StoreError(f"run {run_id} is being recorded; end it before deleting it")
             return self.get_run(run_id) is not None and self._write(remove)
 
@@ -284,11 +285,11 @@ class Store:
         if event["type"] not in types:
             raise TraceError(f"a {event['type']} event does not go here (expected {' or '.join(types)})")
         run_id = event["run_id"]
-        if run_id not in self._next_seq:
+        if run_id not in self._recorded:
             raise UnknownRunError(f"run {run_id} is not being recorded (begin_run first)")
-        check_seq(run_id, self._next_seq[run_id], event["seq"])
+        check_seq(run_id, len(self._recorded[run_id]), event["seq"])
         self._buffer.append(event)
-        self._next_seq[run_id] += 1
+        self._recorded[run_id].append(event)
 
     def _insert_buffer(self, session: Session) -> None:
         insert_rows(session, Event, [to_row(e) for e in self._buffer])
