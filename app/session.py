@@ -19,6 +19,7 @@ class Backend:
         self.max_runs = max_runs
         self._runs: OrderedDict[tuple[str, str], RunTrace] = OrderedDict()
         self._vocabs: dict[tuple[str, str], list[str]] = {}  # (backend, model) -> display text of token ids
+        self._explain: dict[str, dict[str, str]] = {}  # backend -> mode -> what a round means there
         self._lock = threading.Lock()
 
     def client(self, request: gr.Request | None = None) -> Client:
@@ -55,3 +56,9 @@ class Backend:
             if found is not None:
                 self._vocabs[(client.http_url, found[0])] = found[1]
         return make_piece(self._vocabs.get(key), trace.known_pieces)
+
+    def explain(self, client: Client, mode: str) -> str:
+        """What a round, "accepted" and "committed" mean in `mode`, as the backend's registry says (/api/modes)."""
+        if client.http_url not in self._explain:
+            self._explain[client.http_url] = {m["name"]: m.get("explain", "") for m in client.modes()}
+        return self._explain[client.http_url].get(mode, "")

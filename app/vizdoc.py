@@ -9,30 +9,6 @@ from app.figures import acceptance_position_figure, accepted_length_figure, isd_
 from app.specmetrics import fold_ratios, spec_metrics, step_map
 from app.trace import Event, Piece, RunTrace
 
-# per mode: what a round, "accepted" and "committed" mean there (shown in place in the visualizer)
-EXPLAIN: dict[str, str] = {
-    "ar": "One forward per token. Each round commits exactly the token the model picked; nothing is drafted.",
-    "block_diffusion": "A block of masks is denoised in several rounds: every round unmasks (accepts) the positions "
-                       "whose confidence passes τ (at least one); the block is committed once no mask is left.",
-    "linear_spec": "Round = draft the block in one pass (block attention, LoRA), then verify it causally. Accepted = "
-                   "the leading drafts the verifier agrees with; the first disagreement becomes the correction "
-                   "(bonus) and the rest is rejected; its KV is trimmed. Committed = accepted + correction.",
-    "isd": "Introspective strided decoding: each forward verifies the previous round's N-1 specs against p and "
-           "drafts new ones. Case V: every spec accepted; R: a spec rejected, the correction replaces it and the "
-           "rest is dropped (KV trimmed); C: cold start, nothing to verify. Accepted spec: p/q test passed (greedy: "
-           "same argmax; T > 0: u < min(1, p/(αq))).",
-    "quadratic": "One forward per round over [d0, M×k, d1, M×k, …]: each spec d_j is followed by k masks that see "
-                 "exactly d0..d_j. Accepted = the specs the causal rows confirm, then the correction (bonus); the "
-                 "accepted group's masks become the next k specs (drafts). Cells are in input order; the small "
-                 "number under a cell is its position. Masks and rejected specs have their KV freed.",
-    "spiffy": "Block diffusion with drafted future states: a verify forward denoises the main state and every "
-              "drafted branch at once; when the next main state equals a drafted branch it is a cache hit and "
-              "that round costs no forward (forwards saved). Accepted = unmasked this round.",
-    "specfold": "spiffy whose verify forward folds work across branches: per layer and position, a branch whose "
-                "input is within δ of its parent's reuses the parent's Q/K/V and FFN output. Fold ratio = share "
-                "of draft rows not recomputed (QKV and FFN).",
-}
-
 
 def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, Any]:
     """A round event without its envelope, plus per-round fold ratios; records every token's text in `pieces`."""
@@ -55,8 +31,9 @@ def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, A
     return out
 
 
-def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0) -> dict[str, Any]:
-    """Everything the visualizer shows of one run; the per-run charts come as Plotly JSON."""
+def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: str = "") -> dict[str, Any]:
+    """Everything the visualizer shows of one run; the per-run charts come as Plotly JSON. `explain`: what a
+    round means in the run's mode (its `explain` in /api/modes)."""
     pieces: dict[int, str] = {t: piece(t) for t in trace.prompt_ids}
     rounds = [compact_round(r, piece, pieces) for r in trace.rounds]
     for token in trace.output_ids:
@@ -75,7 +52,7 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0) -> dict[st
             "error": trace.error, "prompt": trace.prompt, "params": trace.params, "prompt_ids": trace.prompt_ids,
             "output_ids": trace.output_ids, "text": trace.text, "metrics": trace.metrics, "spec": metrics,
             "step_map": step_map(trace), "rounds": rounds, "pieces": {str(k): v for k, v in pieces.items()},
-            "mask_ids": mask_ids, "explain": EXPLAIN.get(trace.mode, ""), "start_round": start_round,
+            "mask_ids": mask_ids, "explain": explain, "start_round": start_round,
             "figures": {k: json.loads(f.to_json()) for k, f in figures.items()}}
 
 

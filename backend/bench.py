@@ -32,7 +32,8 @@ from tqdm import tqdm
 from backend.engine.engine import Engine, RunResult
 from backend.engine.modes import get_mode, mode_names
 from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-from backend.model.tasks import Task, task_set
+from backend.model.options import DTYPES
+from backend.model.tasks import Task, checkpoint_tasks, task_set
 from backend.tracing import NULL_TRACER, RecordingTracer
 
 STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "kv_peak",
@@ -47,12 +48,17 @@ Clock = Callable[[], float]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="", help="comma-separated modes (default: all registered)")
     p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
-    p.add_argument("--per-kind", type=int, default=6, help="held-out prompts per task kind")
+    p.add_argument("--per-kind", type=int, default=6,
+                   help="held-out prompts per task kind: the checkpoint's own (tasks.jsonl) if it ships them, "
+                        "else the declared domain's")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="time runs by wall clock or by this process's CPU time (shared machines, --threads 1)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="weights, KV and activations of our engine and of the peer alike (the lossless equalities "
+                        "are claimed in float32)")
     p.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
     p.add_argument("--variant", action="append", default=[], metavar="MODE:KEY=VALUE[,KEY=VALUE]",
                    help="also bench MODE with these parameters as a row of its own, e.g. specfold:ffn_gate=strict")
@@ -191,9 +197,10 @@ class PeerBench:
     outputs: list[list[int]] = field(default_factory=list)
 
     @classmethod
-    def load(cls, folder: Path, engine: Engine, tasks: list[Task], max_new_tokens: int, clock: Clock) -> PeerBench:
+    def load(cls, folder: Path, engine: Engine, tasks: list[Task], max_new_tokens: int, clock: Clock,
+             dtype: torch.dtype) -> PeerBench:
         from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
         prompts = [torch.tensor([engine.encode_prompt(t.prompt, raw=False)]) for t in tasks]
         return cls(model.eval(), prompts, engine.rt.eos_id, max_new_tokens, clock)
 
@@ -270,8 +277,8 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
               for label, r in rows.items() if r["mode_metrics"]]
     intro = (f"Prompts: {meta['prompts']} held-out tasks, max_new_tokens {meta['max_new_tokens']}, greedy, "
              f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']}, "
-             f"{meta['threads']} torch thread(s). Ratios are tokens/s ratios from this one run; verify ms: median "
-             f"per verify forward.\n\n")
+             f"{meta['threads']} torch thread(s), {meta['dtype']}. Ratios are tokens/s ratios from this one run; "
+             f"verify ms: median per verify forward.\n\n")
     text = intro + head + "\n".join(lines) + "\n"
     text += ("\nWhere the time goes: forwards by kind, other = sampling, mode and engine Python, tracing:\n\n"
              + "\n".join(split) + "\n")
@@ -284,9 +291,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     modes = [m for m in args.modes.split(",") if m] or mode_names()
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_checkpoint(args.checkpoint)
+    dtype = DTYPES[args.dtype]
+    loaded = load_checkpoint(args.checkpoint, dtype)
     engine = Engine(loaded, num_slots=8192)
-    tasks = task_set("heldout", args.per_kind)
+    tasks = checkpoint_tasks(args.checkpoint, args.per_kind) or task_set("heldout", args.per_kind)
     params = {"max_new_tokens": args.max_new_tokens}
     runs: list[tuple[str, str, dict[str, Any]]] = [(m, m, {}) for m in modes]
     runs += [(spec, *parse_variant(spec)) for spec in args.variant]
@@ -294,7 +302,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     benches: dict[str, ModeBench | PeerBench] = {
         label: ModeBench(engine, mode, tasks, {**params, **extra}, clock) for label, mode, extra in runs}
     if not args.no_peer:
-        benches[PEER] = PeerBench.load(Path(args.checkpoint), engine, tasks, args.max_new_tokens, clock)
+        benches[PEER] = PeerBench.load(Path(args.checkpoint), engine, tasks, args.max_new_tokens, clock, dtype)
     for b in benches.values():
         b.warm_up()
     for _ in tqdm(range(args.repeats), desc="repeats"):  # every row once per repeat: drift hits all alike
@@ -304,7 +312,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows = {label: b.row() for label, b in benches.items()}
     compare_to_references(rows, peer)
     meta = {"prompts": len(tasks), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-            "model": engine.model_name, "threads": torch.get_num_threads(), "clock": args.clock}
+            "model": engine.model_name, "threads": torch.get_num_threads(), "clock": args.clock, "dtype": args.dtype}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer}, indent=1))

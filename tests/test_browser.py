@@ -11,20 +11,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from browser import ARTIFACTS, NEEDS_BROWSER, new_page
 from fastapi import FastAPI
 from live_server import free_port, serving
 
-CHROMIUM = "/usr/bin/chromium"
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason=f"system Chromium not found at {CHROMIUM} (apt-get install chromium)")
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
-ARTIFACTS = Path(__file__).parent / "artifacts"
+pytest_plugins = ["browser"]  # the browser and errors fixtures
+pytestmark = NEEDS_BROWSER
 PROMPT = "Reverse: q w e r t y u i"   # eight answer tokens: ar makes a run of several rounds
 XSS = "<script>window.__xss = 1</script>"
-TIMEOUT_MS = 30_000
 
 
 def store_xss_run(engine, store) -> str:
@@ -86,27 +80,9 @@ def server(loaded_engine, tmp_path_factory) -> Iterator[dict]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator:
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture(scope="module")
-def errors() -> list[str]:
-    """Console errors and uncaught exceptions of the shared page."""
-    return []
-
-
-@pytest.fixture(scope="module")
 def page(browser, server, errors) -> Iterator:
     """One page for the whole flow."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.set_default_timeout(TIMEOUT_MS)
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page = new_page(browser, errors)
     page.goto(server["url"])
     page.wait_for_selector("#ss-up")
     yield page
@@ -500,8 +476,7 @@ def test_backend_unavailable_then_recovery(browser, loaded_engine, tmp_path) -> 
     ui_port, backend_port = free_port(), free_port()
     ui_app = mount_ui(FastAPI(), f"ws://127.0.0.1:{backend_port}")
     backend = create_app(loaded_engine, Store(f"sqlite:///{tmp_path / 'b.db'}"), ui=False)
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.set_default_timeout(TIMEOUT_MS)
+    page = new_page(browser)
     with serving(ui_app, ui_port):
         page.goto(f"http://127.0.0.1:{ui_port}/")
         page.wait_for_selector("#ss-down >> text=backend unavailable")

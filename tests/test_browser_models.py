@@ -9,14 +9,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from browser import NEEDS_BROWSER, new_page
 from hf_tiny import save_hf
 from serve_process import Served
-from test_browser import ARGS, ARTIFACTS, CHROMIUM, TIMEOUT_MS, chat, choose, shot
+from test_browser import chat, choose, shot
 
 from backend.model.checkpoint import DEFAULT_CHECKPOINT
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"system Chromium not found at {CHROMIUM}")
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+pytest_plugins = ["browser"]  # the browser fixture
+pytestmark = NEEDS_BROWSER
 
 RUNS = {"rand-a": "ar", "rand-b": "block_diffusion", "shipped": "linear_spec"}   # served first: rand-a
 
@@ -46,16 +47,12 @@ def server(tmp_path_factory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def page(server) -> Iterator:
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(server + "/")
-        page.wait_for_selector("#ss-up")
-        yield page
-        browser.close()
+def page(browser, server) -> Iterator:
+    page = new_page(browser)
+    page.goto(server + "/")
+    page.wait_for_selector("#ss-up")
+    yield page
+    page.close()
 
 
 def test_switch_models_run_each_and_list_which_model_ran(page, server) -> None:

@@ -9,8 +9,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from browser import ARTIFACTS, NEEDS_BROWSER, TIMEOUT_MS, new_page
 from live_server import free_port, serving
-from test_browser import ARGS, ARTIFACTS, CHROMIUM, TIMEOUT_MS, shot, sync_api  # noqa: F401  (skips without them)
+from test_browser import shot
+
+pytest_plugins = ["browser"]  # the browser and errors fixtures
+pytestmark = NEEDS_BROWSER
 
 CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
 SMALL = {"block_size": 16, "branches": 3}  # short blocks, few branches: quick to record, still with cache hits
@@ -42,25 +46,8 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator:
-    with sync_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture(scope="module")
-def errors() -> list[str]:
-    return []
-
-
-@pytest.fixture(scope="module")
 def page(browser, errors) -> Iterator:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.set_default_timeout(TIMEOUT_MS)
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page = new_page(browser, errors)
     yield page
     page.close()
 

@@ -211,3 +211,18 @@ def test_task_rows_pad_every_task_with_eos_to_the_block_end(tok, block):
     assert len(starts) > 3 and all(i % block == 0 for i in starts)
     assert all(row[i - 1] == eos for i in starts[1:])
     assert row.count(user) == row.count(tok.convert_tokens_to_ids("<|assistant|>"))   # no task cut short
+
+
+def test_checkpoint_tasks_take_per_kind_from_the_shipped_file_and_answer_themselves(tmp_path):
+    from backend.model.checkpoint import DEFAULT_CHECKPOINT
+    shipped = tasks.checkpoint_tasks(DEFAULT_CHECKPOINT, 3)
+    assert shipped is not None and len(shipped) == 3 * len({t.kind for t in shipped}) == 15
+    for t in shipped:                       # the stop-9 templates, answers computed from the prompt
+        body = t.prompt.split(": ", 1)[-1]
+        if t.kind == "reverse":
+            assert t.answer == " ".join(reversed(body.split()))
+        elif t.kind == "sort":
+            assert t.answer == " ".join(map(str, sorted(map(int, body.split()))))
+        elif t.kind == "copy":
+            assert t.answer == body
+    assert tasks.checkpoint_tasks(tmp_path, 3) is None      # a checkpoint without its own tasks

@@ -28,6 +28,7 @@ from app.specmetrics import fold_ratios, spec_metrics, step_map
 from app.sweep import parse_variants
 from app.trace import RunTrace, make_piece
 from app.vizdoc import document_json, viz_document
+from backend.engine.modes import get_mode
 
 PIECES = {1: "Hi", 2: "<script>", 3: " there", 4: "\n", 5: "&amp;", 9: "[M]"}
 piece = make_piece(None, PIECES)
@@ -201,7 +202,7 @@ def test_fold_ratios_and_step_map(trace: RunTrace) -> None:
 
 
 def test_viz_document_carries_what_the_browser_draws(trace: RunTrace) -> None:
-    doc = viz_document(trace, piece)
+    doc = viz_document(trace, piece, explain=get_mode(trace.mode).explain)
     assert doc["run_id"] == "r_test" and len(doc["rounds"]) == 3 and "run_id" not in doc["rounds"][0]
     assert doc["pieces"]["2"] == "<script>" and doc["step_map"] == [0, 1, 1, 2, 2]
     assert set(doc["figures"]) == {"accepted", "kv", "positions"} and doc["spec"]["num_spec_steps"] == 2

@@ -77,7 +77,8 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         client = backend.client(request)
         try:
             trace = backend.trace(client, run_id)
-            return "", document_json(viz_document(trace, backend.piece(client, trace))), trace.status == "running"
+            doc = viz_document(trace, backend.piece(client, trace), explain=backend.explain(client, trace.mode))
+            return "", document_json(doc), trace.status == "running"
         except (BackendUnavailable, BackendError) as exc:
             return warning_html(exc), gr.skip(), False
 
@@ -92,17 +93,18 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         try:
             trace = await asyncio.to_thread(backend.trace, client, run_id)
             piece = await asyncio.to_thread(backend.piece, client, trace)
+            explain = await asyncio.to_thread(backend.explain, client, trace.mode)
             shown = time.monotonic()
             async for now in follow_events(client, trace):
                 if watching.get(session) != run_id:
                     return
                 if time.monotonic() - shown >= FOLLOW_EVERY_S:
                     shown = time.monotonic()
-                    yield document_json(viz_document(now, piece))
+                    yield document_json(viz_document(now, piece, explain=explain))
             backend.forget(client, run_id)
             final = await asyncio.to_thread(backend.trace, client, run_id)  # with its KV intervals
             if watching.get(session) == run_id:
-                yield document_json(viz_document(final, piece))
+                yield document_json(viz_document(final, piece, explain=explain))
         except (BackendUnavailable, BackendError):
             return
 

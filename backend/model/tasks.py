@@ -9,10 +9,12 @@ Training draws train values in trained wordings; the held-out set alternates tra
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 from backend.model.domain import FAMILIES, Family
 from backend.model.domain.phrasing import decorate, wordings
@@ -75,6 +77,26 @@ def task_set(split: str, per_kind: int, seed: int = 0, kinds: tuple[str, ...] = 
                 out.append(task)
             if len(seen) == per_kind:
                 break
+    return out
+
+
+CHECKPOINT_TASKS = "tasks.jsonl"
+"""A checkpoint's own held-out tasks ({"kind", "prompt", "answer"} per line), for a model trained on another
+task set than the declared domain (the shipped stop-9 model: its five templated kinds)."""
+
+
+def checkpoint_tasks(folder: str | Path, per_kind: int) -> list[Task] | None:
+    """The first `per_kind` tasks of every kind in the checkpoint's tasks.jsonl; None when it has none."""
+    path = Path(folder) / CHECKPOINT_TASKS
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    taken: dict[str, int] = {}
+    out = []
+    for row in rows:
+        if taken.get(row["kind"], 0) < per_kind:
+            taken[row["kind"]] = taken.get(row["kind"], 0) + 1
+            out.append(Task(row["kind"], row["prompt"], row["answer"]))
     return out
 
 

@@ -241,11 +241,12 @@ class Transformer(nn.Module):
     def store_weights_input_major(self) -> None:
         """Keep every widening projection's weight [out, in] (in < out: gate/up, the LM head, tied or not) as a
         view of [in, out] storage: the same values and shapes, but a CPU matmul of a few rows (decode, small
-        verifies) streams it faster; narrowing and square ones are faster as they are (docs/notes/perf.md).
-        For inference only: save a copy made contiguous."""
+        verifies) streams it faster; narrowing and square ones are faster as they are, and so is every float16
+        weight (its 1-row kernel wants row-major: 4x slower otherwise), see docs/notes/perf.md. For inference
+        only: save a copy made contiguous."""
         for module in self.modules():
             if (isinstance(module, (LoRALinear, nn.Linear, nn.Embedding)) and module.weight.is_contiguous()
-                    and module.weight.shape[1] < module.weight.shape[0]):
+                    and module.weight.dtype != torch.float16 and module.weight.shape[1] < module.weight.shape[0]):
                 weight = module.weight
                 module.weight = nn.Parameter(weight.detach().t().contiguous().t(), weight.requires_grad)
 

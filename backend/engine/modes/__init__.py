@@ -36,7 +36,8 @@ def param_specs(mode: Mode) -> tuple[Param, ...]:
 def describe_modes() -> list[dict]:
     """Registry + parameter schema, as served by GET /api/modes."""
     _load_all()
-    return [{"name": name, "summary": cls.summary, "nfe": cls.nfe_note, "lossless_vs": cls.lossless_vs,
+    return [{"name": name, "summary": cls.summary, "nfe": cls.nfe_note, "explain": cls.explain,
+             "lossless_vs": cls.lossless_vs,
              "params": [p.schema() for p in param_specs(cls())]} for name, cls in sorted(REGISTRY.items())]
 
 

@@ -15,6 +15,8 @@ class AR(Mode):
     name = "ar"
     summary = "causal 1-token decode with KV cache (the baseline)"
     nfe_note = "one forward per token; prefill not counted"
+    explain = ("One forward per token. Each round commits exactly the token the model picked; nothing is "
+               "drafted.")
     needs_mask = False
     batchable = True
 

@@ -39,6 +39,7 @@ class Mode:
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     nfe_note: ClassVar[str] = ""
+    explain: ClassVar[str] = ""          # what a round, "accepted" and "committed" mean here (the visualizer shows it)
     lossless_vs: ClassVar[str | None] = None
     """The mode whose greedy output this one must reproduce token for token, if any."""
     lossless_params: ClassVar[dict[str, Any]] = {}

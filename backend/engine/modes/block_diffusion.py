@@ -20,6 +20,8 @@ class BlockDiffusion(Mode):
     name = "block_diffusion"
     summary = "block diffusion: confidence-threshold denoising in blocks, causal refresh per block"
     nfe_note = "denoise passes + one refresh pass per block (the last one too); prefill not counted"
+    explain = ("A block of masks is denoised in several rounds: every round unmasks (accepts) the positions "
+               "whose confidence passes τ (at least one); the block is committed once no mask is left.")
     params = BLOCK_PARAMS
 
     def check(self, params: dict, rt: Runtime) -> None:

@@ -65,6 +65,10 @@ class ISD(Mode):
     name = "isd"
     summary = "I-DLM introspective strided decoding: verify N-1 specs and draft N-1 more in one causal pass"
     nfe_note = "one forward per round; prefill not counted"
+    explain = ("Introspective strided decoding: each forward verifies the previous round's N-1 specs against p "
+               "and drafts new ones. Case V: every spec accepted; R: a spec rejected, the correction replaces it "
+               "and the rest is dropped (KV trimmed); C: cold start, nothing to verify. Accepted spec: p/q test "
+               "passed (greedy: same argmax; T > 0: u < min(1, p/(αq))).")
     lossless_vs = "ar"
     drafter = ("tpf", 1.2)
     params = (

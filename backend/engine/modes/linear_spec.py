@@ -24,6 +24,9 @@ class LinearSpec(Mode):
     name = "linear_spec"
     summary = "linear self-speculation: bidirectional draft, causal verify, longest prefix + bonus"
     nfe_note = "draft passes + 1 verify per round; prefill not counted"
+    explain = ("Round = draft the block in one pass (block attention, LoRA), then verify it causally. Accepted = "
+               "the leading drafts the verifier agrees with; the first disagreement becomes the correction "
+               "(bonus) and the rest is rejected; its KV is trimmed. Committed = accepted + correction.")
     lossless_vs = "ar"
     drafter = ("accept_len_mean", 1.5)
     params = (

@@ -60,6 +60,10 @@ class Quadratic(Mode):
     name = "quadratic"
     summary = "quadratic self-speculation: k masks after each of the k specs, fresh specs for any accepted prefix"
     nfe_note = "one forward per round ((k+1)² query rows); prefill not counted"
+    explain = ("One forward per round over [d0, M×k, d1, M×k, …]: each spec d_j is followed by k masks that "
+               "see exactly d0..d_j. Accepted = the specs the causal rows confirm, then the correction (bonus); "
+               "the accepted group's masks become the next k specs (drafts). Cells are in input order; the small "
+               "number under a cell is its position. Masks and rejected specs have their KV freed.")
     lossless_vs = "ar"
     drafter = ("accept_len_mean", 1.3)
     params = (Param("k", int, 4, 1, 8, "speculative tokens per round; each is followed by k masks"),)

@@ -76,6 +76,9 @@ def drafted(counts: list[list[int]]) -> int:
 class SpecFold(Spiffy):
     name = "specfold"
     summary = "SpecFold: spiffy's drafts verified by a folded batched pass (parent-residual gate per position)"
+    explain = ("spiffy whose verify forward folds work across branches: per layer and position, a branch whose "
+               "input is within δ of its parent's reuses the parent's Q/K/V and FFN output. Fold ratio = share "
+               "of draft rows not recomputed (QKV and FFN).")
     lossless_vs = "spiffy"
     lossless_params = {"delta": 0.0, "ffn_gate": "strict"}
     drafter = ("fold_ratio", 0.3)

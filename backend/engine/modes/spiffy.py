@@ -166,6 +166,9 @@ class Spiffy(BlockDiffusion):
     name = "spiffy"
     summary = "Spiffy: block_diffusion + calibrated draft graph verified in one batched pass, draft-logit cache"
     nfe_note = "forwards run (cache hits cost none) + one refresh pass per block; prefill not counted"
+    explain = ("Block diffusion with drafted future states: a verify forward denoises the main state and every "
+               "drafted branch at once; when the next main state equals a drafted branch it is a cache hit and "
+               "that round costs no forward (forwards saved). Accepted = unmasked this round.")
     lossless_vs = "block_diffusion"
     drafter = ("forwards_saved", 0.25)
     params = BLOCK_PARAMS + (Param("branches", int, 7, 1, 16, "draft branches per verify (graph nodes used)"),)
