@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import weakref
 
 import pytest
 
@@ -55,6 +56,19 @@ def test_replace_engine_cancels_a_running_run_and_serves_the_new_engine(loaded, 
     start = second.events[0]
     assert (start["model"], start["model_hash"]) == ("other", other_engine.rt.loaded.weights_hash)
     assert second.events[-1]["status"] == "done" and other_engine.rt.pool.used == 0
+
+
+def test_a_replaced_engine_is_freed_even_from_a_reference_cycle(loaded, other_engine) -> None:
+    """Engines exempt what they load from the cyclic GC (gc.freeze); a swap must undo that for the old one."""
+    worker = Worker(Engine(loaded, num_slots=64))
+    worker.engine.cycle = worker.engine  # type: ignore[attr-defined]  # only the cyclic GC can free it now
+    gone = weakref.ref(worker.engine)
+    worker.start()
+    try:
+        assert worker.replace_engine(other_engine).result(60) is other_engine
+    finally:
+        worker.stop()
+    assert gone() is None
 
 
 def trace(mode: str, output: list[int], model: str, model_hash: str) -> RunTrace:

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from backend.engine.engine import Engine
+from backend.engine.engine import Engine, freeze_long_lived
 from backend.engine.request import Request
 from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.tracing import Tracer
@@ -122,6 +122,7 @@ class Worker:
         while self.engine.scheduler.has_work:
             self._step()
         self.engine, self.pieces = swap.engine, swap.pieces
+        freeze_long_lived()   # the old engine's objects, frozen when it loaded, can be collected now
         swap.future.set_result(swap.engine)
 
     def _take(self, block: bool) -> list[Submission | Swap | None]:
