@@ -24,6 +24,15 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             p.copy_(1.0 + 0.2 * noise if "norm" in name else 0.15 * noise)
 
 
+def randomize_lora(model: torch.nn.Module, scale: float, seed: int) -> None:
+    """A peft model's LoRA A and B random (peft starts B at 0, an adapter that changes nothing)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+
+
 def save_hf(config, folder: Path, seed: int = 1):
     """A random HF causal LM of `config`, saved to folder with the shipped tokenizer's files beside it."""
     from transformers import AutoModelForCausalLM

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from hf_tiny import TINY, YARN, ids, save_hf  # noqa: E402
+from hf_tiny import TINY, YARN, ids, randomize_lora, save_hf  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import Ministral3Config, Qwen2Config, Qwen3Config  # noqa: E402
@@ -117,11 +117,7 @@ def test_nemotron_linear_spec_lora(ministral, tmp_path):
     peft = pytest.importorskip("peft")
     hf, _, nemo_dir = ministral
     pm = peft.get_peft_model(copy.deepcopy(hf), peft.LoraConfig(r=8, lora_alpha=32, target_modules=["o_proj"]))
-    g = torch.Generator().manual_seed(9)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    randomize_lora(pm, 0.3, 9)
     pm.save_pretrained(tmp_path / "hf_lora")
     folder = tmp_path / "nemotron"
     shutil.copytree(nemo_dir, folder)

@@ -10,7 +10,7 @@ import torch
 from backend.tracing import RecordingTracer
 
 peft = pytest.importorskip("peft")
-from hf_tiny import TINY, ids, save_hf  # noqa: E402
+from hf_tiny import TINY, ids, randomize_lora, save_hf  # noqa: E402
 from transformers import Qwen3Config  # noqa: E402
 
 from backend.model.checkpoint import load_checkpoint  # noqa: E402
@@ -34,11 +34,7 @@ def pair(request, tmp_path_factory):
     cfg = peft.LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, use_rslora=request.param,
                           rank_pattern={"o_proj": 4}, alpha_pattern={"down_proj": 4.0})
     pm = peft.get_peft_model(hf, cfg)
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    randomize_lora(pm, 0.2, 7)
     pm.save_pretrained(root / "idlm_lora")
     return pm.eval(), load_checkpoint(root, adapter=root / "idlm_lora"), load_checkpoint(root, adapter=False)
 
