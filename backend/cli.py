@@ -6,6 +6,7 @@ and `--help` stay quick.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -129,10 +130,17 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 # -- subcommands -----------------------------------------------------------------------------------------------------
 
+def serve_build(args: argparse.Namespace, folder: Path | None) -> Engine:
+    """The engine process's builder: the model options for `folder` (the started model when None)."""
+    return build_engine(args if folder is None else folder_options(args, folder))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from backend.model.config import CheckpointError
     from backend.server import BindError, check_bind, create_app
+    from backend.server.engine_process import EngineProcess
     from backend.server.protocol import MAX_MESSAGE_BYTES, MAX_QUEUED_RUNS
     try:
         check_bind(args.host, args.token)
@@ -144,17 +152,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CLIError(f"--models {args.models}: no such directory")
     if args.models and not args.model:
         args.model = first_model(args.models)
-    engine = load_engine(args)
-    store = Store(args.db, server=f"{socket.gethostname()}:{args.port}")
-    app = create_app(engine, store, token=args.token, ui=not args.no_ui,
-                     backend_url=args.backend or f"ws://127.0.0.1:{args.port}",
-                     max_queued=args.max_queued or MAX_QUEUED_RUNS, models_dir=args.models,
-                     build=lambda folder: build_engine(folder_options(args, folder)))
+    engine = EngineProcess(functools.partial(serve_build, args), max_queued=args.max_queued or MAX_QUEUED_RUNS)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, ws_max_size=4 * MAX_MESSAGE_BYTES,
-                    ws_per_message_deflate=False)  # small JSON events: compressing each cost the engine time
+        engine.start()
+    except (ParamError, CheckpointError) as e:
+        raise CLIError(str(e)) from None
+    try:
+        store = Store(args.db, server=f"{socket.gethostname()}:{args.port}")
+        app = create_app(engine, store, token=args.token, ui=not args.no_ui,
+                         backend_url=args.backend or f"ws://127.0.0.1:{args.port}", models_dir=args.models)
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, ws_max_size=4 * MAX_MESSAGE_BYTES,
+                        ws_per_message_deflate=False)  # small JSON events: compressing each cost the engine time
+        finally:
+            store.close()
     finally:
-        store.close()
+        engine.stop()
     return 0
 
 

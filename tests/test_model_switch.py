@@ -46,7 +46,6 @@ def test_replace_engine_cancels_a_running_run_and_serves_the_new_engine(loaded, 
         assert end["type"] == "run_end" and end["status"] == "cancelled"
         assert sum(e["type"] == "round" for e in first.events) < 8
         assert old.rt.pool.used == 0 and not old.scheduler.has_work
-        assert worker.pieces[:50] == [other_engine.rt.tokenizer.decode([i]) for i in range(50)]
         ended = threading.Event()
         second = RecordingTracer(sink=lambda e: ended.set() if e["type"] == "run_end" else None)
         worker.submit(PROMPT, "ar", {"max_new_tokens": 4}, second, threading.Event()).result(30)

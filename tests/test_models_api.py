@@ -1,4 +1,4 @@
-"""/api/models over a models directory: list, switch (the app's swap hook gets the new engine), refuse
+"""/api/models over a models directory: list, switch (the engine service loads and serves the new model), refuse
 unknown and unloadable folders."""
 from __future__ import annotations
 
@@ -11,31 +11,41 @@ from fastapi.testclient import TestClient
 from backend.engine.engine import Engine
 from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from backend.server.models import ModelHost, models_router
+from backend.server.service import LocalEngine
+from backend.tracing import RecordingTracer
 
 
 def test_list_and_switch(tmp_path, loaded):
     for name in ("a", "b", "broken"):
         shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / name)
     (tmp_path / "broken" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    swapped: list[Engine] = []
-    host = ModelHost(tmp_path, Engine(load_checkpoint(tmp_path / "a"), num_slots=256),
-                     build=lambda path: Engine(load_checkpoint(path), num_slots=256), swap=swapped.append)
+    service = LocalEngine(Engine(load_checkpoint(tmp_path / "a"), num_slots=256),
+                          build=lambda path: Engine(load_checkpoint(path), num_slots=256))
+    host = ModelHost(tmp_path, service)
     app = FastAPI()
     app.include_router(models_router(host))
     client = TestClient(app)
-    listing = client.get("/api/models").json()
-    assert listing["current"] == "a" and listing["weights_hash"] == loaded.weights_hash
-    by_name = {m["name"]: m for m in listing["models"]}
-    assert by_name["a"]["loadable"] and by_name["b"]["loadable"] and not by_name["broken"]["loadable"]
-    assert "unknown architecture" in by_name["broken"]["error"]
-    switched = client.post("/api/models/b").json()
-    assert switched["current"] == "b" and len(swapped) == 1 and swapped[0].model_name == "b"
-    assert swapped[0].generate("What is 2 + 3?", "ar", {"max_new_tokens": 4}).status == "done"
-    assert client.post("/api/models/b").json()["current"] == "b" and len(swapped) == 1  # already served
-    assert client.post("/api/models/nope").status_code == 404
-    bad = client.post("/api/models/broken")
-    assert bad.status_code == 422 and "unknown architecture" in bad.json()["detail"]
-    assert client.get("/api/models").json()["current"] == "b"
+    service.start()
+    try:
+        listing = client.get("/api/models").json()
+        assert listing["current"] == "a" and listing["weights_hash"] == loaded.weights_hash
+        by_name = {m["name"]: m for m in listing["models"]}
+        assert by_name["a"]["loadable"] and by_name["b"]["loadable"] and not by_name["broken"]["loadable"]
+        assert "unknown architecture" in by_name["broken"]["error"]
+        switched = client.post("/api/models/b").json()
+        served = service.worker.engine
+        assert switched["current"] == "b" and served.model_name == "b" and service.model.name == "b"
+        tracer = RecordingTracer()
+        service.submit("What is 2 + 3?", "ar", {"max_new_tokens": 4}, tracer).admitted.result(30)
+        assert client.post("/api/models/b").json()["current"] == "b"
+        assert service.worker.engine is served   # already served: nothing reloaded
+        assert client.post("/api/models/nope").status_code == 404
+        bad = client.post("/api/models/broken")
+        assert bad.status_code == 422 and "unknown architecture" in bad.json()["detail"]
+        assert client.get("/api/models").json()["current"] == "b"
+    finally:
+        service.stop()
+    assert tracer.events[0]["model"] == "b" and tracer.events[-1]["status"] == "done"
 
 
 def test_app_switches_the_served_model(tmp_path, loaded):
@@ -58,7 +68,8 @@ def test_app_switches_the_served_model(tmp_path, loaded):
         assert client.get("/api/health").json()["model"] == "tiny"
         assert client.post("/api/models/b").json()["current"] == "b"
         assert client.get("/api/health").json()["model"] == "b"
-        assert client.get("/api/vocab").json()["model"] == "b"
+        vocab = client.get("/api/vocab").json()
+        assert vocab["model"] == "b" and vocab["pieces"][:50] == [loaded.tokenizer.decode([i]) for i in range(50)]
         with client.websocket_connect("/ws/generate") as ws:
             ws.send_json({"type": "generate", "prompt": "What is 2 + 3?", "mode": "ar",
                           "params": {"max_new_tokens": 4}})

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from backend.engine.modes import describe_modes
 from backend.model.card import CARD_FILE
-from backend.server.worker import Worker
+from backend.server.service import EngineService
 from backend.store import (
     DocumentError,
     RunExistsError,
@@ -54,8 +54,8 @@ class NewComparison(BaseModel):
     run_ids: list[str] = Field(min_length=1)
 
 
-def api_router(store: Store, worker: Worker, bench_dir: Path = BENCH_DIR) -> APIRouter:
-    """The routes; the served engine is always read through the worker (it changes when the model is switched)."""
+def api_router(store: Store, engine: EngineService, bench_dir: Path = BENCH_DIR) -> APIRouter:
+    """The routes; the served model is always read through `engine` (it changes when the model is switched)."""
     router = APIRouter(prefix="/api")
 
     def run_or_404(run_id: str) -> Row:
@@ -66,11 +66,9 @@ def api_router(store: Store, worker: Worker, bench_dir: Path = BENCH_DIR) -> API
 
     @router.get("/health")
     def health() -> Row:
-        engine = worker.engine
-        pool = engine.rt.pool
-        return {"status": "ok", "model": engine.model_name, "active_runs": worker.active, "queued_runs": worker.held,
-                "max_queued_runs": worker.max_queued,
-                "pool": {"used": pool.used, "slots": pool.num_slots, "peak": pool.peak}}
+        stats = engine.stats()
+        return {"status": "ok", "model": engine.model.name, "active_runs": stats["active"],
+                "queued_runs": stats["held"], "max_queued_runs": engine.max_queued, "pool": stats["pool"]}
 
     @router.get("/modes")
     def modes() -> list[Row]:
@@ -80,17 +78,16 @@ def api_router(store: Store, worker: Worker, bench_dir: Path = BENCH_DIR) -> API
     def model_card() -> Row:
         """The served checkpoint's model card (model_card.json beside its weights: task families with example
         prompts, what is out of its domain); card None when it ships none."""
-        engine = worker.engine
-        folder = engine.rt.loaded.folder
-        path = None if folder is None else folder / CARD_FILE
+        model = engine.model
+        path = None if model.folder is None else model.folder / CARD_FILE
         card = json.loads(path.read_text()) if path is not None and path.is_file() else None
-        return {"model": engine.model_name, "card": card}
+        return {"model": model.name, "card": card}
 
     @router.get("/vocab")
     def vocab() -> Row:
         """Display text of every token id, as run_start's `pieces` shows the prompt's."""
-        engine, pieces = worker.engine, worker.pieces
-        return {"model": engine.model_name, "pieces": pieces}
+        model = engine.model
+        return {"model": model.name, "pieces": model.pieces}
 
     @router.get("/bench")
     def bench() -> Row:

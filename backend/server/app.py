@@ -1,4 +1,4 @@
-"""create_app: the FastAPI app around one engine and one store, with the Gradio UI mounted when installed."""
+"""create_app: the FastAPI app around one engine service and one store, with the Gradio UI mounted when installed."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +20,7 @@ from backend.server.logs import redact_tokens
 from backend.server.models import ModelHost, models_router
 from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.server.replay import replay
-from backend.server.worker import Worker
+from backend.server.service import EngineService, LocalEngine
 from backend.store import Store, StoreWriter
 from backend.tracing import sanitize
 
@@ -44,15 +44,17 @@ async def invalid_request(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": sanitize(jsonable_encoder(exc.errors()))}, status_code=422)
 
 
-def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool = True,
+def create_app(engine: Engine | EngineService, store: Store, token: str | None = None, ui: bool = True,
                backend_url: str | None = None, max_queued: int = MAX_QUEUED_RUNS,
                models_dir: str | Path | None = None, build: Callable[[Path], Engine] | None = None) -> FastAPI:
-    """The server. Its worker and store-writer threads start and stop with the app's lifespan, and startup marks
-    runs a crash of this server left 'running' as interrupted. With a token, every route (REST, websockets, UI)
-    needs it, and it is kept out of uvicorn's logs. `models_dir` (with `build`, which loads one of its folders
-    into an Engine) lets /api/models switch the served model; without it /api/models lists only `engine`."""
-    worker = Worker(engine, max_queued)
-    host = ModelHost(models_dir, engine, build, lambda new: worker.replace_engine(new).result())
+    """The server. An Engine is served from a worker thread of this process (`LocalEngine`, with `max_queued` and
+    `build`); `specscope serve` passes an `EngineProcess` instead. The engine service and the store writer start
+    and stop with the app's lifespan, and startup marks runs a crash of this server left 'running' as
+    interrupted. With a token, every route (REST, websockets, UI) needs it, and it is kept out of uvicorn's logs.
+    `models_dir` lets /api/models switch the served model (the service loads the folder); without it
+    /api/models lists only the served one."""
+    service = LocalEngine(engine, build, max_queued) if isinstance(engine, Engine) else engine
+    host = ModelHost(models_dir, service)
     writer = StoreWriter(store)
 
     @asynccontextmanager
@@ -60,24 +62,24 @@ def create_app(engine: Engine, store: Store, token: str | None = None, ui: bool 
         redact_tokens()
         await asyncio.to_thread(store.mark_interrupted)
         writer.start()
-        worker.start()
+        await asyncio.to_thread(service.start)
         try:
             yield
         finally:
-            await asyncio.to_thread(worker.stop)
+            await asyncio.to_thread(service.stop)
             await asyncio.to_thread(writer.close)
 
     app = FastAPI(title="specscope", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, invalid_request)
     if token:
         app.add_middleware(TokenMiddleware, token=token)
-    app.include_router(api_router(store, worker))
+    app.include_router(api_router(store, service))
     app.include_router(models_router(host))
 
     @app.websocket("/ws/generate")
     async def ws_generate(ws: WebSocket) -> None:
         await ws.accept()
-        await GenerateSession(ws, writer, worker).serve()
+        await GenerateSession(ws, writer, service).serve()
 
     @app.websocket("/ws/replay/{run_id}")
     async def ws_replay(ws: WebSocket, run_id: str) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +14,8 @@ from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 from backend.engine.params import ParamError
 from backend.server.outbox import Outbox, SlowClient
 from backend.server.protocol import Cancel, Generate, ProtocolError, error_event, parse_message
-from backend.server.worker import Busy, Worker
+from backend.server.service import EngineService
+from backend.server.worker import Busy
 from backend.store import StoreWriter, Tee
 from backend.tracing import to_json
 
@@ -26,10 +26,10 @@ WS_TRY_AGAIN_LATER = 1013
 
 
 class LoopHandoff:
-    """A listener that hands the worker thread's events to `deliver` on the event loop, in order, waking the loop
-    once per round: kv events wait for the round event that closes them (or any other event), and an event that
-    finds a hand-off already scheduled just joins it. Each wake-up costs both threads the GIL and the loop's
-    core, so per-event wake-ups slowed the engine."""
+    """A listener that hands a run's events to `deliver` on the event loop, in order, waking the loop once per
+    round: kv events wait for the round event that closes them (or any other event), and an event that finds a
+    hand-off already scheduled just joins it. It is called on the thread that receives the engine's events (the
+    engine process's link thread, or the in-process worker, whose GIL per-event wake-ups taxed)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Listener):
         self.loop = loop
@@ -54,12 +54,12 @@ class LoopHandoff:
 
 
 class GenerateSession:
-    def __init__(self, ws: WebSocket, writer: StoreWriter, worker: Worker):
+    def __init__(self, ws: WebSocket, writer: StoreWriter, engine: EngineService):
         self.ws = ws
         self.writer = writer
-        self.worker = worker
+        self.engine = engine
         self.outbox = Outbox()
-        self.cancel: threading.Event | None = None  # the active run's cancel flag; None when idle
+        self.cancel: Callable[[], None] | None = None  # cancels the active run; None when idle
         self._ending: asyncio.Future[None] | None = None  # the active run's run_end, waiting for the store
 
     async def serve(self) -> None:
@@ -70,7 +70,7 @@ class GenerateSession:
                 tasks.start_soon(self._write, tasks.cancel_scope)
         finally:
             if self.cancel is not None:
-                self.cancel.set()
+                self.cancel()
 
     async def _read(self, scope: anyio.CancelScope) -> None:
         while True:
@@ -85,7 +85,7 @@ class GenerateSession:
                 continue
             if isinstance(msg, Cancel):
                 if self.cancel is not None:
-                    self.cancel.set()
+                    self.cancel()
             else:
                 await self._generate(msg)
 
@@ -106,10 +106,11 @@ class GenerateSession:
             self.outbox.put(error_event("busy", "a run is in progress on this connection; cancel it or wait "
                                                 "for its run_end"))
             return
-        self.cancel = threading.Event()
         tracer = Tee(self.writer, LoopHandoff(asyncio.get_running_loop(), self._deliver)).tracer()
         try:
-            await asyncio.wrap_future(self.worker.submit(msg.prompt, msg.mode, msg.params, tracer, self.cancel))
+            run = self.engine.submit(msg.prompt, msg.mode, msg.params, tracer)
+            self.cancel = run.cancel
+            await asyncio.wrap_future(run.admitted)
         except ParamError as e:
             self.cancel = None
             self.outbox.put(error_event("bad_params", str(e)))

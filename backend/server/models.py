@@ -1,38 +1,33 @@
 """`/api/models`: the models directory (`serve --models DIR`) and switching the one served model.
 
-The host loads the chosen folder into a new Engine off the event loop, then hands it to `swap`, the app's
-hook that replaces the worker's engine once running runs have finished or been cancelled. Without a models
-directory the catalog is empty and only the current model is listed.
+The host asks the engine service, off the event loop, to load the chosen folder and serve it once running runs
+have been cancelled. Without a models directory the catalog is empty and only the current model is listed.
 """
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, HTTPException
 
-from backend.engine.engine import Engine
 from backend.model.catalog import CatalogEntry, scan
 from backend.model.config import CheckpointError
+from backend.server.service import EngineService
 
 
 class ModelHost:
     """The catalog of a models directory and the engine currently served."""
 
-    def __init__(self, models_dir: str | Path | None, engine: Engine, build: Callable[[Path], Engine] | None,
-                 swap: Callable[[Engine], None]):
+    def __init__(self, models_dir: str | Path | None, engine: EngineService):
         self.models_dir = Path(models_dir) if models_dir is not None else None
         self.engine = engine
-        self.build = build
-        self.swap = swap
         self._lock = threading.Lock()   # one switch at a time
 
     def describe(self) -> dict[str, Any]:
-        loaded = self.engine.rt.loaded
-        return {"current": loaded.name, "weights_hash": loaded.weights_hash, "family": loaded.family,
+        model = self.engine.model
+        return {"current": model.name, "weights_hash": model.weights_hash, "family": model.family,
                 "models": [e.to_json() for e in self.catalog()]}
 
     def catalog(self) -> list[CatalogEntry]:
@@ -46,11 +41,8 @@ class ModelHost:
         if not entry.loadable:
             raise CheckpointError(entry.error or f"{name} cannot be loaded")
         with self._lock:
-            if self.engine.rt.loaded.folder != Path(entry.path):
-                assert self.build is not None, "a models directory needs a build function"
-                engine = self.build(Path(entry.path))
-                self.swap(engine)
-                self.engine = engine
+            if self.engine.model.folder != Path(entry.path):
+                self.engine.switch(Path(entry.path))
         return self.describe()
 
 

@@ -14,7 +14,7 @@ class SlowClient(Exception):
 
 
 class Outbox:
-    """Used on the event loop only (the worker thread hands events over with call_soon_threadsafe).
+    """Used on the event loop only (events are handed over with call_soon_threadsafe).
 
     Past `maxsize` queued events, the oldest queued `round` makes room (a later round supersedes it; the client
     sees the gap in seq and can fetch the round from /api/runs/{id}/rounds); with no round queued, an incoming

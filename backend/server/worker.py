@@ -37,22 +37,14 @@ class Submission:
 
 @dataclass
 class Swap:
-    """A new engine to serve once the current one has no runs left, and the display text of its token ids."""
+    """A new engine to serve once the current one has no runs left."""
     engine: Engine
-    pieces: list[str]
     future: Future[Engine] = field(default_factory=Future)
-
-
-def vocab_pieces(engine: Engine) -> list[str]:
-    """Display text of every token id (the /api/vocab answer)."""
-    tok = engine.rt.tokenizer
-    return [tok.decode([i]) for i in range(len(tok))]
 
 
 class Worker:
     def __init__(self, engine: Engine, max_queued: int = MAX_QUEUED_RUNS):
         self.engine = engine
-        self.pieces = vocab_pieces(engine)  # now, before this thread uses the tokenizer
         self.max_queued = max_queued
         self.active = 0  # requests waiting or running, as of the last step
         self._held = 0  # submissions not ended yet (inbox, waiting, running); guarded by _held_lock
@@ -88,10 +80,11 @@ class Worker:
     def replace_engine(self, engine: Engine) -> Future[Engine]:
         """Serve `engine` from now on: runs waiting or running on the current one are cancelled (each ends as a
         cancelled run, KV freed, run_end sent), then the engines are swapped; submissions after this call run on
-        the new one. The future holds the new engine once it is served."""
+        the new one. The future holds the new engine once it is served. Read what you need of `engine` (its
+        tokenizer above all) before: from this call on it belongs to the worker thread."""
         if self._closed:
             raise RuntimeError("the server is shutting down")
-        swap = Swap(engine, vocab_pieces(engine))  # before the new engine is shared with this thread
+        swap = Swap(engine)
         self._inbox.put(swap)
         return swap.future
 
@@ -121,7 +114,7 @@ class Worker:
         self._cancel_all()
         while self.engine.scheduler.has_work:
             self._step()
-        self.engine, self.pieces = swap.engine, swap.pieces
+        self.engine = swap.engine
         freeze_long_lived()   # the old engine's objects, frozen when it loaded, can be collected now
         swap.future.set_result(swap.engine)
 

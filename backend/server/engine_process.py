@@ -1,0 +1,318 @@
+"""The engine in a process of its own (vLLM's EngineCore layout), as `specscope serve` runs it.
+
+In one process the event loop, the store writer and the engine thread shared one GIL: every websocket frame and
+store batch made the engine wait, and a run through the server ran at ~0.85× its in-process speed. Here the
+server process only receives, stores and streams events; the engine process runs the same `Worker` as
+`LocalEngine` and sends each run's events over a pipe, a round's events in one message.
+
+Messages, server → engine: ("submit", sid, run_id, prompt, mode, params), ("cancel", sid), ("call", token, name,
+arg) for "stats" and "switch", ("stop",). Engine → server: ("ready", ServedModel) or ("failed", exception) once,
+then ("events", [(sid, event), ...]), ("admitted", sid, exception | None), ("reply", token, ok, value),
+("stopped",). The engine process exits when the server's end of the pipe closes (a killed server included).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from backend.engine.engine import Engine
+from backend.server.protocol import MAX_QUEUED_RUNS
+from backend.server.service import Run, ServedModel, engine_stats, served_model
+from backend.server.worker import Busy, Worker
+from backend.tracing import SCHEMA_VERSION, RecordingTracer
+
+log = logging.getLogger(__name__)
+Event = dict[str, Any]
+Build = Callable[[Path | None], Engine]   # None: the model the server was started with
+
+
+def portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling, else a RuntimeError carrying its type and message."""
+    import pickle
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+# ---- the engine process ----
+
+class Outbound:
+    """The engine process's sending end. Trace events wait for the next event that is not `kv` (a round, run_end),
+    so the pipe, and the server, wake once per round; other messages flush what waits first, keeping order."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self._lock = threading.Lock()
+        self._events: list[tuple[int, Event]] = []
+
+    def event(self, sid: int, event: Event) -> None:
+        with self._lock:
+            self._events.append((sid, event))
+            if event["type"] != "kv":
+                self._flush()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._flush()
+            self.conn.send(message)
+
+    def _flush(self) -> None:
+        if self._events:
+            self.conn.send(("events", self._events))
+            self._events = []
+
+
+class EngineSide:
+    """Carries out the server's messages on the engine process's main thread; the worker thread steps the engine."""
+
+    def __init__(self, worker: Worker, build: Build, out: Outbound):
+        self.worker = worker
+        self.build = build
+        self.out = out
+        self.cancels: dict[int, threading.Event] = {}
+
+    def submit(self, sid: int, run_id: str, prompt: str, mode: str, params: dict[str, Any]) -> None:
+        cancel = self.cancels[sid] = threading.Event()
+
+        def sink(event: Event) -> None:
+            if event["type"] == "run_end":
+                self.cancels.pop(sid, None)
+            self.out.event(sid, event)
+
+        def admitted(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                self.cancels.pop(sid, None)
+            self.out.send(("admitted", sid, None if exc is None else portable(exc)))
+
+        self.worker.submit(prompt, mode, params, RecordingTracer(run_id, sink), cancel).add_done_callback(admitted)
+
+    def cancel(self, sid: int) -> None:
+        if (cancel := self.cancels.get(sid)) is not None:
+            cancel.set()
+
+    def call(self, token: int, name: str, arg: Any) -> None:
+        """stats answers at once; switch loads on a thread of its own, so cancels and submissions keep flowing."""
+        if name == "stats":
+            self._reply(token, lambda: engine_stats(self.worker))
+        else:
+            threading.Thread(target=self._reply, args=(token, lambda: self._switch(arg)), daemon=True).start()
+
+    def _switch(self, folder: Path) -> ServedModel:
+        engine = self.build(folder)
+        model = served_model(engine)
+        self.worker.replace_engine(engine).result()
+        return model
+
+    def _reply(self, token: int, answer: Callable[[], Any]) -> None:
+        try:
+            self.out.send(("reply", token, True, answer()))
+        except Exception as e:
+            self.out.send(("reply", token, False, portable(e)))
+
+
+def engine_main(conn: Connection, build: Build) -> None:
+    """The engine process: build the engine, serve the server's messages until "stop" or until the server is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole process group: the server decides
+    out = Outbound(conn)
+    try:
+        engine = build(None)
+    except Exception as e:
+        out.send(("failed", portable(e)))
+        return
+    worker = Worker(engine, max_queued=sys.maxsize)   # the server process enforces the limit
+    side = EngineSide(worker, build, out)
+    out.send(("ready", served_model(engine)))
+    worker.start()
+    handlers: dict[str, Callable[..., None]] = {"submit": side.submit, "cancel": side.cancel, "call": side.call}
+    while True:
+        try:
+            kind, *args = conn.recv()
+        except (EOFError, OSError):   # the server is gone (killed, perhaps): nothing is left to serve
+            os._exit(0)
+        if kind == "stop":
+            worker.stop()
+            out.send(("stopped",))
+            return
+        handlers[kind](*args)
+
+
+# ---- the server process ----
+
+@dataclass
+class RunLink:
+    """A run as the server process follows it: where its events go and how far they have come."""
+    tracer: RecordingTracer
+    admitted: Future[None]
+    last: Event | None = None
+
+
+class EngineProcess:
+    """An `EngineService` whose engine runs in a child process; `build` (picklable) loads a checkpoint folder,
+    or with None the model to start with."""
+
+    def __init__(self, build: Build, max_queued: int = MAX_QUEUED_RUNS):
+        self.build = build
+        self.max_queued = max_queued
+        self._model: ServedModel | None = None
+        self._runs: dict[int, RunLink] = {}
+        self._calls: dict[int, Future[Any]] = {}
+        self._ids = itertools.count()
+        self._send_lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._reader: threading.Thread | None = None
+        self._gone = False
+
+    @property
+    def model(self) -> ServedModel:
+        assert self._model is not None, "the engine process has not started"
+        return self._model
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> None:
+        """Spawn the engine process and wait until it serves; raise what its build raised. Once only: a second
+        call (the app's lifespan after `specscope serve` started it) does nothing."""
+        if self._proc is not None:
+            return
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=engine_main, args=(child, self.build), name="specscope-engine",
+                                 daemon=True)
+        self._proc.start()
+        child.close()
+        try:
+            kind, value = self._conn.recv()
+        except EOFError:
+            self._proc.join(5)
+            raise RuntimeError(f"the engine process exited with status {self._proc.exitcode}") from None
+        if kind == "failed":
+            self._proc.join(5)
+            raise value
+        self._model = value
+        self._reader = threading.Thread(target=self._receive, name="specscope-engine-link", daemon=True)
+        self._reader.start()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self._proc is None or self._reader is None:
+            return
+        self._send_quietly(("stop",))
+        self._reader.join(timeout)
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+    def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
+        if len(self._runs) >= self.max_queued:
+            raise Busy(f"the server has {len(self._runs)} runs queued or running, its limit; try again when one "
+                       f"has ended")
+        sid = next(self._ids)
+        link = self._runs[sid] = RunLink(tracer, Future())
+        try:
+            self._send(("submit", sid, tracer.run_id, prompt, mode, params))
+        except BaseException:
+            self._runs.pop(sid, None)
+            raise
+        return Run(link.admitted, lambda: self._send_quietly(("cancel", sid)))
+
+    def switch(self, folder: Path) -> ServedModel:
+        self._model = self._call("switch", folder, timeout=None)
+        return self._model
+
+    def stats(self) -> dict[str, Any]:
+        return {**self._call("stats", None, timeout=30), "held": len(self._runs)}
+
+    def _call(self, name: str, arg: Any, timeout: float | None) -> Any:
+        token = next(self._ids)
+        answer = self._calls[token] = Future()
+        self._send(("call", token, name, arg))
+        return answer.result(timeout)
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        if self._gone or self._conn is None:
+            raise RuntimeError("the engine process is not running; restart the server")
+        with self._send_lock:
+            self._conn.send(message)
+
+    def _send_quietly(self, message: tuple[Any, ...]) -> None:
+        try:
+            self._send(message)
+        except (OSError, RuntimeError):   # the engine is gone: its runs have ended already
+            pass
+
+    def _receive(self) -> None:
+        """The link thread: hand each event to its run's sink, settle admissions and calls."""
+        assert self._conn is not None and self._proc is not None
+        while True:
+            try:
+                kind, *args = self._conn.recv()
+            except (EOFError, OSError):
+                self._proc.join(5)
+                log.error("the engine process exited (status %s); its runs end with an error",
+                          self._proc.exitcode)
+                break
+            if kind == "events":
+                for sid, event in args[0]:
+                    self._deliver(sid, event)
+            elif kind == "admitted":
+                self._admitted(*args)
+            elif kind == "reply":
+                token, ok, value = args
+                answer = self._calls.pop(token)
+                answer.set_result(value) if ok else answer.set_exception(value)
+            elif kind == "stopped":
+                break
+        self._orphan_all()
+
+    def _deliver(self, sid: int, event: Event) -> None:
+        link = self._runs[sid]
+        link.last = event
+        assert link.tracer.sink is not None
+        link.tracer.sink(event)
+        if event["type"] == "run_end":
+            del self._runs[sid]
+
+    def _admitted(self, sid: int, exc: BaseException | None) -> None:
+        if exc is None:
+            self._runs[sid].admitted.set_result(None)
+        else:
+            self._runs.pop(sid).admitted.set_exception(exc)
+
+    def _orphan_all(self) -> None:
+        """The engine process is gone: every run it held ends with an error (run_end sent), every call fails."""
+        self._gone = True
+        gone = RuntimeError("the engine process exited")
+        for token in list(self._calls):
+            self._calls.pop(token).set_exception(gone)
+        for sid in list(self._runs):
+            link = self._runs.pop(sid)
+            if link.admitted.done():
+                self._end_with_error(link)
+            else:
+                link.admitted.set_exception(gone)
+
+    @staticmethod
+    def _end_with_error(link: RunLink) -> None:
+        assert link.tracer.sink is not None
+        seq, t_ms = (-1, 0.0) if link.last is None else (link.last["seq"], link.last["t_ms"])
+        head = {"v": SCHEMA_VERSION, "run_id": link.tracer.run_id, "t_ms": t_ms}
+        link.tracer.sink({**head, "seq": seq + 1, "type": "error", "code": "run_failed",
+                          "message": "the engine process exited; see the server log"})
+        link.tracer.sink({**head, "seq": seq + 2, "type": "run_end", "status": "error", "output_ids": [],
+                          "text": "", "metrics": {}})

@@ -1,0 +1,121 @@
+"""What the server asks of the engine it serves, whether the engine runs in this process or in its own.
+
+`LocalEngine` serves an Engine from a worker thread in this process (tests and embedding); `EngineProcess`
+(engine_process.py) serves one from a process of its own, as `specscope serve` does. The routes and the websocket
+sessions know only `EngineService`.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from backend.engine.engine import Engine
+from backend.server.protocol import MAX_QUEUED_RUNS
+from backend.server.worker import Worker
+from backend.tracing import RecordingTracer
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The served checkpoint as the routes show it (it changes when the model is switched)."""
+    name: str
+    folder: Path | None
+    family: str
+    weights_hash: str
+    pieces: list[str]   # display text of every token id (/api/vocab)
+
+
+def vocab_pieces(engine: Engine) -> list[str]:
+    """Display text of every token id (the /api/vocab answer)."""
+    tok = engine.rt.tokenizer
+    return [tok.decode([i]) for i in range(len(tok))]
+
+
+def served_model(engine: Engine) -> ServedModel:
+    """Read before the engine is handed to a worker thread: the tokenizer is not shared between threads."""
+    loaded = engine.rt.loaded
+    return ServedModel(loaded.name, loaded.folder, loaded.family, loaded.weights_hash, vocab_pieces(engine))
+
+
+@dataclass
+class Run:
+    """A submitted generation: `admitted` holds None once the engine took it, or the ParamError that refused it;
+    `cancel` ends it early (as a cancelled run: KV freed, run_end sent)."""
+    admitted: Future[None]
+    cancel: Callable[[], None]
+
+
+class EngineService(Protocol):
+    max_queued: int
+
+    @property
+    def model(self) -> ServedModel: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Cancel every run (each ends as a cancelled run), then stop serving."""
+
+    def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
+        """Queue a generation whose events go to `tracer.sink`, numbered under `tracer.run_id`; Busy when
+        `max_queued` runs are already queued or running."""
+
+    def switch(self, folder: Path) -> ServedModel:
+        """Load `folder` and serve it once the current model's runs are cancelled; CheckpointError or ParamError
+        when it cannot load (the current model stays)."""
+
+    def stats(self) -> dict[str, Any]:
+        """{"active": runs waiting or running, "held": runs submitted and not ended,
+        "pool": {"used", "slots", "peak"}}."""
+
+
+def engine_stats(worker: Worker) -> dict[str, Any]:
+    """The engine side of `EngineService.stats`; `held` is the submitter's count."""
+    pool = worker.engine.rt.pool
+    return {"active": worker.active, "held": worker.held,
+            "pool": {"used": pool.used, "slots": pool.num_slots, "peak": pool.peak}}
+
+
+class LocalEngine:
+    """An Engine served by a worker thread of this process; `build` loads a checkpoint folder for `switch`."""
+
+    def __init__(self, engine: Engine, build: Callable[[Path], Engine] | None = None,
+                 max_queued: int = MAX_QUEUED_RUNS):
+        self.worker = Worker(engine, max_queued)
+        self.max_queued = max_queued
+        self.build = build
+        self._model = served_model(engine)
+
+    @property
+    def model(self) -> ServedModel:
+        return self._model
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.worker.stop(timeout)
+
+    def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
+        cancel = threading.Event()
+        admitted: Future[None] = Future()
+        request = self.worker.submit(prompt, mode, params, tracer, cancel)
+        request.add_done_callback(lambda f: admitted.set_exception(e) if (e := f.exception()) else
+                                  admitted.set_result(None))
+        return Run(admitted, cancel.set)
+
+    def switch(self, folder: Path) -> ServedModel:
+        if self.build is None:
+            raise RuntimeError("this server was given no way to load another model")
+        engine = self.build(folder)
+        model = served_model(engine)
+        self.worker.replace_engine(engine).result()
+        self._model = model
+        return model
+
+    def stats(self) -> dict[str, Any]:
+        return engine_stats(self.worker)

@@ -1,0 +1,147 @@
+"""The engine in a process of its own (`specscope serve`): a run streams exactly the events the engine makes,
+bad input, a full queue, cancel and a model switch are answered as in-process, and neither side outlives the
+other silently: a dead engine ends its runs with an error, a killed server takes the engine process with it."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from backend.engine.engine import Engine
+from backend.engine.params import ParamError
+from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from backend.model.config import CheckpointError
+from backend.server.engine_process import EngineProcess
+from backend.server.worker import Busy
+from backend.tracing import RecordingTracer
+
+PROMPT = "What is 12 + 30?"
+HERE = Path(__file__).resolve().parent
+
+
+def build(folder: Path | None) -> Engine:
+    """Module level, so the spawned engine process can unpickle it."""
+    return Engine(load_checkpoint(folder or DEFAULT_CHECKPOINT), num_slots=1024, check_invariants=True)
+
+
+class Ended(RecordingTracer):
+    """A server-side tracer: records what arrives through its sink and says when run_end did."""
+
+    def __init__(self, on_round=None):
+        super().__init__(sink=self._arrive)
+        self.arrived: list[dict] = []
+        self.done = threading.Event()
+        self.on_round = on_round
+
+    def _arrive(self, event: dict) -> None:
+        self.arrived.append(event)
+        if event["type"] == "round" and self.on_round is not None:
+            self.on_round(event)
+        if event["type"] == "run_end":
+            self.done.set()
+
+    def wait(self) -> dict:
+        assert self.done.wait(120), "no run_end"
+        return self.arrived[-1]
+
+
+def content(event: dict) -> dict:
+    """An event less its timings and run id."""
+    out = {k: v for k, v in event.items() if k not in ("run_id", "t_ms", "metrics")}
+    if "phases" in out:
+        out["phases"] = [{k: v for k, v in p.items() if k != "ms"} for p in out["phases"]]
+    return out
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = EngineProcess(build, max_queued=2)
+    engine.start()
+    yield engine
+    engine.stop()
+    assert not engine._proc.is_alive()
+
+
+def test_a_run_streams_the_events_the_engine_makes(served, loaded) -> None:
+    local = RecordingTracer()
+    Engine(loaded, num_slots=1024).generate(PROMPT, "linear_spec", {"max_new_tokens": 24}, tracer=local)
+    remote = Ended()
+    served.submit(PROMPT, "linear_spec", {"max_new_tokens": 24}, remote).admitted.result(60)
+    end = remote.wait()
+    assert [e["seq"] for e in remote.arrived] == list(range(len(remote.arrived)))
+    assert {e["run_id"] for e in remote.arrived} == {remote.run_id}
+    assert [e["type"] for e in remote.arrived] == [e["type"] for e in local.events]
+    assert [content(e) for e in remote.arrived] == [content(e) for e in local.events]
+    assert end["status"] == "done" and end["output_ids"] == local.events[-1]["output_ids"]
+    stats = served.stats()
+    assert stats["pool"]["used"] == 0 and stats["held"] == 0 and stats["active"] == 0
+
+
+def test_bad_input_a_full_queue_and_cancel_are_answered(served) -> None:
+    with pytest.raises(ParamError, match="max_new_tokens"):
+        served.submit(PROMPT, "ar", {"max_new_tokens": -3}, Ended()).admitted.result(60)
+    with pytest.raises(ParamError, match="mode"):
+        served.submit(PROMPT, "no_such_mode", {}, Ended()).admitted.result(60)
+    first_round = threading.Event()
+    long_runs = [Ended(on_round=lambda _: first_round.set()), Ended()]
+    runs = [served.submit(PROMPT, "ar", {"max_new_tokens": 512, "raw": True}, t) for t in long_runs]
+    with pytest.raises(Busy):
+        served.submit(PROMPT, "ar", {}, Ended())
+    assert first_round.wait(60)
+    for run in runs:
+        run.cancel()
+    ends = [t.wait() for t in long_runs]
+    assert [e["status"] for e in ends] == ["cancelled", "cancelled"]
+    assert served.stats()["pool"]["used"] == 0
+
+
+def test_switch_loads_in_the_engine_process(served, tmp_path) -> None:
+    shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / "other")
+    shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / "broken")
+    (tmp_path / "broken" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    model = served.switch(tmp_path / "other")
+    assert model.name == "other" and served.model == model and model.folder == tmp_path / "other"
+    with pytest.raises(CheckpointError, match="unknown architecture"):
+        served.switch(tmp_path / "broken")
+    assert served.model.name == "other"
+    tracer = Ended()
+    served.submit(PROMPT, "ar", {"max_new_tokens": 4}, tracer)
+    assert tracer.wait()["status"] == "done" and tracer.arrived[0]["model"] == "other"
+
+
+def test_a_dead_engine_process_ends_its_runs_with_an_error() -> None:
+    engine = EngineProcess(build)
+    engine.start()
+    tracer = Ended(on_round=lambda e: os.kill(engine.pid, signal.SIGKILL) if e["round"] == 1 else None)
+    engine.submit(PROMPT, "ar", {"max_new_tokens": 512, "raw": True}, tracer)
+    end = tracer.wait()
+    assert (tracer.arrived[-2]["type"], end["status"]) == ("error", "error")
+    assert [e["seq"] for e in tracer.arrived] == list(range(len(tracer.arrived)))
+    with pytest.raises(RuntimeError, match="not running"):
+        engine.submit(PROMPT, "ar", {}, Ended())
+    engine.stop()
+
+
+def test_a_killed_server_takes_its_engine_process_with_it() -> None:
+    script = ("import time; from backend.server.engine_process import EngineProcess; from test_engine_process "
+              "import build; e = EngineProcess(build); e.start(); print(e.pid, flush=True); time.sleep(600)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
+    server = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        child = int(server.stdout.readline())
+        server.kill()
+        server.wait(30)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child}").exists() and "zombie" not in Path(f"/proc/{child}/status").read_text():
+            assert time.monotonic() < deadline, "the engine process outlived its server"
+            time.sleep(0.1)
+    finally:
+        server.kill()
