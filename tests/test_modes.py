@@ -93,3 +93,13 @@ def test_a_run_cancelled_before_its_prefill_ends_cleanly(engine, mode):
     engine.run([req])
     assert req.status == "cancelled" and tracer.events[-1]["type"] == "run_end"
     assert tracer.events[-1]["metrics"]["kv_leaked"] == 0 and engine.rt.pool.used == 0
+
+
+@pytest.mark.parametrize("mode", mode_names())
+def test_the_rounds_text_deltas_spell_the_runs_text(engine, heldout_prompts, mode):
+    """What a live viewer shows (the rounds' deltas, in order) is exactly the text the run ends with."""
+    for prompt in heldout_prompts[::9]:
+        tracer = RecordingTracer()
+        run = engine.generate(prompt, mode, GEN, tracer=tracer)
+        shown = "".join(e["text_delta"] for e in tracer.events if e["type"] == "round")
+        assert shown == run.text == tracer.events[-1]["text"], (mode, prompt)

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from backend.engine.request import Request
+from backend.model.tokenizer import text_decoder
 from backend.tracing import RoundEvent
 
 SHOWN_EOS_STATES = ("accepted", "committed", "bonus")
@@ -15,7 +16,7 @@ TEXT_CONTEXT = 4   # ids a restarted window keeps before the read point (a token
 
 class RunRecorder:
     def __init__(self, tokenizer: Any, pool_held: Any):
-        self.tokenizer = tokenizer
+        self.decode = text_decoder(tokenizer)
         self.pool_held = pool_held        # rid -> slots still held (kv_leaked)
 
     # -- output --------------------------------------------------------------------------------------
@@ -24,7 +25,7 @@ class RunRecorder:
         return out[:out.index(req.eos_id)] if req.eos_id in out else out
 
     def output_text(self, req: Request) -> str:
-        return self.tokenizer.decode(self.output_ids(req), skip_special_tokens=True)
+        return self.decode(self.output_ids(req))
 
     def text_delta(self, req: Request) -> str:
         """New text since the last call. Only a short window of recent tokens is decoded, once per round: the
@@ -34,12 +35,12 @@ class RunRecorder:
         start, read_at, shown = req.text_window
         if len(ids) == read_at:
             return ""
-        full = self.tokenizer.decode(ids[start:], skip_special_tokens=True)
+        full = self.decode(ids[start:])
         if full.endswith("\ufffd") or len(full) <= len(shown):
             return ""
         if len(ids) - start >= TEXT_WINDOW:    # restart the window on the last tokens (their text: a second decode)
             start = len(ids) - TEXT_CONTEXT
-            req.text_window = (start, len(ids), self.tokenizer.decode(ids[start:], skip_special_tokens=True))
+            req.text_window = (start, len(ids), self.decode(ids[start:]))
         else:
             req.text_window = (start, len(ids), full)
         return full[len(shown):]

@@ -1,10 +1,11 @@
 """Byte-level BPE tokenizer trained on the offline corpus, with our special tokens and chat template."""
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -31,6 +32,16 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
     return wrap(tok)
+
+
+def text_decoder(tok: Any) -> Callable[[list[int]], str]:
+    """`tok.decode(ids, skip_special_tokens=True)`, through the Rust tokenizer directly where that is the same text
+    (a fast tokenizer that does not clean up spaces): text deltas decode every round, and there the wrapper's
+    Python cost several times the decode itself."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None and not getattr(tok, "clean_up_tokenization_spaces", False):
+        return functools.partial(backend.decode, skip_special_tokens=True)
+    return functools.partial(tok.decode, skip_special_tokens=True)
 
 
 def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:

@@ -1,10 +1,10 @@
-"""Does serving slow the engine? `ar` tok/s in-process (untraced, and traced into a store) vs through the server.
+"""Does serving slow the engine? A mode's tok/s in-process (untraced, and traced into a store) vs through the server.
 
-    python -m backend.server.throughput [--db sqlite:///sessions/throughput.db] [--max-new-tokens 128]
-                                         [--threads 1] [--repeat 3]
+    python -m backend.server.throughput [--mode ar] [--db sqlite:///sessions/throughput.db]
+                                         [--max-new-tokens 128] [--threads 1] [--repeat 3]
 
-The server is `specscope serve --no-ui` in a process of its own, as users run it, with this process as its
-websocket client (a client sharing the server's process would tax its GIL with work a browser does elsewhere).
+The server is `specscope serve --no-ui` (its engine in a process of its own), as users run it, with this process
+as its websocket client (a client sharing the server's process would tax its GIL with work a browser does elsewhere).
 Each prompt runs once per path per repeat, one run at a time, the paths interleaved, after a warm-up run.
 In-process tok/s is the engine's own figure (run_end metrics); through the server both the engine's figure from
 run_end and the client's (tokens over the time from sending `generate` to receiving run_end, which is sent once
@@ -32,20 +32,20 @@ PROMPTS = ["What is 12 + 30?", "Reverse: a b c d e f", "Write a haiku about rive
            "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "]
 
 
-def in_process(engine: Engine, writer: StoreWriter | None, prompt: str, n: int) -> float:
+def in_process(engine: Engine, writer: StoreWriter | None, mode: str, prompt: str, n: int) -> float:
     tracer = Tee(writer).tracer() if writer else None
-    res = engine.generate(prompt, "ar", {"max_new_tokens": n, "raw": True},
+    res = engine.generate(prompt, mode, {"max_new_tokens": n, "raw": True},
                           **({"tracer": tracer} if tracer else {}))
     if writer:
         writer.flush()
     return res.metrics["tokens"] / (res.metrics["wall_ms"] / 1000)
 
 
-async def through_server(port: int, prompt: str, n: int) -> tuple[float, float]:
+async def through_server(port: int, mode: str, prompt: str, n: int) -> tuple[float, float]:
     """(tok/s as the client sees it, the engine's own tok/s from run_end) of one run through the server."""
     async with connect(f"ws://127.0.0.1:{port}/ws/generate", max_size=None) as ws:
         began = time.perf_counter()
-        await ws.send(json.dumps({"type": "generate", "prompt": prompt, "mode": "ar",
+        await ws.send(json.dumps({"type": "generate", "prompt": prompt, "mode": mode,
                                   "params": {"max_new_tokens": n, "raw": True}}))
         async for raw in ws:   # parse only run_end: the client's own work shares this machine's cores
             if '"type":"run_end"' not in raw:
@@ -76,6 +76,7 @@ def serve_in_process(db: str, port: int, threads: int) -> subprocess.Popen[bytes
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", default="ar")
     p.add_argument("--db", default="sqlite:///sessions/throughput.db")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--port", type=int, default=7871)
@@ -83,19 +84,19 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, here and in the server")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    engine, n = Engine(num_slots=4096), args.max_new_tokens
+    engine, mode, n = Engine(num_slots=4096), args.mode, args.max_new_tokens
     rows: dict[str, list[float]] = {"in-process, untraced": [], "in-process, traced + stored": [],
                                     "through the server (engine's figure)": [], "through the server (client)": []}
     server = serve_in_process(args.db, args.port, args.threads)
     try:
         with Store(args.db, server="throughput:0") as store, StoreWriter(store) as writer:
-            in_process(engine, writer, PROMPTS[0], n)  # warm-up
-            asyncio.run(through_server(args.port, PROMPTS[0], n))
+            in_process(engine, writer, mode, PROMPTS[0], n)  # warm-up
+            asyncio.run(through_server(args.port, mode, PROMPTS[0], n))
             for _ in range(args.repeat):  # interleaved, so load changes on a shared machine hit every path alike
                 for q in PROMPTS:
-                    rows["in-process, untraced"].append(in_process(engine, None, q, n))
-                    rows["in-process, traced + stored"].append(in_process(engine, writer, q, n))
-                    client, engine_side = asyncio.run(through_server(args.port, q, n))
+                    rows["in-process, untraced"].append(in_process(engine, None, mode, q, n))
+                    rows["in-process, traced + stored"].append(in_process(engine, writer, mode, q, n))
+                    client, engine_side = asyncio.run(through_server(args.port, mode, q, n))
                     rows["through the server (client)"].append(client)
                     rows["through the server (engine's figure)"].append(engine_side)
     finally:
