@@ -14,13 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from backend.engine.engine import Engine
 from backend.engine.params import ParamError
 from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from backend.model.config import CheckpointError
+from backend.server import create_app
 from backend.server.engine_process import EngineProcess
 from backend.server.worker import Busy
+from backend.store import Store
 from backend.tracing import RecordingTracer
 
 PROMPT = "What is 12 + 30?"
@@ -117,17 +120,29 @@ def test_switch_loads_in_the_engine_process(served, tmp_path) -> None:
     assert tracer.wait()["status"] == "done" and tracer.arrived[0]["model"] == "other"
 
 
-def test_a_dead_engine_process_ends_its_runs_with_an_error() -> None:
+def test_a_dead_engine_process_ends_its_runs_with_an_error(tmp_path) -> None:
+    """Through the app: the client gets error + run_end, the store keeps the run as an error, health says 503."""
     engine = EngineProcess(build)
     engine.start()
-    tracer = Ended(on_round=lambda e: os.kill(engine.pid, signal.SIGKILL) if e["round"] == 1 else None)
-    engine.submit(PROMPT, "ar", {"max_new_tokens": 512, "raw": True}, tracer)
-    end = tracer.wait()
-    assert (tracer.arrived[-2]["type"], end["status"]) == ("error", "error")
-    assert [e["seq"] for e in tracer.arrived] == list(range(len(tracer.arrived)))
-    with pytest.raises(RuntimeError, match="not running"):
-        engine.submit(PROMPT, "ar", {}, Ended())
-    engine.stop()
+    with Store(f"sqlite:///{tmp_path / 'dead.db'}") as store, TestClient(create_app(engine, store, ui=False)) as c:
+        with c.websocket_connect("/ws/generate") as ws:
+            ws.send_json({"type": "generate", "prompt": PROMPT, "mode": "ar",
+                          "params": {"max_new_tokens": 512, "raw": True}})
+            events = [ws.receive_json()]
+            while events[-1]["type"] != "round":
+                events.append(ws.receive_json())
+            os.kill(engine.pid, signal.SIGKILL)
+            while events[-1]["type"] != "run_end":
+                events.append(ws.receive_json())
+        assert (events[-2]["type"], events[-1]["status"]) == ("error", "error")
+        assert [e["seq"] for e in events] == list(range(len(events)))
+        assert store.get_run(events[0]["run_id"])["status"] == "error"
+        health = c.get("/api/health")
+        assert health.status_code == 503 and "not running" in health.json()["detail"]
+        with c.websocket_connect("/ws/generate") as ws:
+            ws.send_json({"type": "generate", "prompt": PROMPT, "mode": "ar", "params": {}})
+            refused = ws.receive_json()
+        assert refused["type"] == "error" and "not running" in refused["message"]
 
 
 def test_a_killed_server_takes_its_engine_process_with_it() -> None:

@@ -66,7 +66,10 @@ def api_router(store: Store, engine: EngineService, bench_dir: Path = BENCH_DIR)
 
     @router.get("/health")
     def health() -> Row:
-        stats = engine.stats()
+        try:
+            stats = engine.stats()
+        except RuntimeError as e:   # the engine process is gone
+            raise HTTPException(503, str(e)) from None
         return {"status": "ok", "model": engine.model.name, "active_runs": stats["active"],
                 "queued_runs": stats["held"], "max_queued_runs": engine.max_queued, "pool": stats["pool"]}
 

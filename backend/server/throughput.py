@@ -106,7 +106,7 @@ def main() -> None:
     for label, figures in rows.items():
         paired = statistics.median(f / b for f, b in zip(figures, base, strict=True))
         print(f"{label:38s} median {statistics.median(figures):7.1f} tok/s  min {min(figures):6.1f}  "
-              f"max {max(figures):6.1f}  {paired:.2f}x in-process (median of per-run ratios)")
+              f"max {max(figures):6.1f}  {paired:.3f}x in-process (median of per-run ratios)")
 
 
 if __name__ == "__main__":
