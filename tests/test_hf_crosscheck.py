@@ -282,3 +282,19 @@ def test_our_config_round_trips_through_hf(tmp_path):
     ids = _ids(seed=37)
     with torch.no_grad():
         _close(ours(ids, _positions(2, 0, SEQ)), _hf_logits(hf, ids))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_is_hfs_rotate_half_bit_for_bit(dtype) -> None:
+    """Our roll-and-sign RoPE gives exactly the products of transformers' rotate_half formula (in fp32 for both,
+    as HF's Qwen/Llama do for fp32; for fp16 against the same formula evaluated in fp32 and cast back)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from backend.model.transformer import apply_rope, rope_cos_sin
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 7, heads, 64, generator=g).to(dtype) for heads in (4, 2))
+    cos, sin = rope_cos_sin(torch.arange(3, 10).repeat(2, 1), 64, 10000.0)   # [B, Q, 1, hd]
+    hf_q, hf_k = apply_rotary_pos_emb(q.float().transpose(1, 2), k.float().transpose(1, 2), cos[:, :, 0],
+                                      sin[:, :, 0])
+    assert torch.equal(apply_rope(q, cos, sin), hf_q.transpose(1, 2).to(dtype))
+    assert torch.equal(apply_rope(k, cos, sin), hf_k.transpose(1, 2).to(dtype))

@@ -7,6 +7,7 @@ Module names mirror the HF layout (`layers.{i}.self_attn.q_proj`, ...) so checkp
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -34,9 +35,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """HF's formula (fp32 statistics); on CPU cheaper than F.rms_norm, which runs more kernels."""
-        h = x.float()
+        h = x if x.dtype == torch.float32 else x.float()   # the conversions are calls too: skipped when no-ops
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return self.weight * (h if h.dtype == x.dtype else h.to(x.dtype))
 
 
 class LoRALinear(nn.Module):
@@ -77,10 +78,19 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor
     return cos, sin
 
 
+@functools.cache
+def rotate_half_sign(head_dim: int, device: torch.device) -> Tensor:
+    """[-1]*half + [+1]*half: rotate_half(x) * sin == roll(x, half) * sin * sign, the same products exactly."""
+    half = head_dim // 2
+    return torch.cat([-torch.ones(half), torch.ones(head_dim - half)]).to(device)
+
+
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    """HF's rotate-half RoPE in fp32, as a roll and a sign (5 ops instead of 10: a decode step is op-bound)."""
+    h = x if x.dtype == torch.float32 else x.float()
+    sign = rotate_half_sign(x.shape[-1], x.device)
+    out = h * cos + h.roll(x.shape[-1] // 2, -1) * sin * sign
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 @dataclass
