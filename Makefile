@@ -21,4 +21,4 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy backend/engine backend/tracing.py backend/model/checkpoint.py backend/model/config.py \
-		backend/model/transformer.py backend/bench.py kernels
+		backend/model/transformer.py backend/bench.py backend/server backend/store kernels

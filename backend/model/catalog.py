@@ -57,7 +57,8 @@ def describe(folder: Path) -> CatalogEntry:
         d = read_config(folder)
         ModelConfig.from_hf_dict(d)
         files = weight_files(folder)
-        entry.family = family_of(d).name
+        family = family_of(d)
+        entry.family = family.name if family is not None else None
         entry.parameters, entry.dtype = _header(files)
         entry.shards = len(files)
         adapter = find_adapter(folder)

@@ -153,7 +153,9 @@ def api_router(store: Store, engine: EngineService, bench_dir: Path = BENCH_DIR)
             raise HTTPException(404, str(e)) from None
         except ValueError as e:
             raise HTTPException(422, str(e)) from None
-        return store.get_comparison(comparison_id)
+        comparison = store.get_comparison(comparison_id)
+        assert comparison is not None, "a comparison just created is missing"
+        return comparison
 
     @router.get("/comparisons")
     def comparisons() -> list[Row]:

@@ -16,6 +16,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -39,7 +40,6 @@ Build = Callable[[Path | None], Engine]   # None: the model the server was start
 
 def portable(exc: BaseException) -> BaseException:
     """`exc` if it survives pickling, else a RuntimeError carrying its type and message."""
-    import pickle
     try:
         pickle.loads(pickle.dumps(exc))
         return exc

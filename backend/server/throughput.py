@@ -27,15 +27,15 @@ from websockets.asyncio.client import connect
 
 from backend.engine.engine import Engine
 from backend.store import Store, StoreWriter, Tee
+from backend.tracing import NULL_TRACER
 
 PROMPTS = ["What is 12 + 30?", "Reverse: a b c d e f", "Write a haiku about rivers.",
            "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "]
 
 
 def in_process(engine: Engine, writer: StoreWriter | None, mode: str, prompt: str, n: int) -> float:
-    tracer = Tee(writer).tracer() if writer else None
-    res = engine.generate(prompt, mode, {"max_new_tokens": n, "raw": True},
-                          **({"tracer": tracer} if tracer else {}))
+    tracer = Tee(writer).tracer() if writer else NULL_TRACER
+    res = engine.generate(prompt, mode, {"max_new_tokens": n, "raw": True}, tracer)
     if writer:
         writer.flush()
     return res.metrics["tokens"] / (res.metrics["wall_ms"] / 1000)

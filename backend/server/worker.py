@@ -16,7 +16,7 @@ from typing import Any
 from backend.engine.engine import Engine, freeze_long_lived
 from backend.engine.request import Request
 from backend.server.protocol import MAX_QUEUED_RUNS
-from backend.tracing import Tracer
+from backend.tracing import RecordingTracer, Tracer
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class Worker:
                     log.exception("could not end run %s cleanly", req.rid)
                     self.engine.rt.release_all(req, "error")
             tracer = req.tracer
-            if tracer.enabled and (not tracer.events or tracer.events[-1]["type"] != "run_end"):
+            if isinstance(tracer, RecordingTracer) and (not tracer.events or tracer.events[-1]["type"] != "run_end"):
                 req.status = "error"
                 tracer.emit("error", {"code": "run_failed", "message": "the scheduler failed; see the server log"})
                 tracer.emit("run_end", {"status": "error", "output_ids": [], "text": "", "metrics": {}})

@@ -5,9 +5,9 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import delete, insert, or_, select, update
+from sqlalchemy import CursorResult, Table, delete, insert, or_, select, update
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,7 +32,7 @@ def no_nul(row: Row) -> Row:
 def insert_rows(session: Session, model: type[Base], rows: Sequence[Row]) -> None:
     """One executemany on the model's table (Core: the ORM's bulk insert costs far more Python per row)."""
     if rows:
-        session.execute(insert(model.__table__), list(rows))
+        session.execute(insert(cast(Table, model.__table__)), list(rows))
 
 
 class Store:
@@ -215,7 +215,7 @@ class Store:
     def delete_run(self, run_id: str) -> bool:
         """Delete a run with its events, derived rows and comparison memberships; False if there was none."""
         def remove(session: Session) -> bool:
-            return session.execute(delete(Run).where(Run.run_id == run_id)).rowcount > 0
+            return cast(CursorResult[Any], session.execute(delete(Run).where(Run.run_id == run_id))).rowcount > 0
 
         with self._lock:
             if run_id in self._recorded:
