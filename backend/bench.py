@@ -65,8 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench_results")
 
 
-def timed_pass(engine: Engine, mode: str, tasks: list[Task], params: dict,
-               clock: Clock) -> tuple[dict[bool, float], dict[bool, list[RunResult]]]:
+def paired_pass(engine: Engine, mode: str, tasks: list[Task], params: dict,
+                clock: Clock) -> tuple[dict[bool, float], dict[bool, list[RunResult]]]:
     """One pass over the prompts, each run untraced and traced back to back (alternating which goes first), so
     the on/off ratio compares runs made moments apart. Returns the seconds and results by tracing on/off."""
     spent: dict[bool, float] = {False: 0.0, True: 0.0}
@@ -134,7 +134,7 @@ class ModeBench:
         rt = self.engine.rt
         rt.forward = ForwardClock(rt.forward, self.clock, self.forward_ms)  # type: ignore[method-assign]
         try:
-            spent, self.outputs = timed_pass(self.engine, self.mode, self.tasks, self.params, self.clock)
+            spent, self.outputs = paired_pass(self.engine, self.mode, self.tasks, self.params, self.clock)
         finally:
             del rt.forward                                   # the class's own method again
         for tracing, seconds in spent.items():
