@@ -241,7 +241,11 @@ class EngineProcess:
     def _call(self, name: str, arg: Any, timeout: float | None) -> Any:
         token = next(self._ids)
         answer = self._calls[token] = Future()
-        self._send(("call", token, name, arg))
+        try:
+            self._send(("call", token, name, arg))
+        except BaseException:
+            self._calls.pop(token, None)
+            raise
         return answer.result(timeout)
 
     def _send(self, message: tuple[Any, ...]) -> None:

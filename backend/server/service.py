@@ -103,9 +103,11 @@ class LocalEngine:
     def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
         cancel = threading.Event()
         admitted: Future[None] = Future()
-        request = self.worker.submit(prompt, mode, params, tracer, cancel)
-        request.add_done_callback(lambda f: admitted.set_exception(e) if (e := f.exception()) else
-                                  admitted.set_result(None))
+        def settle(request: Future[Any]) -> None:
+            exc = request.exception()
+            admitted.set_result(None) if exc is None else admitted.set_exception(exc)
+
+        self.worker.submit(prompt, mode, params, tracer, cancel).add_done_callback(settle)
         return Run(admitted, cancel.set)
 
     def switch(self, folder: Path) -> ServedModel:
