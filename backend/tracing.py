@@ -148,6 +148,13 @@ class RecordingTracer:
         self._emit("kv", {"op": event.op, "slots": list(event.slots), "positions": list(event.positions),
                           "round": event.round, "reason": event.reason})
 
+    def relay(self, event: dict[str, Any]) -> None:
+        """Keep and hand on an event of this run made by another tracer (the engine process's): later events made
+        here continue its numbering."""
+        self.events.append(event)
+        if self.sink is not None:
+            self.sink(event)
+
     def _emit(self, type: str, payload: dict[str, Any]) -> None:
         event = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": len(self.events),
                  "t_ms": round((time.perf_counter() - self._t0) * 1000, 3), "type": type, **payload}

@@ -30,8 +30,8 @@ from typing import Any
 from backend.engine.engine import Engine
 from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.server.service import Run, ServedModel, engine_stats, served_model
-from backend.server.worker import Busy, Worker
-from backend.tracing import SCHEMA_VERSION, RecordingTracer
+from backend.server.worker import Busy, Worker, end_failed_run
+from backend.tracing import RecordingTracer
 
 log = logging.getLogger(__name__)
 Event = dict[str, Any]
@@ -154,10 +154,9 @@ def engine_main(conn: Connection, build: Build) -> None:
 
 @dataclass
 class RunLink:
-    """A run as the server process follows it: where its events go and how far they have come."""
+    """A run as the server process follows it: its tracer (which relays the engine's events) and its admission."""
     tracer: RecordingTracer
     admitted: Future[None]
-    last: Event | None = None
 
 
 class EngineProcess:
@@ -285,10 +284,7 @@ class EngineProcess:
         self._orphan_all()
 
     def _deliver(self, sid: int, event: Event) -> None:
-        link = self._runs[sid]
-        link.last = event
-        assert link.tracer.sink is not None
-        link.tracer.sink(event)
+        self._runs[sid].tracer.relay(event)
         if event["type"] == "run_end":
             del self._runs[sid]
 
@@ -307,16 +303,6 @@ class EngineProcess:
         for sid in list(self._runs):
             link = self._runs.pop(sid)
             if link.admitted.done():
-                self._end_with_error(link)
+                end_failed_run(link.tracer, "the engine process exited; see the server log")
             else:
                 link.admitted.set_exception(gone)
-
-    @staticmethod
-    def _end_with_error(link: RunLink) -> None:
-        assert link.tracer.sink is not None
-        seq, t_ms = (-1, 0.0) if link.last is None else (link.last["seq"], link.last["t_ms"])
-        head = {"v": SCHEMA_VERSION, "run_id": link.tracer.run_id, "t_ms": t_ms}
-        link.tracer.sink({**head, "seq": seq + 1, "type": "error", "code": "run_failed",
-                          "message": "the engine process exited; see the server log"})
-        link.tracer.sink({**head, "seq": seq + 2, "type": "run_end", "status": "error", "output_ids": [],
-                          "text": "", "metrics": {}})

@@ -42,6 +42,12 @@ class Swap:
     future: Future[Engine] = field(default_factory=Future)
 
 
+def end_failed_run(tracer: RecordingTracer, message: str) -> None:
+    """End a run that cannot end itself: an error event, then run_end with status error."""
+    tracer.emit("error", {"code": "run_failed", "message": message})
+    tracer.emit("run_end", {"status": "error", "output_ids": [], "text": "", "metrics": {}})
+
+
 class Worker:
     def __init__(self, engine: Engine, max_queued: int = MAX_QUEUED_RUNS):
         self.engine = engine
@@ -177,7 +183,6 @@ class Worker:
             tracer = req.tracer
             if isinstance(tracer, RecordingTracer) and (not tracer.events or tracer.events[-1]["type"] != "run_end"):
                 req.status = "error"
-                tracer.emit("error", {"code": "run_failed", "message": "the scheduler failed; see the server log"})
-                tracer.emit("run_end", {"status": "error", "output_ids": [], "text": "", "metrics": {}})
+                end_failed_run(tracer, "the scheduler failed; see the server log")
         scheduler.waiting.clear()
         scheduler.running.clear()
