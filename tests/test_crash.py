@@ -14,6 +14,7 @@ from backend.store import Store
 pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
 CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
 SETTLE_S = 2.0  # far above the StoreWriter's bound (interval_s = 0.05 plus one batch write)
+LONG_RUN = "block_diffusion"  # 900 tokens of it take ~9 s on one core (ar's fused decode: ~1.5 s, too short)
 
 
 def snapshot(store_url: str, run_id: str) -> tuple[dict, list[dict]]:
@@ -27,7 +28,7 @@ def test_kill_9_mid_run_leaves_an_interrupted_run_with_its_stored_events(store_u
         finished = generate(server, "What is 12 + 30?", max_new_tokens=8)
         before = snapshot(store_url, finished[0]["run_id"])
         with server.ws("/ws/generate") as ws:
-            ws.send(json.dumps({"type": "generate", "prompt": CODE, "mode": "ar",
+            ws.send(json.dumps({"type": "generate", "prompt": CODE, "mode": LONG_RUN,
                                 "params": {"max_new_tokens": 900, "raw": True}}))
             streamed = receive(ws, "run_start")
             for _ in range(5):

@@ -2,7 +2,8 @@
 
 Each family is built with transformers, saved with save_pretrained and loaded back with our load_model;
 logits must match HF's (eager attention, fp32) for full-sequence causal, incremental paged-KV decoding,
-block attention against a cached prefix, and padded (prefix_valid) batches. The RoPE variants ride along:
+block attention against a cached prefix, padded (prefix_valid) batches, and the fused C decode step
+(kernels/cpu_decode.c) that ar's decode forwards take on a CPU. The RoPE variants ride along:
 Ministral3 with YaRN and llama-4 query scaling (original_max_position_embeddings = 4, so most of the
 14 positions lie beyond it and the query scale steps 1, 1.07, 1.11, 1.14), Llama 3 and linear scaling.
 """
@@ -26,6 +27,7 @@ from transformers import (  # noqa: E402
 
 from backend.model.checkpoint import load_model  # noqa: E402
 from backend.model.transformer import KVContext, PagedKV, Transformer  # noqa: E402
+from kernels.cpu_decode import fused_decode  # noqa: E402
 
 ATOL = 1e-4
 SEQ = 14
@@ -157,6 +159,33 @@ def test_incremental_paged_decoding(pair):
     untouched[slots.reshape(-1)] = False
     assert cache.k[:, untouched].abs().sum() == 0 and cache.v[:, untouched].abs().sum() == 0
     assert (cache.k[:, slots.reshape(-1)].abs().sum(dim=(-1, -2)) > 0).all()
+
+
+def test_fused_cpu_decode_step(pair):
+    """The fused C decode step (kernels/cpu_decode.c) against HF: single tokens over an eager prefill, two rows
+    of different prefix lengths decoding together."""
+    _, hf, ours, _ = pair
+    step = fused_decode(ours, PagedKV.empty(ours.cfg, 1, torch.float32, "cpu"))
+    assert step is not None
+    lens = [9, 4]
+    ids = _ids(batch=2, seq=SEQ, seed=13)
+    want = [_hf_logits(hf, ids[row:row + 1])[0] for row in range(2)]
+    cache = PagedKV.empty(ours.cfg, NUM_SLOTS, torch.float32, "cpu")
+    slots = _shuffled_slots(2, SEQ, seed=17)
+    with torch.no_grad():
+        for row, n in enumerate(lens):
+            ours(ids[row:row + 1, :n], _positions(1, 0, n), kv=KVContext(cache, slots[row:row + 1, :0],
+                                                                        write_slots=slots[row:row + 1, :n]))
+        for step_index in range(SEQ - max(lens)):
+            at = [n + step_index for n in lens]
+            width = max(at)
+            prefix = torch.stack([torch.cat([slots[r, :at[r]], slots[r, :width - at[r]]]) for r in range(2)])
+            valid = torch.arange(width)[None, :] < torch.tensor(at)[:, None]
+            write = torch.stack([slots[r, at[r]:at[r] + 1] for r in range(2)])
+            nxt = torch.stack([ids[r, at[r]:at[r] + 1] for r in range(2)])
+            got = step(nxt, torch.tensor(at)[:, None], kv=KVContext(cache, prefix, valid, write))
+            for r in range(2):
+                _close(got[r], want[r][at[r]:at[r] + 1])
 
 
 def test_padded_prefix_valid(pair):

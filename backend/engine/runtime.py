@@ -14,6 +14,7 @@ from backend.engine.sampling import pick
 from backend.model.checkpoint import LoadedModel
 from backend.model.transformer import KVContext
 from backend.tracing import KVEvent, Phase
+from kernels.cpu_decode import fused_decode
 
 
 class Runtime:
@@ -29,6 +30,8 @@ class Runtime:
         if self.device.type == "cpu":
             self.model.store_weights_input_major()
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
+        self.decode_step = fused_decode(self.model, self.pool.memory)
+        """The model's forward with 1-row causal chunks fused into one C call (float32 on the CPU), or None."""
 
     @property
     def mask(self) -> int:
@@ -89,7 +92,8 @@ class Runtime:
         ids = ids.to(self.device)
         adapter = self.adapter(ids, lora)
         with torch.inference_mode():
-            logits = (model or self.model)(ids, positions, attn=attn, kv=kv, mask=mask, lora=adapter)
+            logits = (model or self.decode_step or self.model)(ids, positions, attn=attn, kv=kv, mask=mask,
+                                                               lora=adapter)
         if not self.loaded.logits_shifted.get(attn, True):
             logits = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)   # the last row has no successor
         ms = (time.perf_counter() - t0) * 1000

@@ -1,0 +1,269 @@
+/* One decode step of our decoder, fused for the CPU: a single query row per request.
+
+   A 1-row forward of a small model is op-bound in eager PyTorch (some 200 dispatched ops per token, each a few
+   microseconds); here every layer is one pass of plain loops, and each weight is streamed once per step for
+   all rows. The arithmetic is the eager forward's (HF's RMSNorm, rotate-half RoPE, GQA softmax attention over
+   the paged KV, SiLU-gated FFN) in float32, in another summation order. The weights stay in the checkpoint's
+   own format (float16 / bfloat16 when every value is one, else float32) and are widened exactly on load:
+   the same products as the float32 model, half the bytes to stream. Built and loaded by
+   kernels/cpu_decode.py, which lays out the tables below. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+
+/* Weight formats (dims[FORMAT]): the checkpoint's own values, converted to float32 on load. */
+enum { F32, F16, BF16 };
+/* Per-layer tensors, in this order, in the `tensors` table (0 = absent). Projections are row-major [out, in]
+   in the weight format; norms and biases float32. */
+enum { IN_NORM, POST_NORM, Q_NORM, K_NORM, WQ, WK, WV, WO, WGATE, WUP, WDOWN, BQ, BK, BV, BO, N_TENSORS };
+/* Dimensions, in this order, in the `dims` table. */
+enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, SLOTS, FORMAT, N_DIMS };
+
+static inline float f32_value(const float *p) { return *p; }
+static inline float bf16_value(const uint16_t *p) {
+    uint32_t bits = (uint32_t)*p << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline float f16_value(const uint16_t *p) {
+    uint32_t h = *p, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    float f;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else {  /* zero or subnormal: man * 2^-24, exact in float32 */
+        f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, sizeof f);
+        bits |= sign;
+    }
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* LANES-wide vector steps: AVX-512 (one register), AVX2 + F16C (two), or plain C. The lanes and the order of
+   their final sum are the same in all three, so the result does not depend on the vector ISA. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VW 16
+typedef __m512 vec;
+static inline vec vzero(void) { return _mm512_setzero_ps(); }
+static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec vload_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vec vload_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+#define VW 8
+typedef __m256 vec;
+static inline vec vzero(void) { return _mm256_setzero_ps(); }
+static inline vec vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline vec vload_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vec vload_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline void vstore(float *p, vec a) { _mm256_storeu_ps(p, a); }
+#else
+#define VW 1
+typedef float vec;
+static inline vec vzero(void) { return 0.0f; }
+static inline vec vload(const float *p) { return *p; }
+static inline vec vload_f16(const uint16_t *p) { return f16_value(p); }
+static inline vec vload_bf16(const uint16_t *p) { return bf16_value(p); }
+static inline vec vfma(vec a, vec b, vec c) { return fmaf(a, b, c); }
+static inline void vstore(float *p, vec a) { *p = a; }
+#endif
+#define STEPS (LANES / VW)
+
+static float lane_sum(const vec *acc) {
+    float lanes[LANES], s = 0.0f;
+    for (int u = 0; u < STEPS; u++) vstore(lanes + u * VW, acc[u]);
+    for (int k = 0; k < LANES; k++) s += lanes[k];
+    return s;
+}
+
+static float weight_at(const void *w, int format, int64_t i) {
+    if (format == F32) return ((const float *)w)[i];
+    return format == F16 ? f16_value((const uint16_t *)w + i) : bf16_value((const uint16_t *)w + i);
+}
+
+/* y[m, o] = sum_i w[o, i] x[m, i] (+ bias[o]) for `rows` rows; four output rows share each pass over x, and
+   each weight row is read once for all rows. */
+#define DEFINE_LINEAR(NAME, TYPE, LOAD, SCALAR)                                                                        \
+    static void NAME(const TYPE *w, int out, int in, const float *x, int64_t ldx, float *y, int64_t ldy,     \
+                     int rows) {                                                                            \
+        for (int o = 0; o < out; o += 4) {                                                                    \
+            int n = out - o < 4 ? out - o : 4;                                                                \
+            const TYPE *wr[4];                                                                                \
+            for (int r = 0; r < 4; r++) wr[r] = w + (int64_t)(o + (r < n ? r : 0)) * in;                        \
+            for (int m = 0; m < rows; m++) {                                                                  \
+                const float *xm = x + m * ldx;                                                                \
+                vec a0[STEPS], a1[STEPS], a2[STEPS], a3[STEPS];                                               \
+                for (int u = 0; u < STEPS; u++) a0[u] = a1[u] = a2[u] = a3[u] = vzero();                      \
+                int i = 0;                                                                                    \
+                for (; i + LANES <= in; i += LANES)                                                           \
+                    for (int u = 0; u < STEPS; u++) {                                                         \
+                        int j = i + u * VW;                                                                   \
+                        vec xv = vload(xm + j);                                                               \
+                        a0[u] = vfma(LOAD(wr[0] + j), xv, a0[u]);                                             \
+                        a1[u] = vfma(LOAD(wr[1] + j), xv, a1[u]);                                             \
+                        a2[u] = vfma(LOAD(wr[2] + j), xv, a2[u]);                                             \
+                        a3[u] = vfma(LOAD(wr[3] + j), xv, a3[u]);                                             \
+                    }                                                                                         \
+                float s[4] = {lane_sum(a0), lane_sum(a1), lane_sum(a2), lane_sum(a3)};                        \
+                for (; i < in; i++)                                                                           \
+                    for (int r = 0; r < 4; r++) s[r] += SCALAR(wr[r] + i) * xm[i];                            \
+                for (int r = 0; r < n; r++) y[m * ldy + o + r] = s[r];                                        \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+DEFINE_LINEAR(linear_f32, float, vload, f32_value)
+DEFINE_LINEAR(linear_f16, uint16_t, vload_f16, f16_value)
+DEFINE_LINEAR(linear_bf16, uint16_t, vload_bf16, bf16_value)
+
+static void linear(const void *w, int format, const float *bias, int out, int in, const float *x, int64_t ldx,
+                   float *y, int64_t ldy, int rows) {
+    if (format == F32)
+        linear_f32(w, out, in, x, ldx, y, ldy, rows);
+    else if (format == F16)
+        linear_f16(w, out, in, x, ldx, y, ldy, rows);
+    else
+        linear_bf16(w, out, in, x, ldx, y, ldy, rows);
+    if (bias)
+        for (int m = 0; m < rows; m++)
+            for (int o = 0; o < out; o++) y[m * ldy + o] += bias[o];
+}
+
+static float dot(const float *a, const float *b, int n) {
+    vec acc[STEPS];
+    for (int u = 0; u < STEPS; u++) acc[u] = vzero();
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int u = 0; u < STEPS; u++) acc[u] = vfma(vload(a + i + u * VW), vload(b + i + u * VW), acc[u]);
+    float s = lane_sum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* out = weight * (x * rsqrt(mean(x^2) + eps)), over n values (HF's RMSNorm in float32); out may be x. */
+static void rms_norm(const float *x, const float *weight, float eps, int n, float *out) {
+    float r = 1.0f / sqrtf(dot(x, x, n) / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = weight[i] * (x[i] * r);
+}
+
+/* Rotate-half RoPE of `heads` heads of head_dim values in place, with this row's cos/sin [head_dim]. */
+static void rope(float *x, int heads, int head_dim, const float *cos, const float *sin) {
+    int half = head_dim / 2;
+    for (int h = 0; h < heads; h++) {
+        float *v = x + h * head_dim;
+        for (int d = 0; d < half; d++) {
+            float a = v[d], b = v[d + half];
+            v[d] = a * cos[d] - b * sin[d];
+            v[d + half] = b * cos[d + half] + a * sin[d + half];
+        }
+    }
+}
+
+/* Softmax attention of one row's heads over its prefix slots and its own k/v (GQA), scale 1/sqrt(head_dim). */
+static void attend(const int64_t *dims, const float *q, const float *own_k, const float *own_v,
+                   const float *k_layer, const float *v_layer, const int64_t *prefix, int64_t length,
+                   float *scores, float *out) {
+    int heads = (int)dims[HEADS], kv_heads = (int)dims[KV_HEADS], hd = (int)dims[HEAD_DIM];
+    int group = heads / kv_heads;
+    int64_t slot_stride = (int64_t)kv_heads * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int h = 0; h < heads; h++) {
+        int g = h / group;
+        const float *qh = q + h * hd;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < length; j++) {
+            scores[j] = dot(qh, k_layer + prefix[j] * slot_stride + g * hd, hd) * scale;
+            top = scores[j] > top ? scores[j] : top;
+        }
+        scores[length] = dot(qh, own_k + g * hd, hd) * scale;
+        top = scores[length] > top ? scores[length] : top;
+        float total = 0.0f;
+        for (int64_t j = 0; j <= length; j++) total += scores[j] = expf(scores[j] - top);
+        float *oh = out + h * hd;
+        for (int d = 0; d < hd; d++) oh[d] = 0.0f;
+        for (int64_t j = 0; j <= length; j++) {
+            const float *vj = j < length ? v_layer + prefix[j] * slot_stride + g * hd : own_v + g * hd;
+            float p = scores[j] / total;
+            for (int d = 0; d < hd; d++) oh[d] += p * vj[d];
+        }
+    }
+}
+
+/* One decode step for `rows` requests.
+   tensors [layers, N_TENSORS] point at each layer's weights (see the enum); embed [vocab, hidden] and head
+   [vocab, hidden] are in the weight format. cos/sin [rows, head_dim]; q_scale [rows] or NULL. prefix
+   [rows, ldp] slot ids with lengths [rows]; write [rows] the slot each row's K/V goes to (NULL: read-only).
+   k/v caches [layers, slots, kv_heads, head_dim]. logits [rows, vocab]. Returns 0, or -1 when memory ran out. */
+int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const void *embed,
+                const float *final_norm, const void *head, int rows, const int64_t *ids, const float *cos,
+                const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp, const int64_t *lengths,
+                const int64_t *write, float *k_cache, float *v_cache, float *logits) {
+    int D = (int)dims[HIDDEN], I = (int)dims[INTER], H = (int)dims[HEADS], Hkv = (int)dims[KV_HEADS];
+    int hd = (int)dims[HEAD_DIM], V = (int)dims[VOCAB], fmt = (int)dims[FORMAT];
+    float eps = eps_[0];
+    int64_t max_len = 0;
+    for (int m = 0; m < rows; m++) max_len = lengths[m] > max_len ? lengths[m] : max_len;
+    int qs = H * hd, kvs = Hkv * hd;
+    float *buf = malloc(sizeof(float) * ((size_t)rows * (2 * D + 2 * qs + 2 * kvs + 2 * I) + max_len + 1));
+    if (!buf) return -1;
+    float *h = buf, *x = h + rows * D, *q = x + rows * D, *k = q + rows * qs, *v = k + rows * kvs;
+    float *att = v + rows * kvs, *gate = att + rows * qs, *up = gate + rows * I, *scores = up + rows * I;
+
+    for (int m = 0; m < rows; m++)
+        for (int d = 0; d < D; d++) h[m * D + d] = weight_at(embed, fmt, ids[m] * D + d);
+
+    int64_t layer_cache = dims[SLOTS] * kvs;
+    for (int l = 0; l < (int)dims[LAYERS]; l++) {
+        const int64_t *t = tensors + l * N_TENSORS;
+#define W(name) ((const void *)(intptr_t)t[name])
+#define F(name) ((const float *)(intptr_t)t[name])
+        for (int m = 0; m < rows; m++) rms_norm(h + m * D, F(IN_NORM), eps, D, x + m * D);
+        linear(W(WQ), fmt, F(BQ), qs, D, x, D, q, qs, rows);
+        linear(W(WK), fmt, F(BK), kvs, D, x, D, k, kvs, rows);
+        linear(W(WV), fmt, F(BV), kvs, D, x, D, v, kvs, rows);
+        float *k_layer = k_cache + l * layer_cache, *v_layer = v_cache + l * layer_cache;
+        for (int m = 0; m < rows; m++) {
+            float *qm = q + m * qs, *km = k + m * kvs, *vm = v + m * kvs;
+            if (t[Q_NORM]) {
+                for (int i = 0; i < H; i++) rms_norm(qm + i * hd, F(Q_NORM), eps, hd, qm + i * hd);
+                for (int i = 0; i < Hkv; i++) rms_norm(km + i * hd, F(K_NORM), eps, hd, km + i * hd);
+            }
+            rope(qm, H, hd, cos + m * hd, sin + m * hd);
+            rope(km, Hkv, hd, cos + m * hd, sin + m * hd);
+            if (q_scale)
+                for (int i = 0; i < qs; i++) qm[i] *= q_scale[m];
+            if (write) {
+                memcpy(k_layer + write[m] * kvs, km, sizeof(float) * kvs);
+                memcpy(v_layer + write[m] * kvs, vm, sizeof(float) * kvs);
+            }
+            attend(dims, qm, km, vm, k_layer, v_layer, prefix + m * ldp, lengths[m], scores, att + m * qs);
+        }
+        linear(W(WO), fmt, F(BO), D, qs, att, qs, x, D, rows);
+        for (int i = 0; i < rows * D; i++) h[i] += x[i];
+        for (int m = 0; m < rows; m++) rms_norm(h + m * D, F(POST_NORM), eps, D, x + m * D);
+        linear(W(WGATE), fmt, NULL, I, D, x, D, gate, I, rows);
+        linear(W(WUP), fmt, NULL, I, D, x, D, up, I, rows);
+        for (int i = 0; i < rows * I; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        linear(W(WDOWN), fmt, NULL, D, I, gate, I, x, D, rows);
+        for (int i = 0; i < rows * D; i++) h[i] += x[i];
+#undef W
+#undef F
+    }
+    for (int m = 0; m < rows; m++) rms_norm(h + m * D, final_norm, eps, D, x + m * D);
+    linear(head, fmt, NULL, V, D, x, D, logits, V, rows);
+    free(buf);
+    return 0;
+}

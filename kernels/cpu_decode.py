@@ -1,0 +1,189 @@
+"""The fused CPU decode step (cpu_decode.c): one C call per decode forward instead of ~200 eager ops.
+
+`fused_decode(model, cache)` returns a drop-in for the model's forward that runs 1-row causal chunks with the
+adapter off (decode steps) in C and everything else eagerly; None where it does not apply (a model not in
+float32 on the CPU, no C compiler, SPECSCOPE_FUSED_DECODE=0). The shared library is compiled on first use
+with the system's C compiler (`cc -O3 -march=native`, about a second) into a per-user cache keyed by the
+source, the flags and the CPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from backend.model.transformer import KVContext, PagedKV, Transformer
+
+SOURCE = Path(__file__).with_name("cpu_decode.c")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+ENABLED = os.environ.get("SPECSCOPE_FUSED_DECODE", "1") != "0"
+"""SPECSCOPE_FUSED_DECODE=0 runs every decode forward eagerly (for A/B comparisons)."""
+log = logging.getLogger(__name__)
+
+LAYER_TENSORS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm",
+                 "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+"""Per layer, in cpu_decode.c's enum order: norms by weight, projections by weight, then q/k/v/o biases."""
+PROJECTIONS = LAYER_TENSORS[4:]
+BIASES = LAYER_TENSORS[4:8]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "specscope" / "kernels"
+
+
+def _machine() -> bytes:
+    """What -march=native depends on: the architecture and the CPU's feature flags."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return (platform.machine() + flags).encode()
+
+
+def build(compiler: str, flags: tuple[str, ...] = FLAGS) -> Path | None:
+    """Compile cpu_decode.c into the cache (once per source, flags and machine); None when the compiler fails."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *flags)).encode() + _machine()).hexdigest()
+    target = cache_dir() / f"cpu_decode-{key[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        try:
+            subprocess.run([compiler, *flags, "-o", str(built), str(SOURCE), "-lm"], check=True, capture_output=True,
+                           timeout=120)
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = getattr(e, "stderr", None) or b""
+            log.warning("cannot build the fused CPU decode step (%s): %s %s", compiler, e, detail.decode()[-500:])
+            return None
+        os.replace(built, target)   # atomic: a concurrent build of the same key loses nothing
+    return target
+
+
+def load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    lib.decode_step.restype = ctypes.c_int
+    return lib
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The decode step built with $CC (default cc) and FLAGS; None without a working compiler."""
+    path = build(os.environ.get("CC", "cc"))
+    return None if path is None else load(path)
+
+
+FORMATS = (torch.float32, torch.float16, torch.bfloat16)
+"""cpu_decode.c's weight formats, by their enum value."""
+
+
+def weight_format(weights: list[Tensor]) -> torch.dtype:
+    """The narrowest format that holds every weight exactly (a float16 checkpoint loaded as float32: float16)."""
+    for dtype in (torch.float16, torch.bfloat16):
+        if all(torch.equal(w.to(dtype).float(), w) for w in weights):
+            return dtype
+    return torch.float32
+
+
+def supported(model: Transformer, cache: PagedKV) -> str | None:
+    """Why the fused step cannot run this model (None: it can)."""
+    weight = model.embed_tokens.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or cache.k.dtype != torch.float32:
+        return "float32 on the CPU only"
+    if not (cache.k.is_contiguous() and cache.v.is_contiguous()):
+        return "the KV cache is not contiguous"
+    if model.cfg.head_dim % 2:
+        return "odd head_dim"
+    return None
+
+
+def _pointer(t: Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+class FusedDecode:
+    """The model's forward for 1-row causal chunks with the adapter off, as one call into cpu_decode.c. It
+    reads its own copies of the weights (row-major, in weight_format's dtype): rebuild it if they change."""
+
+    def __init__(self, model: Transformer, lib: ctypes.CDLL):
+        cfg = model.cfg
+        self.model, self.lib = model, lib
+        with torch.no_grad():
+            layers = [dict(layer.named_modules()) for layer in model.layers]
+            head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+            projections = [m[name].weight for m in layers for name in PROJECTIONS] + [model.embed_tokens.weight, head]
+            self.format = weight_format(projections)
+            copies: dict[int, Tensor] = {}   # one copy per distinct weight (a tied head is the embedding)
+
+            def copy(w: Tensor | None, dtype: torch.dtype) -> int:
+                if w is None:
+                    return 0
+                if id(w) not in copies:
+                    copies[id(w)] = w.detach().to(dtype).contiguous()
+                return copies[id(w)].data_ptr()
+
+            self.tensors = torch.tensor(
+                [[copy(getattr(m.get(name), "weight", None), torch.float32) for name in LAYER_TENSORS[:4]]
+                 + [copy(m[name].weight, self.format) for name in PROJECTIONS]
+                 + [copy(m[name].bias, torch.float32) for name in BIASES] for m in layers], dtype=torch.long)
+            self.embed, self.head = copy(model.embed_tokens.weight, self.format), copy(head, self.format)
+            self.final_norm = copy(model.norm.weight, torch.float32)
+            self.copies = list(copies.values())   # keeps what the pointers point at alive
+        self.dims = torch.tensor([cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
+                                  cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                  cfg.vocab_size, 0, FORMATS.index(self.format)], dtype=torch.long)
+        self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
+        self.vocab = cfg.vocab_size
+
+    @staticmethod
+    def accepts(queries: int, attn: str, mask: Tensor | None, lora: bool | Tensor) -> bool:
+        """Whether a forward of this shape is one the fused step computes."""
+        return queries == 1 and attn == "causal" and mask is None and lora is False
+
+    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "causal", kv: KVContext | None = None,
+                 mask: Tensor | None = None, lora: bool | Tensor = False) -> Tensor:
+        rows = ids.shape[0]
+        if kv is None or not self.accepts(ids.shape[1], attn, mask, lora):
+            return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
+        cos, sin, q_scale = self.model.rotary(positions)
+        prefix = kv.prefix_slots.contiguous()
+        lengths = (torch.full((rows,), prefix.shape[1], dtype=torch.long) if kv.prefix_valid is None
+                   else kv.prefix_valid.sum(1))
+        write = None if kv.write_slots is None else kv.write_slots.reshape(rows).contiguous()
+        self.dims[7] = kv.cache.num_slots
+        ids, cos, sin = ids.contiguous(), cos.contiguous(), sin.contiguous()
+        q_scale = None if q_scale is None else q_scale.reshape(rows).contiguous()
+        logits = torch.empty(rows, 1, self.vocab, dtype=torch.float32)
+        c = ctypes.c_void_p
+        status = self.lib.decode_step(
+            c(self.dims.data_ptr()), c(self.eps.data_ptr()), c(self.tensors.data_ptr()), c(self.embed),
+            c(self.final_norm), c(self.head), ctypes.c_int(rows), c(ids.data_ptr()), c(cos.data_ptr()),
+            c(sin.data_ptr()), c(_pointer(q_scale)), c(prefix.data_ptr()), ctypes.c_int64(prefix.shape[1]),
+            c(lengths.data_ptr()), c(_pointer(write)), c(kv.cache.k.data_ptr()), c(kv.cache.v.data_ptr()),
+            c(logits.data_ptr()))
+        if status:
+            raise MemoryError("fused decode step: out of memory")
+        return logits
+
+
+def fused_decode(model: Transformer, cache: PagedKV) -> FusedDecode | None:
+    """The fused decode step for this model and KV memory, or None where it does not apply."""
+    if not ENABLED:
+        return None
+    reason = supported(model, cache)
+    lib = None if reason else library()
+    if reason or lib is None:
+        log.info("decoding eagerly: %s", reason or "no C compiler")
+        return None
+    return FusedDecode(model, lib)

@@ -1,0 +1,178 @@
+"""The fused CPU decode step (kernels/cpu_decode.c) against the eager forward and against transformers.
+
+Every weight format (float32, float16, bfloat16) and every vector path (AVX-512, AVX2 + F16C, plain C) is
+built and compared with the eager forward on random models: biases, no q/k-norm, odd sizes that leave
+vector tails, llama-4 query scaling, rows with different prefix lengths, read-only forwards. The HF
+families (qwen2/3, llama, mistral, ministral3 with YaRN) are compared with transformers' own logits in
+test_hf_crosscheck.py. Here the engine is also checked to decode through it, with the tokens it would
+decode eagerly.
+"""
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+
+from backend.engine.engine import Engine
+from backend.model.config import ModelConfig
+from backend.model.rope import RopeSpec
+from backend.model.transformer import KVContext, PagedKV, Transformer
+from kernels.cpu_decode import FLAGS, FusedDecode, build, fused_decode, load, supported, weight_format
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SLOTS = 96
+VECTOR_PATHS = {"native": FLAGS, "plain-c": ("-O1", "-shared", "-fPIC")}
+if platform.machine() == "x86_64":
+    VECTOR_PATHS["avx2"] = ("-O3", "-march=x86-64-v3", "-shared", "-fPIC")
+
+CONFIGS = {
+    "qwen3": ModelConfig(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    # Llama-like with q/k/v/o biases, no q/k-norm, and sizes that are no multiple of the 16 vector lanes.
+    "odd-biased": ModelConfig(vocab_size=101, hidden_size=40, intermediate_size=56, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=10, family="llama",
+                              qkv_bias=True, o_bias=True, qk_norm=False, tie_word_embeddings=False),
+    # Ministral3-like: llama-4 query scaling over YaRN, multi-query attention.
+    "query-scaled": ModelConfig(vocab_size=128, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                                num_attention_heads=3, num_key_value_heads=3, head_dim=16, family="ministral3",
+                                rope=RopeSpec(rope_type="yarn", factor=4.0, original_max_position_embeddings=8,
+                                              llama_4_scaling_beta=0.1)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VECTOR_PATHS))
+def lib(request):
+    path = build("cc", VECTOR_PATHS[request.param])
+    if path is None:
+        pytest.fail(f"cc could not build cpu_decode.c with {VECTOR_PATHS[request.param]}")
+    return load(path)
+
+
+def random_model(cfg: ModelConfig, fmt: torch.dtype, seed: int = 0) -> Transformer:
+    """Random weights (norms around 1, biases non-zero) that fmt holds exactly; bfloat16 ones with a row of
+    tiny values (~1e-7) as real bfloat16 checkpoints have, which float16 cannot hold."""
+    torch.manual_seed(seed)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            value = 1 + 0.2 * torch.randn(p.shape) if "norm" in name else 0.15 * torch.randn(p.shape)
+            if p.dim() == 2 and fmt == torch.bfloat16:
+                value[0] *= 2 ** -20
+            p.copy_(value.to(fmt).float() if p.dim() == 2 else value)
+    return model
+
+
+def filled_cache(cfg: ModelConfig, seed: int = 1) -> PagedKV:
+    cache = PagedKV.empty(cfg, SLOTS, torch.float32, "cpu")
+    g = torch.Generator().manual_seed(seed)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    return cache
+
+
+def batch(lengths: list[int], vocab: int, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                   torch.Tensor, torch.Tensor]:
+    """ids [R, 1], positions [R, 1], padded prefix slots [R, P], prefix_valid, write slots [R, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    rows, width = len(lengths), max(lengths)
+    slots = torch.randperm(SLOTS - rows, generator=g)[:rows * width].view(rows, width)
+    valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    prefix = torch.where(valid, slots, 0)
+    write = torch.arange(SLOTS - rows, SLOTS)[:, None]
+    ids = torch.randint(0, vocab, (rows, 1), generator=g)
+    return ids, torch.tensor(lengths)[:, None], prefix, valid, write
+
+
+@pytest.mark.parametrize("fmt", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_fused_step_equals_eager(lib, config, fmt):
+    cfg = CONFIGS[config]
+    model = random_model(cfg, fmt)
+    fused = FusedDecode(model, lib)
+    assert fused.format == fmt
+    for lengths in ([0], [7], [12, 3, 0, 9]):
+        ids, positions, prefix, valid, write = batch(lengths, cfg.vocab_size)
+        padded = valid if len(set(lengths)) > 1 else None
+        eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
+        with torch.inference_mode():
+            want = model(ids, positions, kv=KVContext(eager_cache, prefix, padded, write))
+            got = fused(ids, positions, kv=KVContext(fused_cache, prefix, padded, write))
+            read_only = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, padded, None))
+        scale = want.abs().max().item()
+        assert (got - want).abs().max().item() <= 1e-5 * max(scale, 1.0), (config, lengths)
+        assert torch.equal(read_only, got)
+        # The fused step wrote each row's K/V to its slot and nothing else.
+        written = write.view(-1)
+        assert torch.allclose(fused_cache.k[:, written], eager_cache.k[:, written], atol=1e-5)
+        assert torch.allclose(fused_cache.v[:, written], eager_cache.v[:, written], atol=1e-5)
+        others = torch.ones(SLOTS, dtype=torch.bool)
+        others[written] = False
+        assert torch.equal(fused_cache.k[:, others], eager_cache.k[:, others])
+        assert torch.equal(fused_cache.v[:, others], eager_cache.v[:, others])
+
+
+def test_other_forwards_run_eagerly(lib):
+    """Multi-row chunks, block attention and an adapter switched on are the model's own forward, bit for bit."""
+    cfg = CONFIGS["qwen3"]
+    model = random_model(cfg, torch.float32)
+    fused = FusedDecode(model, lib)
+    ids = torch.randint(0, cfg.vocab_size, (2, 4), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(3, 7).expand(2, -1)
+    prefix = torch.arange(6).view(2, 3)
+    for attn in ("causal", "block"):
+        with torch.inference_mode():
+            want = model(ids, positions, attn=attn, kv=KVContext(filled_cache(cfg), prefix))
+            got = fused(ids, positions, attn=attn, kv=KVContext(filled_cache(cfg), prefix))
+        assert torch.equal(got, want)
+    assert not FusedDecode.accepts(1, "causal", None, torch.ones(1, 1, dtype=torch.bool))
+    assert not FusedDecode.accepts(1, "causal", torch.ones(1, 1, 1, 4, dtype=torch.bool), False)
+    assert FusedDecode.accepts(1, "causal", None, False)
+
+
+def test_weight_format_is_exact():
+    w = torch.randn(8, 8)
+    tiny = w * 2 ** -20                  # below float16's normal range: bfloat16 keeps these, float16 does not
+    assert weight_format([w]) == torch.float32
+    assert weight_format([w.half().float()]) == torch.float16
+    assert weight_format([w.bfloat16().float()]) == torch.float16   # 8 significant bits fit float16's 11
+    assert weight_format([tiny.bfloat16().float()]) == torch.bfloat16
+    assert weight_format([w.half().float(), w]) == torch.float32
+    assert weight_format([torch.tensor([[2.0 ** 17]])]) == torch.bfloat16  # beyond float16's range
+
+
+def test_unsupported_models_and_missing_compiler_decode_eagerly(loaded):
+    cfg = CONFIGS["qwen3"]
+    half = random_model(cfg, torch.float16).half()
+    assert supported(half, PagedKV.empty(cfg, 4, torch.float16, "cpu")) is not None
+    assert fused_decode(half, PagedKV.empty(cfg, 4, torch.float16, "cpu")) is None
+    assert build("/nonexistent/cc") is None
+
+
+def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
+    """The shipped (float16-stored) checkpoint decodes through the C step, streaming half the bytes, with the
+    same tokens as the eager forward: alone and as a batch of requests of different lengths."""
+    fused_engine, eager_engine = Engine(loaded, num_slots=4096, check_invariants=True), Engine(loaded, 4096)
+    step = fused_engine.rt.decode_step
+    assert step is not None and step.format == torch.float16
+    eager_engine.rt.decode_step = None
+    calls = []
+    original = step.lib.decode_step
+
+    def counting(*args):
+        calls.append(args[6].value)   # rows
+        return original(*args)
+
+    step.lib.decode_step = counting
+    try:
+        prompts = heldout_prompts[::4]
+        params = {"max_new_tokens": 24}
+        alone = [fused_engine.generate(p, "ar", params).output_ids for p in prompts]
+        together = fused_engine.run([fused_engine.new_request(p, "ar", params) for p in prompts])
+    finally:
+        step.lib.decode_step = original
+    eager = [eager_engine.generate(p, "ar", params).output_ids for p in prompts]
+    assert alone == eager
+    assert [r.output_ids for r in together] == eager
+    assert calls and max(calls) > 1   # single rows and a batched decode both went through C
