@@ -10,7 +10,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -56,11 +56,6 @@ class RoundEvent:
         self.tokens, self.states = self.tokens[:index + 1], self.states[:index + 1]
         if self.conf is not None:
             self.conf = self.conf[:index + 1]
-
-
-ROUND_FIELDS = tuple(f.name for f in fields(RoundEvent))
-FLOAT_FIELDS = ("conf", "pq", "branches", "extra")
-"""The RoundEvent fields that may hold floats (and so NaN or Infinity)."""
 
 
 @dataclass
@@ -131,22 +126,26 @@ class RecordingTracer:
         self._emit(type, sanitize(payload))
 
     def round(self, event: RoundEvent) -> None:
-        payload = {name: getattr(event, name) for name in ROUND_FIELDS}
-        for name in FLOAT_FIELDS:          # sanitize copies; the rest hold ints and strings: copied as they are
-            payload[name] = sanitize(payload[name])
-        for name in ("tokens", "states", "committed"):
-            payload[name] = list(payload[name])
-        if event.fold is not None:
-            payload["fold"] = [list(rows) for rows in event.fold]
-        payload["phases"] = [dict(vars(p)) for p in event.phases]
-        if not payload["extra"]:
-            del payload["extra"]
+        """The event's int and string lists are copied as they are; only the fields that may hold floats are
+        sanitized (an ar token's round is on the critical path: one dict, built once)."""
+        e = event
+        payload = {"block_start": e.block_start, "tokens": list(e.tokens), "states": list(e.states),
+                   "conf": sanitize(e.conf), "case": e.case, "pq": sanitize(e.pq), "branches": sanitize(e.branches),
+                   "fold": None if e.fold is None else [list(rows) for rows in e.fold],
+                   "block_size": e.block_size, "round": e.round,
+                   "phases": [{"kind": p.kind, "attn": p.attn, "lora": p.lora, "n_query": p.n_query, "ms": p.ms}
+                              for p in e.phases],
+                   "accepted_len": e.accepted_len, "committed": list(e.committed), "nfe": e.nfe,
+                   "text_delta": e.text_delta}
+        if e.extra:
+            payload["extra"] = sanitize(e.extra)
         self._emit("round", payload)
 
     def kv(self, event: KVEvent) -> None:
         """Ints and strings only, so no sanitizing; the slot lists are copied (callers reuse theirs)."""
-        self._emit("kv", {"op": event.op, "slots": list(event.slots), "positions": list(event.positions),
-                          "round": event.round, "reason": event.reason})
+        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": len(self.events), "t_ms": self._ms(),
+                    "type": "kv", "op": event.op, "slots": list(event.slots), "positions": list(event.positions),
+                    "round": event.round, "reason": event.reason})
 
     def relay(self, event: dict[str, Any]) -> None:
         """Keep and hand on an event of this run made by another tracer (the engine process's): later events made
@@ -155,9 +154,14 @@ class RecordingTracer:
         if self.sink is not None:
             self.sink(event)
 
+    def _ms(self) -> float:
+        return round((time.perf_counter() - self._t0) * 1000, 3)
+
     def _emit(self, type: str, payload: dict[str, Any]) -> None:
-        event = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": len(self.events),
-                 "t_ms": round((time.perf_counter() - self._t0) * 1000, 3), "type": type, **payload}
+        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": len(self.events), "t_ms": self._ms(),
+                    "type": type, **payload})
+
+    def _keep(self, event: dict[str, Any]) -> None:
         self.events.append(event)
         if self.sink is not None:
             self.sink(event)

@@ -1,12 +1,13 @@
-"""Text deltas decode a short window per round: they must spell the output exactly, multi-byte characters split
-across byte-level tokens included, and the fast decoder must give the tokenizer's own text."""
+"""Text deltas stream each round's new ids through the tokenizer's incremental decoder: they must spell the output
+exactly, multi-byte characters split across byte-level tokens included, as the whole-output fallback does, and
+the fast decoder must give the tokenizer's own text."""
 import itertools
 import random
 
 from backend.engine.modes import get_mode
-from backend.engine.recorder import TEXT_WINDOW, RunRecorder
+from backend.engine.recorder import RunRecorder
 from backend.engine.request import Request
-from backend.model.tokenizer import text_decoder
+from backend.model.tokenizer import RedecodedText, StreamedText, text_decoder, text_stream
 
 TEXT = "naïve café — 漢字 and emoji 🙂 over a window of " + "many words " * 6 + "∑ ✓"
 
@@ -14,14 +15,38 @@ TEXT = "naïve café — 漢字 and emoji 🙂 over a window of " + "many words 
 def test_deltas_spell_text_with_characters_split_across_tokens(loaded):
     tok = loaded.tokenizer
     ids = tok.encode(TEXT, add_special_tokens=False)
-    assert len(ids) > 2 * TEXT_WINDOW and any(tok.decode([i]).endswith("\ufffd") for i in ids)   # split chars
+    assert any(tok.decode([i]).endswith("\ufffd") for i in ids)   # characters split across tokens
+    assert isinstance(text_stream(tok), StreamedText)
     recorder = RunRecorder(tok, pool_held=lambda rid: [])
-    req = Request("r", prompt_ids=[7], mode=get_mode("ar"), params={}, eos_id=None)
+    req = Request("r", prompt_ids=[7], mode=get_mode("ar"), params={}, eos_id=1)
     deltas, steps = [], itertools.cycle((1, 2, 1, 3, 1, 1, 5))   # rounds committing 1 to 5 tokens
     while len(req.generated) < len(ids):
         req.tokens = [7, *ids[:len(req.generated) + next(steps)]]
         deltas.append(recorder.text_delta(req))
+    req.tokens += [1, 42]                                          # EOS ends the text: nothing after it shows
+    deltas.append(recorder.text_delta(req))
     assert "".join(deltas) == TEXT and not any("\ufffd" in d for d in deltas)
+
+
+def test_streamed_and_redecoded_deltas_spell_text(loaded):
+    """The incremental decoder and the whole-output fallback: the same text in any round sizes on real text; on
+    random ids (invalid bytes included) a prefix of the tokenizer's text, where what follows an unfinished
+    character may wait for good (random ids often end inside one; run_end's text has it all)."""
+    tok = loaded.tokenizer
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    rng = random.Random(1)
+    for stream in (StreamedText(tok.backend_tokenizer), RedecodedText(text_decoder(tok))):
+        pieces, at = [], 0
+        while at < len(ids):
+            step = rng.randrange(1, 6)
+            pieces.append(ids[at:at + step])
+            at += step
+        assert "".join(stream.push(p) for p in pieces) == TEXT
+    for _ in range(200):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))]
+        full = tok.decode(ids, skip_special_tokens=True)
+        for stream in (StreamedText(tok.backend_tokenizer), RedecodedText(text_decoder(tok))):
+            assert full.startswith("".join(stream.push(ids[i:i + 3]) for i in range(0, len(ids), 3)))
 
 
 def test_the_fast_decoder_gives_the_tokenizers_text(loaded):

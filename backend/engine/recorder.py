@@ -6,16 +6,15 @@ import time
 from typing import Any
 
 from backend.engine.request import Request
-from backend.model.tokenizer import text_decoder
+from backend.model.tokenizer import text_decoder, text_stream
 from backend.tracing import RoundEvent
 
 SHOWN_EOS_STATES = ("accepted", "committed", "bonus")
-TEXT_WINDOW = 24   # output ids decoded per round at most (plus that round's new ones)
-TEXT_CONTEXT = 4   # ids a restarted window keeps before the read point (a token's text can depend on them)
 
 
 class RunRecorder:
     def __init__(self, tokenizer: Any, pool_held: Any):
+        self.tokenizer = tokenizer
         self.decode = text_decoder(tokenizer)
         self.pool_held = pool_held        # rid -> slots still held (kv_leaked)
 
@@ -28,22 +27,13 @@ class RunRecorder:
         return self.decode(self.output_ids(req))
 
     def text_delta(self, req: Request) -> str:
-        """New text since the last call. Only a short window of recent tokens is decoded, once per round: the
-        window's text so far is kept, and the window restarts a few tokens back once it holds TEXT_WINDOW ids.
-        A window that ends inside a multi-byte character waits for the next round."""
-        ids = self.output_ids(req)
-        start, read_at, shown = req.text_window
-        if len(ids) == read_at:
-            return ""
-        full = self.decode(ids[start:])
-        if full.endswith("\ufffd") or len(full) <= len(shown):
-            return ""
-        if len(ids) - start >= TEXT_WINDOW:    # restart the window on the last tokens (their text: a second decode)
-            start = len(ids) - TEXT_CONTEXT
-            req.text_window = (start, len(ids), self.decode(ids[start:]))
-        else:
-            req.text_window = (start, len(ids), full)
-        return full[len(shown):]
+        """New text since the last call, from the output ids not yet shown (a stream per run)."""
+        if req.text is None:
+            req.text = text_stream(self.tokenizer)
+        generated = req.tokens[len(req.prompt_ids) + req.text_read:]
+        new = generated[:generated.index(req.eos_id)] if req.eos_id in generated else generated
+        req.text_read += len(new)
+        return req.text.push(new)
 
     # -- events --------------------------------------------------------------------------------------
     def round(self, req: Request, view: RoundEvent | None, accepted_len: int, emitted: list[int]) -> None:

@@ -12,6 +12,7 @@ from backend.tracing import NULL_TRACER, Phase, Tracer
 
 if TYPE_CHECKING:
     from backend.engine.modes.base import Mode
+    from backend.model.tokenizer import TextStream
 
 
 @dataclass
@@ -41,7 +42,8 @@ class Request:
     block_size: int | None = None
     kv_peak: int = 0
     error: str | None = None
-    text_window: tuple[int, int, str] = (0, 0, "")  # text deltas: (window start, end, the window's text)
+    text: TextStream | None = None           # the output's text deltas (the recorder's, made on first use)
+    text_read: int = 0                       # output ids already pushed into it
     generator: torch.Generator | None = None
     t_start: float = field(default_factory=time.perf_counter)
     t_end: float | None = None

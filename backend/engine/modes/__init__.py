@@ -1,6 +1,7 @@
 """The mode registry: every module in this package registers its mode on import."""
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 
@@ -41,6 +42,7 @@ def describe_modes() -> list[dict]:
              "params": [p.schema() for p in param_specs(cls())]} for name, cls in sorted(REGISTRY.items())]
 
 
+@functools.cache
 def _load_all() -> None:
     for info in pkgutil.iter_modules(__path__):
         if info.name != "base":
