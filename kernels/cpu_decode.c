@@ -1,4 +1,6 @@
-/* One decode step of our decoder, fused for the CPU: a single query row per request.
+/* One decode step of our decoder, fused for the CPU: independent query rows, each with its own prefix slots.
+   A short causal chunk is a run of rows whose slot tables extend by one row each (kernels/cpu_decode.py):
+   rows are written and read in order within a layer, so each sees the rows before it.
 
    A 1-row forward of a small model is op-bound in eager PyTorch (some 200 dispatched ops per token, each a few
    microseconds); here every layer is one pass of plain loops, and each weight is streamed once per step for

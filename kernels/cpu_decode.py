@@ -1,10 +1,10 @@
 """The fused CPU decode step (cpu_decode.c): one C call per decode forward instead of ~200 eager ops.
 
-`fused_decode(model, cache)` returns a drop-in for the model's forward that runs 1-row causal chunks with the
-adapter off (decode steps) in C and everything else eagerly; None where it does not apply (a model not in
-float32 on the CPU, no C compiler, SPECSCOPE_FUSED_DECODE=0). The shared library is compiled on first use
-with the system's C compiler (`cc -O3 -march=native`, about a second) into a per-user cache keyed by the
-source, the flags and the CPU.
+`fused_decode(model, cache)` returns a drop-in for the model's forward that runs causal chunks of up to
+MAX_CHUNK rows per request with the adapter off (decode steps, few-row verifies) in C and everything else
+eagerly; None where it does not apply (a model not in float32 on the CPU, no C compiler,
+SPECSCOPE_FUSED_DECODE=0). The shared library is compiled on first use with the system's C compiler
+(`cc -O3 -march=native`, about a second) into a per-user cache keyed by the source, the flags and the CPU.
 """
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ LAYER_TENSORS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_nor
                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 """Per layer, in cpu_decode.c's enum order: norms by weight, projections by weight, then q/k/v/o biases."""
 PROJECTIONS = LAYER_TENSORS[4:]
+CAUSAL = ("causal", "strict_causal")
+"""Attention modes whose query chunk attends causally to itself (they differ only in a model's logit convention,
+which the runtime applies)."""
+MAX_CHUNK = 16
+"""Query rows per request the fused step takes; longer chunks are compute-bound, where eager GEMMs win."""
 BIASES = LAYER_TENSORS[4:8]
 
 
@@ -108,13 +113,31 @@ def supported(model: Transformer, cache: PagedKV) -> str | None:
     return None
 
 
+def chunk_prefixes(kv: KVContext, queries: int) -> tuple[Tensor, Tensor]:
+    """Each query row's slot table and length, one row per (request, query): a request's committed prefix
+    followed by its chunk's slots, of which query m reads the first m (causal). The kernel writes and reads a
+    chunk's rows in order, so row m sees exactly what a 1-row step at its position would: the same numbers."""
+    requests, width = kv.prefix_slots.shape
+    held = torch.full((requests,), width) if kv.prefix_valid is None else kv.prefix_valid.sum(1)
+    steps = torch.arange(queries)
+    table = kv.prefix_slots
+    if kv.write_slots is not None:
+        table = torch.cat([table, kv.write_slots], dim=1)
+        if kv.prefix_valid is not None:   # a padded row's chunk follows its own prefix, over its padding
+            table.scatter_(1, held[:, None] + steps[None, :], kv.write_slots)
+    if queries > 1:
+        table = table.repeat_interleave(queries, 0)
+    return table.contiguous(), (held[:, None] + steps[None, :]).reshape(-1).contiguous()
+
+
 def _pointer(t: Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
 class FusedDecode:
-    """The model's forward for 1-row causal chunks with the adapter off, as one call into cpu_decode.c. It
-    reads its own copies of the weights (row-major, in weight_format's dtype): rebuild it if they change."""
+    """The model's forward for short causal chunks with the adapter off (decode steps, few-row verifies), as one
+    call into cpu_decode.c; anything else runs the model's own forward. It reads its own copies of the weights
+    (row-major, in weight_format's dtype): rebuild it if they change."""
 
     def __init__(self, model: Transformer, lib: ctypes.CDLL):
         cfg = model.cfg
@@ -147,24 +170,26 @@ class FusedDecode:
         self.vocab = cfg.vocab_size
 
     @staticmethod
-    def accepts(queries: int, attn: str, mask: Tensor | None, lora: bool | Tensor) -> bool:
-        """Whether a forward of this shape is one the fused step computes."""
-        return queries == 1 and attn == "causal" and mask is None and lora is False
+    def accepts(queries: int, attn: str, mask: Tensor | None, lora: bool | Tensor, writes: bool) -> bool:
+        """Whether the fused step computes a forward of this shape: up to MAX_CHUNK causal query rows per request
+        (more than one only when they write their K/V: each row reads the rows before it from the cache), no
+        mask override, the adapter off."""
+        return ((queries == 1 or writes and queries <= MAX_CHUNK) and attn in CAUSAL and mask is None
+                and lora is False)
 
     def __call__(self, ids: Tensor, positions: Tensor, attn: str = "causal", kv: KVContext | None = None,
                  mask: Tensor | None = None, lora: bool | Tensor = False) -> Tensor:
-        rows = ids.shape[0]
-        if kv is None or not self.accepts(ids.shape[1], attn, mask, lora):
+        requests, queries = ids.shape
+        if kv is None or not self.accepts(queries, attn, mask, lora, kv.write_slots is not None):
             return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
-        cos, sin, q_scale = self.model.rotary(positions)
-        prefix = kv.prefix_slots.contiguous()
-        lengths = (torch.full((rows,), prefix.shape[1], dtype=torch.long) if kv.prefix_valid is None
-                   else kv.prefix_valid.sum(1))
+        prefix, lengths = chunk_prefixes(kv, queries)
+        rows = requests * queries
         write = None if kv.write_slots is None else kv.write_slots.reshape(rows).contiguous()
+        cos, sin, q_scale = self.model.rotary(positions)
         self.dims[7] = kv.cache.num_slots
-        ids, cos, sin = ids.contiguous(), cos.contiguous(), sin.contiguous()
+        ids, cos, sin = ids.reshape(rows).contiguous(), cos.contiguous(), sin.contiguous()
         q_scale = None if q_scale is None else q_scale.reshape(rows).contiguous()
-        logits = torch.empty(rows, 1, self.vocab, dtype=torch.float32)
+        logits = torch.empty(requests, queries, self.vocab, dtype=torch.float32)
         c = ctypes.c_void_p
         status = self.lib.decode_step(
             c(self.dims.data_ptr()), c(self.eps.data_ptr()), c(self.tensors.data_ptr()), c(self.embed),

@@ -18,7 +18,7 @@ from backend.engine.engine import Engine
 from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
 from backend.model.transformer import KVContext, PagedKV, Transformer
-from kernels.cpu_decode import FLAGS, FusedDecode, build, fused_decode, load, supported, weight_format
+from kernels.cpu_decode import FLAGS, MAX_CHUNK, FusedDecode, build, fused_decode, load, supported, weight_format
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,37 +72,42 @@ def filled_cache(cfg: ModelConfig, seed: int = 1) -> PagedKV:
     return cache
 
 
-def batch(lengths: list[int], vocab: int, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                   torch.Tensor, torch.Tensor]:
-    """ids [R, 1], positions [R, 1], padded prefix slots [R, P], prefix_valid, write slots [R, 1]."""
+def batch(lengths: list[int], queries: int, vocab: int, seed: int = 2) -> tuple[torch.Tensor, ...]:
+    """ids [R, Q], positions [R, Q], padded prefix slots [R, P], prefix_valid, write slots [R, Q]."""
     g = torch.Generator().manual_seed(seed)
     rows, width = len(lengths), max(lengths)
-    slots = torch.randperm(SLOTS - rows, generator=g)[:rows * width].view(rows, width)
+    fresh = rows * queries
+    slots = torch.randperm(SLOTS - fresh, generator=g)[:rows * width].view(rows, width)
     valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
     prefix = torch.where(valid, slots, 0)
-    write = torch.arange(SLOTS - rows, SLOTS)[:, None]
-    ids = torch.randint(0, vocab, (rows, 1), generator=g)
-    return ids, torch.tensor(lengths)[:, None], prefix, valid, write
+    write = torch.arange(SLOTS - fresh, SLOTS).view(rows, queries)
+    ids = torch.randint(0, vocab, (rows, queries), generator=g)
+    positions = torch.tensor(lengths)[:, None] + torch.arange(queries)[None, :]
+    return ids, positions, prefix, valid, write
 
 
+@pytest.mark.parametrize("queries", [1, 5])
 @pytest.mark.parametrize("fmt", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-def test_fused_step_equals_eager(lib, config, fmt):
+def test_fused_step_equals_eager(lib, config, fmt, queries):
+    """Decode steps (1 row per request) and short causal chunks (5 rows per request) that write their K/V."""
     cfg = CONFIGS[config]
     model = random_model(cfg, fmt)
     fused = FusedDecode(model, lib)
     assert fused.format == fmt
     for lengths in ([0], [7], [12, 3, 0, 9]):
-        ids, positions, prefix, valid, write = batch(lengths, cfg.vocab_size)
+        ids, positions, prefix, valid, write = batch(lengths, queries, cfg.vocab_size)
         padded = valid if len(set(lengths)) > 1 else None
         eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
         with torch.inference_mode():
             want = model(ids, positions, kv=KVContext(eager_cache, prefix, padded, write))
             got = fused(ids, positions, kv=KVContext(fused_cache, prefix, padded, write))
-            read_only = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, padded, None))
+            if queries == 1:   # read-only: the same logits, the cache untouched
+                untouched = filled_cache(cfg)
+                assert torch.equal(fused(ids, positions, kv=KVContext(untouched, prefix, padded, None)), got)
+                assert torch.equal(untouched.k, filled_cache(cfg).k)
         scale = want.abs().max().item()
         assert (got - want).abs().max().item() <= 1e-5 * max(scale, 1.0), (config, lengths)
-        assert torch.equal(read_only, got)
         # The fused step wrote each row's K/V to its slot and nothing else.
         written = write.view(-1)
         assert torch.allclose(fused_cache.k[:, written], eager_cache.k[:, written], atol=1e-5)
@@ -113,8 +118,25 @@ def test_fused_step_equals_eager(lib, config, fmt):
         assert torch.equal(fused_cache.v[:, others], eager_cache.v[:, others])
 
 
+def test_a_chunk_row_is_the_decode_step_at_its_position(lib):
+    """A 5-row causal chunk (a verify) gives, row for row, the very numbers of five 1-row steps: what makes
+    linear_spec and isd lossless against ar bit for bit, not only up to rounding."""
+    cfg = CONFIGS["qwen3"]
+    fused = FusedDecode(random_model(cfg, torch.float16), lib)
+    ids, positions, prefix, _, write = batch([9], 5, cfg.vocab_size)
+    chunk_cache, step_cache = filled_cache(cfg), filled_cache(cfg)
+    with torch.inference_mode():
+        chunk = fused(ids, positions, kv=KVContext(chunk_cache, prefix, None, write))
+        steps = [fused(ids[:, m:m + 1], positions[:, m:m + 1],
+                       kv=KVContext(step_cache, torch.cat([prefix, write[:, :m]], 1), None, write[:, m:m + 1]))
+                 for m in range(5)]
+    assert torch.equal(chunk, torch.cat(steps, dim=1))
+    assert torch.equal(chunk_cache.k, step_cache.k) and torch.equal(chunk_cache.v, step_cache.v)
+
+
 def test_other_forwards_run_eagerly(lib):
-    """Multi-row chunks, block attention and an adapter switched on are the model's own forward, bit for bit."""
+    """Read-only multi-row chunks, block attention and an adapter switched on are the model's own forward, bit
+    for bit."""
     cfg = CONFIGS["qwen3"]
     model = random_model(cfg, torch.float32)
     fused = FusedDecode(model, lib)
@@ -126,9 +148,12 @@ def test_other_forwards_run_eagerly(lib):
             want = model(ids, positions, attn=attn, kv=KVContext(filled_cache(cfg), prefix))
             got = fused(ids, positions, attn=attn, kv=KVContext(filled_cache(cfg), prefix))
         assert torch.equal(got, want)
-    assert not FusedDecode.accepts(1, "causal", None, torch.ones(1, 1, dtype=torch.bool))
-    assert not FusedDecode.accepts(1, "causal", torch.ones(1, 1, 1, 4, dtype=torch.bool), False)
-    assert FusedDecode.accepts(1, "causal", None, False)
+    assert not FusedDecode.accepts(1, "causal", None, torch.ones(1, 1, dtype=torch.bool), True)
+    assert not FusedDecode.accepts(1, "causal", torch.ones(1, 1, 1, 4, dtype=torch.bool), False, True)
+    assert not FusedDecode.accepts(4, "causal", None, False, False)   # read-only chunks: rows need the cache
+    assert not FusedDecode.accepts(MAX_CHUNK + 1, "causal", None, False, True)
+    assert FusedDecode.accepts(1, "causal", None, False, False)
+    assert FusedDecode.accepts(MAX_CHUNK, "strict_causal", None, False, True)
 
 
 def test_weight_format_is_exact():
@@ -152,7 +177,8 @@ def test_unsupported_models_and_missing_compiler_decode_eagerly(loaded):
 
 def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
     """The shipped (float16-stored) checkpoint decodes through the C step, streaming half the bytes, with the
-    same tokens as the eager forward: alone and as a batch of requests of different lengths."""
+    same tokens as the eager forward: alone, as a batch of requests of different lengths, and linear_spec's
+    verifies."""
     fused_engine, eager_engine = Engine(loaded, num_slots=4096, check_invariants=True), Engine(loaded, 4096)
     step = fused_engine.rt.decode_step
     assert step is not None and step.format == torch.float16
@@ -170,9 +196,14 @@ def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
         params = {"max_new_tokens": 24}
         alone = [fused_engine.generate(p, "ar", params).output_ids for p in prompts]
         together = fused_engine.run([fused_engine.new_request(p, "ar", params) for p in prompts])
+        decode_rows = set(calls)
+        calls.clear()
+        verified = [fused_engine.generate(p, "linear_spec", params).output_ids for p in prompts]
     finally:
         step.lib.decode_step = original
     eager = [eager_engine.generate(p, "ar", params).output_ids for p in prompts]
     assert alone == eager
     assert [r.output_ids for r in together] == eager
-    assert calls and max(calls) > 1   # single rows and a batched decode both went through C
+    assert verified == eager
+    assert 1 in decode_rows and max(decode_rows) > 1   # single rows and a batched decode both went through C
+    assert 16 in calls                                  # linear_spec's 16-row verifies too

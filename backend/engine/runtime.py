@@ -31,7 +31,8 @@ class Runtime:
             self.model.store_weights_input_major()
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
         self.decode_step = fused_decode(self.model, self.pool.memory)
-        """The model's forward with 1-row causal chunks fused into one C call (float32 on the CPU), or None."""
+        """The model's forward with short causal chunks (decode steps, few-row verifies) fused into one C call
+        (float32 models on the CPU), or None."""
 
     @property
     def mask(self) -> int:
