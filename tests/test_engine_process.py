@@ -95,7 +95,8 @@ def test_bad_input_a_full_queue_and_cancel_are_answered(served) -> None:
         served.submit(PROMPT, "no_such_mode", {}, Ended()).admitted.result(60)
     first_round = threading.Event()
     long_runs = [Ended(on_round=lambda _: first_round.set()), Ended()]
-    runs = [served.submit(PROMPT, "ar", {"max_new_tokens": 512, "raw": True}, t) for t in long_runs]
+    runs = [served.submit(PROMPT, "block_diffusion", {"max_new_tokens": 512, "raw": True}, t)   # seconds long
+            for t in long_runs]
     with pytest.raises(Busy):
         served.submit(PROMPT, "ar", {}, Ended())
     assert first_round.wait(60)
@@ -126,8 +127,8 @@ def test_a_dead_engine_process_ends_its_runs_with_an_error(tmp_path) -> None:
     engine.start()
     with Store(f"sqlite:///{tmp_path / 'dead.db'}") as store, TestClient(create_app(engine, store, ui=False)) as c:
         with c.websocket_connect("/ws/generate") as ws:
-            ws.send_json({"type": "generate", "prompt": PROMPT, "mode": "ar",
-                          "params": {"max_new_tokens": 512, "raw": True}})
+            ws.send_json({"type": "generate", "prompt": PROMPT, "mode": "block_diffusion",   # ~5 s: ar's fused
+                          "params": {"max_new_tokens": 512, "raw": True}})           # 512 tokens take ~0.4 s
             events = [ws.receive_json()]
             while events[-1]["type"] != "round":
                 events.append(ws.receive_json())

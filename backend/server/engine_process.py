@@ -20,6 +20,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -47,22 +48,33 @@ def portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+FLUSH_S = 0.02
+"""Rounds that end within this long of the last message wait and go with the next one: a fused ar token takes
+~0.7 ms, and a message per round woke the server's threads ~1400 times a second, which slowed the engine on the
+other core (docs/notes/perf.md, stop 13: 0.85-0.88 of in-process per round, 0.93-0.96 at 20 ms, no better at
+50 ms). The UI still sees rounds at 50 Hz or more; run_end and errors go at once."""
+
+
 # ---- the engine process ----
 
 class Outbound:
-    """The engine process's sending end. Trace events wait for the next event that is not `kv` (a round, run_end),
-    so the pipe, and the server, wake once per round; other messages flush what waits first, keeping order."""
+    """The engine process's sending end. Trace events wait for a round, run_end or error event to go with, and
+    rounds for FLUSH_S since the last message, so the pipe and the server wake at most ~50 times a second per
+    engine; other messages flush what waits first, keeping order."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
         self._lock = threading.Lock()
         self._events: list[tuple[int, Event]] = []
+        self._sent = 0.0
 
     def event(self, sid: int, event: Event) -> None:
         with self._lock:
             self._events.append((sid, event))
-            if event["type"] != "kv":
+            now = time.perf_counter()
+            if event["type"] in ("run_end", "error") or event["type"] != "kv" and now - self._sent >= FLUSH_S:
                 self._flush()
+                self._sent = now
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self._lock:
