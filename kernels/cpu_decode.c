@@ -22,7 +22,7 @@ enum { F32, F16, BF16 };
    in the weight format; norms and biases float32. */
 enum { IN_NORM, POST_NORM, Q_NORM, K_NORM, WQ, WK, WV, WO, WGATE, WUP, WDOWN, BQ, BK, BV, BO, N_TENSORS };
 /* Dimensions, in this order, in the `dims` table. */
-enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, SLOTS, FORMAT, N_DIMS };
+enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT };
 
 static inline float f32_value(const float *p) { return *p; }
 static inline float bf16_value(const uint16_t *p) {
@@ -212,11 +212,12 @@ static void attend(const int64_t *dims, const float *q, const float *own_k, cons
    tensors [layers, N_TENSORS] point at each layer's weights (see the enum); embed [vocab, hidden] and head
    [vocab, hidden] are in the weight format. cos/sin [rows, head_dim]; q_scale [rows] or NULL. prefix
    [rows, ldp] slot ids with lengths [rows]; write [rows] the slot each row's K/V goes to (NULL: read-only).
-   k/v caches [layers, slots, kv_heads, head_dim]. logits [rows, vocab]. Returns 0, or -1 when memory ran out. */
+   k/v caches [layers, slots, kv_heads, head_dim], their layers layer_cache elements apart. logits [rows, vocab].
+   Returns 0, or -1 when memory ran out. */
 int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const void *embed,
                 const float *final_norm, const void *head, int rows, const int64_t *ids, const float *cos,
                 const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp, const int64_t *lengths,
-                const int64_t *write, float *k_cache, float *v_cache, float *logits) {
+                const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache, float *logits) {
     int D = (int)dims[HIDDEN], I = (int)dims[INTER], H = (int)dims[HEADS], Hkv = (int)dims[KV_HEADS];
     int hd = (int)dims[HEAD_DIM], V = (int)dims[VOCAB], fmt = (int)dims[FORMAT];
     float eps = eps_[0];
@@ -231,7 +232,6 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
     for (int m = 0; m < rows; m++)
         for (int d = 0; d < D; d++) h[m * D + d] = weight_at(embed, fmt, ids[m] * D + d);
 
-    int64_t layer_cache = dims[SLOTS] * kvs;
     for (int l = 0; l < (int)dims[LAYERS]; l++) {
         const int64_t *t = tensors + l * N_TENSORS;
 #define W(name) ((const void *)(intptr_t)t[name])

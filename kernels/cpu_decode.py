@@ -165,7 +165,7 @@ class FusedDecode:
             self.copies = list(copies.values())   # keeps what the pointers point at alive
         self.dims = torch.tensor([cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
                                   cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                  cfg.vocab_size, 0, FORMATS.index(self.format)], dtype=torch.long)
+                                  cfg.vocab_size, FORMATS.index(self.format)], dtype=torch.long)
         self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
         self.vocab = cfg.vocab_size
 
@@ -186,7 +186,6 @@ class FusedDecode:
         rows = requests * queries
         write = None if kv.write_slots is None else kv.write_slots.reshape(rows).contiguous()
         cos, sin, q_scale = self.model.rotary(positions)
-        self.dims[7] = kv.cache.num_slots
         ids, cos, sin = ids.reshape(rows).contiguous(), cos.contiguous(), sin.contiguous()
         q_scale = None if q_scale is None else q_scale.reshape(rows).contiguous()
         logits = torch.empty(requests, queries, self.vocab, dtype=torch.float32)
@@ -196,7 +195,7 @@ class FusedDecode:
             c(self.final_norm), c(self.head), ctypes.c_int(rows), c(ids.data_ptr()), c(cos.data_ptr()),
             c(sin.data_ptr()), c(_pointer(q_scale)), c(prefix.data_ptr()), ctypes.c_int64(prefix.shape[1]),
             c(lengths.data_ptr()), c(_pointer(write)), c(kv.cache.k.data_ptr()), c(kv.cache.v.data_ptr()),
-            c(logits.data_ptr()))
+            ctypes.c_int64(kv.cache.k.stride(0)), c(logits.data_ptr()))
         if status:
             raise MemoryError("fused decode step: out of memory")
         return logits

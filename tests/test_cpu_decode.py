@@ -167,7 +167,7 @@ def test_weight_format_is_exact():
     assert weight_format([torch.tensor([[2.0 ** 17]])]) == torch.bfloat16  # beyond float16's range
 
 
-def test_unsupported_models_and_missing_compiler_decode_eagerly(loaded):
+def test_unsupported_models_and_missing_compiler_decode_eagerly():
     cfg = CONFIGS["qwen3"]
     half = random_model(cfg, torch.float16).half()
     assert supported(half, PagedKV.empty(cfg, 4, torch.float16, "cpu")) is not None

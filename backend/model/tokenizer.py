@@ -84,9 +84,7 @@ class RedecodedText:
 def text_stream(tok: Any) -> TextStream:
     """A fresh text-delta stream for one run's output."""
     backend = _rust_backend(tok)
-    if backend is not None:
-        return StreamedText(backend)
-    return RedecodedText(functools.partial(tok.decode, skip_special_tokens=True))
+    return RedecodedText(text_decoder(tok)) if backend is None else StreamedText(backend)
 
 
 def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:

@@ -71,10 +71,9 @@ class Outbound:
     def event(self, sid: int, event: Event) -> None:
         with self._lock:
             self._events.append((sid, event))
-            now = time.perf_counter()
-            if event["type"] in ("run_end", "error") or event["type"] != "kv" and now - self._sent >= FLUSH_S:
+            if event["type"] in ("run_end", "error") or (event["type"] != "kv"
+                                                         and time.perf_counter() - self._sent >= FLUSH_S):
                 self._flush()
-                self._sent = now
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self._lock:
@@ -85,6 +84,7 @@ class Outbound:
         if self._events:
             self.conn.send(("events", self._events))
             self._events = []
+            self._sent = time.perf_counter()
 
 
 class EngineSide:
