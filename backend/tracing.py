@@ -80,12 +80,17 @@ def sanitize(value: Any) -> Any:
     return value
 
 
+STRICT_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+"""Compact JSON that refuses NaN and Infinity; one encoder for every event (json.dumps with options builds a new
+one per call, a third of the time of encoding a kv event)."""
+
+
 def to_json(event: dict[str, Any]) -> str:
     """Compact JSON; an event that still holds NaN or Infinity is sanitized first (a tracer's never does)."""
     try:
-        return json.dumps(event, allow_nan=False, separators=(",", ":"))
+        return STRICT_JSON.encode(event)
     except ValueError:
-        return json.dumps(sanitize(event), allow_nan=False, separators=(",", ":"))
+        return STRICT_JSON.encode(sanitize(event))
 
 
 def new_run_id() -> str:
@@ -111,58 +116,66 @@ NULL_TRACER = NullTracer()
 
 
 class RecordingTracer:
-    """Numbers events densely per run, keeps them, and hands each to an optional sink as it is made."""
+    """Numbers events densely per run and hands each to an optional sink as it is made. It keeps them in `events`
+    unless `keep` is False: a tracer whose sink is their only reader (the store's, a socket's, the engine
+    process's pipe) need not hold a run's events a second time, nor touch that memory on every token."""
     enabled = True
 
-    def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None,
+                 keep: bool = True):
         self.run_id = run_id or new_run_id()
         self.events: list[dict[str, Any]] = []
         self.sink = sink
+        self.keep = keep
+        self.seq = 0
+        """The next event's seq: how many events this run has made so far."""
+        self.ended = False
+        """Whether run_end has been made."""
         self._t0 = time.perf_counter()
 
     def emit(self, type: str, payload: dict[str, Any]) -> None:
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}")
-        self._emit(type, sanitize(payload))
+        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(), "type": type,
+                    **sanitize(payload)})
 
     def round(self, event: RoundEvent) -> None:
         """The event's int and string lists are copied as they are; only the fields that may hold floats are
         sanitized (an ar token's round is on the critical path: one dict, built once)."""
         e = event
-        payload = {"block_start": e.block_start, "tokens": list(e.tokens), "states": list(e.states),
-                   "conf": sanitize(e.conf), "case": e.case, "pq": sanitize(e.pq), "branches": sanitize(e.branches),
-                   "fold": None if e.fold is None else [list(rows) for rows in e.fold],
-                   "block_size": e.block_size, "round": e.round,
-                   "phases": [{"kind": p.kind, "attn": p.attn, "lora": p.lora, "n_query": p.n_query, "ms": p.ms}
-                              for p in e.phases],
-                   "accepted_len": e.accepted_len, "committed": list(e.committed), "nfe": e.nfe,
-                   "text_delta": e.text_delta}
+        out = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(), "type": "round",
+               "block_start": e.block_start, "tokens": list(e.tokens), "states": list(e.states),
+               "conf": sanitize(e.conf), "case": e.case, "pq": sanitize(e.pq), "branches": sanitize(e.branches),
+               "fold": None if e.fold is None else [list(rows) for rows in e.fold],
+               "block_size": e.block_size, "round": e.round,
+               "phases": [{"kind": p.kind, "attn": p.attn, "lora": p.lora, "n_query": p.n_query, "ms": p.ms}
+                          for p in e.phases],
+               "accepted_len": e.accepted_len, "committed": list(e.committed), "nfe": e.nfe,
+               "text_delta": e.text_delta}
         if e.extra:
-            payload["extra"] = sanitize(e.extra)
-        self._emit("round", payload)
+            out["extra"] = sanitize(e.extra)
+        self._keep(out)
 
     def kv(self, event: KVEvent) -> None:
         """Ints and strings only, so no sanitizing; the slot lists are copied (callers reuse theirs)."""
-        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": len(self.events), "t_ms": self._ms(),
-                    "type": "kv", "op": event.op, "slots": list(event.slots), "positions": list(event.positions),
+        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(), "type": "kv",
+                    "op": event.op, "slots": list(event.slots), "positions": list(event.positions),
                     "round": event.round, "reason": event.reason})
 
     def relay(self, event: dict[str, Any]) -> None:
         """Keep and hand on an event of this run made by another tracer (the engine process's): later events made
         here continue its numbering."""
-        self.events.append(event)
-        if self.sink is not None:
-            self.sink(event)
+        self._keep(event)
 
     def _ms(self) -> float:
         return round((time.perf_counter() - self._t0) * 1000, 3)
 
-    def _emit(self, type: str, payload: dict[str, Any]) -> None:
-        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": len(self.events), "t_ms": self._ms(),
-                    "type": type, **payload})
-
     def _keep(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
+        self.seq += 1
+        if event["type"] == "run_end":
+            self.ended = True
+        if self.keep:
+            self.events.append(event)
         if self.sink is not None:
             self.sink(event)
 

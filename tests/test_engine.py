@@ -97,6 +97,20 @@ def test_tracing_does_not_change_tokens(engine, heldout_prompts, mode):
         assert off.output_ids == on.output_ids
 
 
+def test_a_tracer_that_does_not_keep_hands_on_the_same_events(engine, heldout_prompts):
+    """keep=False (the server's and the engine process's tracers): the sink sees every event, densely numbered,
+    as a keeping tracer records them; nothing is held in the tracer, and it knows when the run has ended."""
+    kept, seen = RecordingTracer(), []
+    loose = RecordingTracer(sink=seen.append, keep=False)
+    for tracer in (kept, loose):
+        engine.generate(heldout_prompts[0], "ar", {"max_new_tokens": 24}, tracer=tracer)
+    assert loose.events == [] and loose.ended and loose.seq == len(seen)
+    assert [e["seq"] for e in seen] == list(range(len(seen)))
+    drop = ("run_id", "t_ms", "phases", "metrics", "slots")   # the pool hands the second run other slots
+    assert [{k: v for k, v in e.items() if k not in drop} for e in seen] == \
+        [{k: v for k, v in e.items() if k not in drop} for e in kept.events]
+
+
 def test_concurrent_requests_in_mixed_modes_match_solo_runs(engine, heldout_prompts):
     jobs = [(heldout_prompts[i], m) for i, m in enumerate(["ar", "block_diffusion", "linear_spec", "ar"])]
     params = {"max_new_tokens": 40}

@@ -110,7 +110,7 @@ class Engine:
                cancel: threading.Event | None = None) -> Iterator[dict[str, Any]]:
         """Trace events of one run as they happen (between rounds)."""
         pending: list[dict[str, Any]] = []
-        req = self.new_request(prompt, mode, params, RecordingTracer(sink=pending.append), cancel)
+        req = self.new_request(prompt, mode, params, RecordingTracer(sink=pending.append, keep=False), cancel)
         self.scheduler.add(req)
         while True:
             yield from pending

@@ -110,7 +110,8 @@ class EngineSide:
                 self.cancels.pop(sid, None)
             self.out.send(("admitted", sid, None if exc is None else portable(exc)))
 
-        self.worker.submit(prompt, mode, params, RecordingTracer(run_id, sink), cancel).add_done_callback(admitted)
+        tracer = RecordingTracer(run_id, sink, keep=False)   # the server process keeps the run's events
+        self.worker.submit(prompt, mode, params, tracer, cancel).add_done_callback(admitted)
 
     def cancel(self, sid: int) -> None:
         if (cancel := self.cancels.get(sid)) is not None:

@@ -181,7 +181,7 @@ class Worker:
                     log.exception("could not end run %s cleanly", req.rid)
                     self.engine.rt.release_all(req, "error")
             tracer = req.tracer
-            if isinstance(tracer, RecordingTracer) and (not tracer.events or tracer.events[-1]["type"] != "run_end"):
+            if isinstance(tracer, RecordingTracer) and not tracer.ended:
                 req.status = "error"
                 end_failed_run(tracer, "the scheduler failed; see the server log")
         scheduler.waiting.clear()

@@ -1,7 +1,6 @@
 """Engine creation: strict JSON, and for SQLite the WAL / foreign-key / busy-timeout pragmas on every connection."""
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -9,6 +8,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
+
+from backend.tracing import STRICT_JSON
 
 DEFAULT_URL = "sqlite:///sessions/specscope.db"
 
@@ -25,7 +26,7 @@ def set_sqlite_pragmas(dbapi_conn: Any, _record: Any, busy_timeout_ms: int) -> N
 def make_engine(url: str = DEFAULT_URL, busy_timeout_ms: int = 5000) -> Engine:
     """An engine for any SQLAlchemy URL; JSON columns refuse NaN and Infinity."""
     sa_url = make_url(url)
-    kwargs: dict[str, Any] = {"json_serializer": partial(json.dumps, allow_nan=False, separators=(",", ":"))}
+    kwargs: dict[str, Any] = {"json_serializer": STRICT_JSON.encode}
     sqlite, database = sa_url.get_backend_name() == "sqlite", sa_url.database or ""
     if sqlite and database in ("", ":memory:"):
         kwargs |= {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}

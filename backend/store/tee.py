@@ -25,5 +25,5 @@ class Tee:
             listener(event)
 
     def tracer(self, run_id: str | None = None) -> RecordingTracer:
-        """A recording tracer whose events go through this tee."""
-        return RecordingTracer(run_id, sink=self)
+        """A recording tracer whose events go through this tee (and are not kept a second time in the tracer)."""
+        return RecordingTracer(run_id, sink=self, keep=False)
