@@ -18,6 +18,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -79,6 +80,9 @@ def build(compiler: str, flags: tuple[str, ...] = FLAGS) -> Path | None:
 def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.decode_step.restype = ctypes.c_int
+    pointer, int64 = ctypes.c_void_p, ctypes.c_int64   # declared, so a call passes plain ints without wrapping
+    lib.decode_step.argtypes = [pointer] * 6 + [ctypes.c_int] + [pointer] * 6 + [int64] + [pointer] * 4 + [int64,
+                                                                                                           pointer]
     return lib
 
 
@@ -113,25 +117,50 @@ def supported(model: Transformer, cache: PagedKV) -> str | None:
     return None
 
 
-def chunk_prefixes(kv: KVContext, queries: int) -> tuple[Tensor, Tensor]:
+def chunk_prefixes(kv: KVContext, queries: int) -> tuple[np.ndarray, np.ndarray]:
     """Each query row's slot table and length, one row per (request, query): a request's committed prefix
     followed by its chunk's slots, of which query m reads the first m (causal). The kernel writes and reads a
-    chunk's rows in order, so row m sees exactly what a 1-row step at its position would: the same numbers."""
-    requests, width = kv.prefix_slots.shape
-    held = torch.full((requests,), width) if kv.prefix_valid is None else kv.prefix_valid.sum(1)
-    steps = torch.arange(queries)
-    table = kv.prefix_slots
+    chunk's rows in order, so row m sees exactly what a 1-row step at its position would: the same numbers.
+    (In NumPy: a decode step runs this per token, and a NumPy op costs a fraction of a torch one.)"""
+    table = kv.prefix_slots.numpy()
+    requests, width = table.shape
+    held = np.full(requests, width) if kv.prefix_valid is None else kv.prefix_valid.numpy().sum(1)
+    rows = held[:, None] + np.arange(queries)[None, :]
     if kv.write_slots is not None:
-        table = torch.cat([table, kv.write_slots], dim=1)
+        write = kv.write_slots.numpy()
+        table = np.concatenate([table, write], axis=1)
         if kv.prefix_valid is not None:   # a padded row's chunk follows its own prefix, over its padding
-            table.scatter_(1, held[:, None] + steps[None, :], kv.write_slots)
+            np.put_along_axis(table, rows, write, axis=1)
     if queries > 1:
-        table = table.repeat_interleave(queries, 0)
-    return table.contiguous(), (held[:, None] + steps[None, :]).reshape(-1).contiguous()
+        table = np.repeat(table, queries, axis=0)
+    return np.ascontiguousarray(table, dtype=np.int64), np.ascontiguousarray(rows.reshape(-1), dtype=np.int64)
 
 
-def _pointer(t: Tensor | None) -> int:
-    return 0 if t is None else t.data_ptr()
+def _flat(t: Tensor) -> np.ndarray:
+    """A CPU int tensor's values as one contiguous int64 array (a view where it already is one)."""
+    return np.ascontiguousarray(t.numpy().reshape(-1), dtype=np.int64)
+
+
+class RopeTable:
+    """cos, sin [P, head_dim] and the query scale [P] (None when unscaled) of positions 0..P-1, made by the
+    model's own Rotary, so the kernel reads the numbers the eager forward computes per call; grown by doubling
+    when a position reaches past P."""
+
+    def __init__(self, model: Transformer):
+        self.rotary = model.rotary
+        self.size = 0
+        self.cos = self.sin = torch.empty(0)
+        self.q_scale: Tensor | None = None
+
+    def cover(self, last: int) -> None:
+        """Make sure position `last` is in the table."""
+        if last < self.size:
+            return
+        size = max(64, 1 << last.bit_length())
+        cos, sin, q_scale = self.rotary(torch.arange(size)[None])
+        self.cos, self.sin = cos.reshape(size, -1).contiguous(), sin.reshape(size, -1).contiguous()
+        self.q_scale = None if q_scale is None else q_scale.reshape(size).contiguous()
+        self.size = size
 
 
 class FusedDecode:
@@ -168,6 +197,7 @@ class FusedDecode:
                                   cfg.vocab_size, FORMATS.index(self.format)], dtype=torch.long)
         self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
         self.vocab = cfg.vocab_size
+        self.rope = RopeTable(model)
 
     @staticmethod
     def accepts(queries: int, attn: str, mask: Tensor | None, lora: bool | Tensor, writes: bool) -> bool:
@@ -183,19 +213,17 @@ class FusedDecode:
         if kv is None or not self.accepts(queries, attn, mask, lora, kv.write_slots is not None):
             return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
         prefix, lengths = chunk_prefixes(kv, queries)
-        rows = requests * queries
-        write = None if kv.write_slots is None else kv.write_slots.reshape(rows).contiguous()
-        cos, sin, q_scale = self.model.rotary(positions)
-        ids, cos, sin = ids.reshape(rows).contiguous(), cos.contiguous(), sin.contiguous()
-        q_scale = None if q_scale is None else q_scale.reshape(rows).contiguous()
+        at, ids_ = _flat(positions), _flat(ids)
+        write = None if kv.write_slots is None else _flat(kv.write_slots)
+        self.rope.cover(int(at.max()))
+        rope = self.rope
         logits = torch.empty(requests, queries, self.vocab, dtype=torch.float32)
-        c = ctypes.c_void_p
         status = self.lib.decode_step(
-            c(self.dims.data_ptr()), c(self.eps.data_ptr()), c(self.tensors.data_ptr()), c(self.embed),
-            c(self.final_norm), c(self.head), ctypes.c_int(rows), c(ids.data_ptr()), c(cos.data_ptr()),
-            c(sin.data_ptr()), c(_pointer(q_scale)), c(prefix.data_ptr()), ctypes.c_int64(prefix.shape[1]),
-            c(lengths.data_ptr()), c(_pointer(write)), c(kv.cache.k.data_ptr()), c(kv.cache.v.data_ptr()),
-            ctypes.c_int64(kv.cache.k.stride(0)), c(logits.data_ptr()))
+            self.dims.data_ptr(), self.eps.data_ptr(), self.tensors.data_ptr(), self.embed, self.final_norm,
+            self.head, requests * queries, ids_.ctypes.data, at.ctypes.data, rope.cos.data_ptr(), rope.sin.data_ptr(),
+            None if rope.q_scale is None else rope.q_scale.data_ptr(), prefix.ctypes.data, prefix.shape[1],
+            lengths.ctypes.data, None if write is None else write.ctypes.data, kv.cache.k.data_ptr(),
+            kv.cache.v.data_ptr(), kv.cache.k.stride(0), logits.data_ptr())
         if status:
             raise MemoryError("fused decode step: out of memory")
         return logits

@@ -134,6 +134,27 @@ def test_a_chunk_row_is_the_decode_step_at_its_position(lib):
     assert torch.equal(chunk_cache.k, step_cache.k) and torch.equal(chunk_cache.v, step_cache.v)
 
 
+def test_rope_table_grows_and_holds_the_eager_numbers(lib):
+    """The kernel reads cos/sin and the query scale from a table by position: a step far past the table's first
+    size grows it, and every entry is what the model's Rotary computes for that position alone."""
+    cfg = CONFIGS["query-scaled"]
+    model = random_model(cfg, torch.float32)
+    fused = FusedDecode(model, lib)
+    for start in (3, 200, 1000):
+        ids, positions, prefix, _, write = batch([5], 1, cfg.vocab_size)
+        positions = positions + start
+        with torch.inference_mode():
+            want = model(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, write))
+            got = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, write))
+        assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0), start
+    table = fused.rope
+    assert table.size == 1024 and table.q_scale is not None
+    for at in (0, 7, 8, 205, 1005):
+        cos, sin, q_scale = model.rotary(torch.tensor([[at]]))
+        assert torch.equal(table.cos[at], cos.reshape(-1)) and torch.equal(table.sin[at], sin.reshape(-1))
+        assert torch.equal(table.q_scale[at], q_scale.reshape(()))
+
+
 def test_other_forwards_run_eagerly(lib):
     """Read-only multi-row chunks, block attention and an adapter switched on are the model's own forward, bit
     for bit."""
@@ -187,7 +208,7 @@ def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
     original = step.lib.decode_step
 
     def counting(*args):
-        calls.append(args[6].value)   # rows
+        calls.append(args[6])   # rows
         return original(*args)
 
     step.lib.decode_step = counting

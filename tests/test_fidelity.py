@@ -67,7 +67,9 @@ def test_block_confidence_is_the_t1_probability_at_any_temperature(engine):
 def test_isd_rejects_a_spec_whose_scaled_proposal_is_zero():
     """where(αq > 0, p/q, 0): α = 0 rejects every spec at T > 0, whatever p is."""
     v = 11
-    clean, draft = torch.randn(3, v), torch.randn(3, v)
+    g = torch.Generator().manual_seed(0)
+    clean, draft = torch.randn(3, v, generator=g), torch.randn(3, v, generator=g)
+    clean[:, v - 1] = float("-inf")   # v - 1 is the MASK id: a spec is never MASK (p = 0 would reject it anyway)
     specs = clean.argmax(-1)
     noise = torch.zeros(3), torch.zeros(3, v)
     assert isd_verify_torch(clean, draft, specs, 0.8, 0.0, v - 1, *noise).accepted == 0
