@@ -136,14 +136,14 @@ class Client:
         message = {"type": "generate", "prompt": prompt, "mode": mode, "params": params or {}}
         cancelled = False
         try:
-            async with connect(self.ws_url + "/ws/generate", additional_headers=self.headers,
+            async with connect(self.ws_url + "/ws/generate?frames=batch", additional_headers=self.headers,
                                open_timeout=self.timeout, max_size=None) as ws:
                 await ws.send(json.dumps(message))
                 async for raw in ws:
-                    event = json.loads(raw)
-                    yield event
-                    if event.get("type") in FINAL_EVENTS:
-                        return
+                    for event in json.loads(raw):   # batched frames: the events ready at once, in order
+                        yield event
+                        if event.get("type") in FINAL_EVENTS:
+                            return
                     if stop is not None and not cancelled and stop():
                         cancelled = True
                         await ws.send(json.dumps({"type": "cancel"}))

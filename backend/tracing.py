@@ -85,8 +85,9 @@ STRICT_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 one per call, a third of the time of encoding a kv event)."""
 
 
-def to_json(event: dict[str, Any]) -> str:
-    """Compact JSON; an event that still holds NaN or Infinity is sanitized first (a tracer's never does)."""
+def to_json(event: dict[str, Any] | list[dict[str, Any]]) -> str:
+    """Compact JSON of an event or a list of them; one that still holds NaN or Infinity is sanitized first (a
+    tracer's never does)."""
     try:
         return STRICT_JSON.encode(event)
     except ValueError:

@@ -120,6 +120,33 @@ def test_generate_streams_and_stores_the_same_events(client, store, engine, mode
     assert engine.rt.pool.used == 0
 
 
+def test_batched_frames_carry_the_same_events_as_arrays(client, store):
+    """?frames=batch: every message is a JSON array of events, in order; together they are the run's events as a
+    one-event-per-message client gets them (and as stored), and a bad query gets an error event before it closes."""
+    with client.websocket_connect("/ws/generate?frames=batch") as ws:
+        ws.send_json({"type": "generate", "prompt": PROMPT, "mode": "ar", "params": {"max_new_tokens": 24}})
+        frames = [ws.receive_json()]
+        while frames[-1][-1]["type"] != "run_end":
+            frames.append(ws.receive_json())
+        ws.send_json({"type": "nonsense"})   # errors outside a run come as arrays too
+        assert ws.receive_json()[0]["type"] == "error"
+    assert all(isinstance(f, list) and f for f in frames)
+    events = [e for f in frames for e in f]
+    assert_one_dense_run(events)
+    assert store.events(events[0]["run_id"]) == events
+    with client.websocket_connect("/ws/generate") as ws:
+        single = generate(ws, max_new_tokens=24)
+    content = [{k: v for k, v in e.items() if k not in ("run_id", "t_ms", "phases", "metrics", "slots")}
+               for e in single]
+    assert [{k: v for k, v in e.items() if k not in ("run_id", "t_ms", "phases", "metrics", "slots")}
+            for e in events] == content
+    with client.websocket_connect("/ws/generate?frames=lots") as ws:
+        error = ws.receive_json()
+        assert error["type"] == "error" and error["code"] == "bad_request" and "frames" in error["message"]
+        with pytest.raises(WebSocketDisconnect):
+            ws.receive_json()
+
+
 def test_socket_runs_one_generation_after_another(client):
     with client.websocket_connect("/ws/generate") as ws:
         first, second = generate(ws, "block_diffusion", block_size=4), generate(ws, "ar", max_new_tokens=8)

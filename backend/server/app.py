@@ -18,11 +18,11 @@ from backend.server.auth import TokenMiddleware
 from backend.server.generate import GenerateSession
 from backend.server.logs import redact_tokens
 from backend.server.models import ModelHost, models_router
-from backend.server.protocol import MAX_QUEUED_RUNS
+from backend.server.protocol import MAX_QUEUED_RUNS, ProtocolError, parse_frames
 from backend.server.replay import replay
 from backend.server.service import EngineService, LocalEngine
 from backend.store import Store, StoreWriter
-from backend.tracing import sanitize
+from backend.tracing import sanitize, to_json
 
 NO_UI_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>specscope</title></head><body>
 <h1>specscope backend</h1><p>The web UI is not installed or is turned off.
@@ -79,7 +79,13 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
     @app.websocket("/ws/generate")
     async def ws_generate(ws: WebSocket) -> None:
         await ws.accept()
-        await GenerateSession(ws, writer, service).serve()
+        try:
+            batch = parse_frames(dict(ws.query_params))
+        except ProtocolError as e:
+            await ws.send_text(to_json(e.event()))
+            await ws.close()
+            return
+        await GenerateSession(ws, writer, service, batch).serve()
 
     @app.websocket("/ws/replay/{run_id}")
     async def ws_replay(ws: WebSocket, run_id: str) -> None:

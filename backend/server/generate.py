@@ -54,10 +54,11 @@ class LoopHandoff:
 
 
 class GenerateSession:
-    def __init__(self, ws: WebSocket, writer: StoreWriter, engine: EngineService):
+    def __init__(self, ws: WebSocket, writer: StoreWriter, engine: EngineService, batch: bool = False):
         self.ws = ws
         self.writer = writer
         self.engine = engine
+        self.batch = batch   # every message a JSON array of the events ready (?frames=batch)
         self.outbox = Outbox()
         self.cancel: Callable[[], None] | None = None  # cancels the active run; None when idle
         self._ending: asyncio.Future[None] | None = None  # the active run's run_end, waiting for the store
@@ -92,8 +93,10 @@ class GenerateSession:
     async def _write(self, scope: anyio.CancelScope) -> None:
         try:
             while True:
-                event = await self.outbox.get()
-                await self.ws.send_text(to_json(event))
+                if self.batch:
+                    await self.ws.send_text(to_json(await self.outbox.get_all()))
+                else:
+                    await self.ws.send_text(to_json(await self.outbox.get()))
         except SlowClient as e:
             log.warning("closing a slow /ws/generate client: %s", e)
             await self.ws.close(WS_TRY_AGAIN_LATER, "client too slow")

@@ -41,12 +41,23 @@ class Outbox:
         self._ready.set()
 
     async def get(self) -> Event:
+        await self._wait()
+        return self._items.popleft()
+
+    async def get_all(self) -> list[Event]:
+        """Every queued event (at least one), oldest first."""
+        await self._wait()
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    async def _wait(self) -> None:
+        """Until something is queued; SlowClient when the client is past the hard limit."""
         while not self._items:
             self._ready.clear()
             await self._ready.wait()
         if len(self._items) > self.hard_limit:
             raise SlowClient(f"client is {len(self._items)} events behind")
-        return self._items.popleft()
 
     def _drop_oldest_round(self) -> bool:
         for i, queued in enumerate(self._items):

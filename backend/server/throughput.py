@@ -4,7 +4,9 @@
                                          [--max-new-tokens 128] [--threads 1] [--repeat 3]
 
 The server is `specscope serve --no-ui` (its engine in a process of its own), as users run it, with this process
-as its websocket client (a client sharing the server's process would tax its GIL with work a browser does elsewhere).
+as its websocket client (a client sharing the server's process would tax its GIL with work a browser does elsewhere),
+once with a message per event (the protocol's default) and once with batched frames (`?frames=batch`, as the UI's
+client asks).
 Each prompt runs once per path per repeat, one run at a time, the paths interleaved, after a warm-up run.
 In-process tok/s is the engine's own figure (run_end metrics); through the server both the engine's figure from
 run_end and the client's (tokens over the time from sending `generate` to receiving run_end, which is sent once
@@ -41,9 +43,9 @@ def in_process(engine: Engine, writer: StoreWriter | None, mode: str, prompt: st
     return res.metrics["tokens"] / (res.metrics["wall_ms"] / 1000)
 
 
-async def through_server(port: int, mode: str, prompt: str, n: int) -> tuple[float, float]:
+async def through_server(port: int, mode: str, prompt: str, n: int, frames: str = "event") -> tuple[float, float]:
     """(tok/s as the client sees it, the engine's own tok/s from run_end) of one run through the server."""
-    async with connect(f"ws://127.0.0.1:{port}/ws/generate", max_size=None) as ws:
+    async with connect(f"ws://127.0.0.1:{port}/ws/generate?frames={frames}", max_size=None) as ws:
         began = time.perf_counter()
         await ws.send(json.dumps({"type": "generate", "prompt": prompt, "mode": mode,
                                   "params": {"max_new_tokens": n, "raw": True}}))
@@ -51,6 +53,7 @@ async def through_server(port: int, mode: str, prompt: str, n: int) -> tuple[flo
             if '"type":"run_end"' not in raw:
                 continue
             event = json.loads(raw)
+            event = event[-1] if isinstance(event, list) else event
             if event["type"] == "run_end":
                 tokens, wall = event["metrics"]["tokens"], time.perf_counter() - began
                 return tokens / wall, tokens / (event["metrics"]["wall_ms"] / 1000)
@@ -85,8 +88,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     engine, mode, n = Engine(num_slots=4096), args.mode, args.max_new_tokens
-    rows: dict[str, list[float]] = {"in-process, untraced": [], "in-process, traced + stored": [],
-                                    "through the server (engine's figure)": [], "through the server (client)": []}
+    paths = {"": "event", ", batched": "batch"}
+    rows: dict[str, list[float]] = {"in-process, untraced": [], "in-process, traced + stored": []}
+    for label in paths:
+        rows |= {f"through the server{label} (engine's figure)": [], f"through the server{label} (client)": []}
     server = serve_in_process(args.db, args.port, args.threads)
     try:
         with Store(args.db, server="throughput:0") as store, StoreWriter(store) as writer:
@@ -96,16 +101,17 @@ def main() -> None:
                 for q in PROMPTS:
                     rows["in-process, untraced"].append(in_process(engine, None, mode, q, n))
                     rows["in-process, traced + stored"].append(in_process(engine, writer, mode, q, n))
-                    client, engine_side = asyncio.run(through_server(args.port, mode, q, n))
-                    rows["through the server (client)"].append(client)
-                    rows["through the server (engine's figure)"].append(engine_side)
+                    for label, frames in paths.items():
+                        client, engine_side = asyncio.run(through_server(args.port, mode, q, n, frames))
+                        rows[f"through the server{label} (client)"].append(client)
+                        rows[f"through the server{label} (engine's figure)"].append(engine_side)
     finally:
         server.terminate()
         server.wait(60)
     base = rows["in-process, untraced"]
     for label, figures in rows.items():
         paired = statistics.median(f / b for f, b in zip(figures, base, strict=True))
-        print(f"{label:38s} median {statistics.median(figures):7.1f} tok/s  min {min(figures):6.1f}  "
+        print(f"{label:47s} median {statistics.median(figures):7.1f} tok/s  min {min(figures):6.1f}  "
               f"max {max(figures):6.1f}  {paired:.3f}x in-process (median of per-run ratios)")
 
 

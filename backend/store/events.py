@@ -1,13 +1,12 @@
 """Trace events as rows: envelope checks, the dense-seq rule, and the event <-> row mapping."""
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
 from backend.store.errors import DuplicateSeqError, SeqGapError, TraceError
-from backend.tracing import EVENT_TYPES, SCHEMA_VERSION
+from backend.tracing import EVENT_TYPES, SCHEMA_VERSION, STRICT_JSON
 
 COLUMNS = ("run_id", "seq", "t_ms", "type")
 
@@ -28,7 +27,7 @@ def check_envelope(event: Any) -> None:
     if event.get("type") not in EVENT_TYPES:
         raise TraceError(f"event {event['seq']}: unknown type {event.get('type')!r}")
     try:
-        json.dumps(event, allow_nan=False)
+        STRICT_JSON.encode(event)
     except (TypeError, ValueError) as exc:
         raise TraceError(f"event {event['seq']} is not strict JSON: {exc}") from exc
 
