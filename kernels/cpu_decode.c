@@ -47,8 +47,8 @@ static inline float f16_value(const uint16_t *p) {
     return f;
 }
 
-/* LANES-wide vector steps: AVX-512 (one register), AVX2 + F16C (two), or plain C. The lanes and the order of
-   their final sum are the same in all three, so the result does not depend on the vector ISA. */
+/* LANES-wide vector steps: AVX-512 (one register), AVX2 + F16C (two), or plain C (VW 1). The lanes and the order
+   of their final sum are the same in all three, so the result does not depend on the vector ISA. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define VW 16
@@ -84,13 +84,34 @@ static inline vec vfma(vec a, vec b, vec c) { return fmaf(a, b, c); }
 static inline void vstore(float *p, vec a) { *p = a; }
 #endif
 #define STEPS (LANES / VW)
+/* Query rows that share each weight load: their accumulators (ROW_BLOCK x 4 x STEPS vectors) stay in registers. */
+#if VW == 8
+#define ROW_BLOCK 2
+#else
+#define ROW_BLOCK 4
+#endif
 #define PREFETCH_AHEAD 256   /* elements: each weight row is requested this far ahead of its loads */
 
-static float lane_sum(const vec *acc) {
-    float lanes[LANES], s = 0.0f;
-    for (int u = 0; u < STEPS; u++) vstore(lanes + u * VW, acc[u]);
-    for (int k = 0; k < LANES; k++) s += lanes[k];
-    return s;
+/* The sum of the LANES lanes as one tree, the same for every ISA: lane k + lane k+8, then k + k+4, k + k+2 and
+   k + k+1 (a few vector adds, where a lane-by-lane sum was 16 dependent ones per output). */
+static inline float lane_sum(const vec *acc) {
+#if VW == 16 || VW == 8
+#if VW == 16
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc[0]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[0]), 1)));
+#else
+    __m256 h = _mm256_add_ps(acc[0], acc[1]);
+#endif
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+#else
+    float t[LANES];
+    for (int k = 0; k < LANES; k++) t[k] = acc[k];
+    for (int width = LANES / 2; width > 0; width /= 2)
+        for (int k = 0; k < width; k++) t[k] += t[k + width];
+    return t[0];
+#endif
 }
 
 static float weight_at(const void *w, int format, int64_t i) {
@@ -98,37 +119,52 @@ static float weight_at(const void *w, int format, int64_t i) {
     return format == F16 ? f16_value((const uint16_t *)w + i) : bf16_value((const uint16_t *)w + i);
 }
 
-/* y[m, o] = sum_i w[o, i] x[m, i] (+ bias[o]) for `rows` rows; four output rows share each pass over x, and
-   each weight row is read once for all rows, prefetched ahead without temporal locality (a decode step reads
-   every weight once: ~8 % faster, and it evicts less of what the engine's Python needs next). */
+/* y[m, o] = sum_i w[o, i] x[m, i] for `rows` rows. Four output rows share each pass over x, and ROW_BLOCK query
+   rows share each weight load (and its widening), so a chunk of rows is not a chunk of weight streams. Every
+   (row, output) accumulates its products in the same order as a lone row would: a chunk row is the decode step's
+   number bit for bit. Weight rows are prefetched ahead without temporal locality (a decode step reads every
+   weight once: ~8 % faster). */
 #define DEFINE_LINEAR(NAME, TYPE, LOAD, SCALAR)                                                                        \
+    static inline __attribute__((always_inline)) void NAME##_block(const TYPE *const *wr, int n, int in,       \
+                                                                   const float *x, int64_t ldx, float *y,     \
+                                                                   int64_t ldy, int rb, int prefetch) {       \
+        vec acc[ROW_BLOCK][4][STEPS];                                                                         \
+        for (int b = 0; b < rb; b++)                                                                          \
+            for (int r = 0; r < 4; r++)                                                                       \
+                for (int u = 0; u < STEPS; u++) acc[b][r][u] = vzero();                                       \
+        int i = 0;                                                                                            \
+        for (; i + LANES <= in; i += LANES)                                                                   \
+            for (int u = 0; u < STEPS; u++) {                                                                 \
+                int j = i + u * VW;                                                                           \
+                if (prefetch && u == 0)                                                                       \
+                    for (int r = 0; r < 4; r++) __builtin_prefetch(wr[r] + i + PREFETCH_AHEAD, 0, 0);          \
+                vec w0 = LOAD(wr[0] + j), w1 = LOAD(wr[1] + j), w2 = LOAD(wr[2] + j), w3 = LOAD(wr[3] + j);   \
+                for (int b = 0; b < rb; b++) {                                                                \
+                    vec xv = vload(x + b * ldx + j);                                                          \
+                    acc[b][0][u] = vfma(w0, xv, acc[b][0][u]);                                                \
+                    acc[b][1][u] = vfma(w1, xv, acc[b][1][u]);                                                \
+                    acc[b][2][u] = vfma(w2, xv, acc[b][2][u]);                                                \
+                    acc[b][3][u] = vfma(w3, xv, acc[b][3][u]);                                                \
+                }                                                                                             \
+            }                                                                                                 \
+        for (int b = 0; b < rb; b++) {                                                                        \
+            const float *xb = x + b * ldx;                                                                    \
+            float s[4] = {lane_sum(acc[b][0]), lane_sum(acc[b][1]), lane_sum(acc[b][2]), lane_sum(acc[b][3])}; \
+            for (int k = i; k < in; k++)                                                                      \
+                for (int r = 0; r < 4; r++) s[r] += SCALAR(wr[r] + k) * xb[k];                                \
+            for (int r = 0; r < n; r++) y[b * ldy + r] = s[r];                                                \
+        }                                                                                                     \
+    }                                                                                                         \
     static void NAME(const TYPE *w, int out, int in, const float *x, int64_t ldx, float *y, int64_t ldy,     \
                      int rows) {                                                                            \
         for (int o = 0; o < out; o += 4) {                                                                    \
             int n = out - o < 4 ? out - o : 4;                                                                \
             const TYPE *wr[4];                                                                                \
             for (int r = 0; r < 4; r++) wr[r] = w + (int64_t)(o + (r < n ? r : 0)) * in;                        \
-            for (int m = 0; m < rows; m++) {                                                                  \
-                const float *xm = x + m * ldx;                                                                \
-                vec a0[STEPS], a1[STEPS], a2[STEPS], a3[STEPS];                                               \
-                for (int u = 0; u < STEPS; u++) a0[u] = a1[u] = a2[u] = a3[u] = vzero();                      \
-                int i = 0;                                                                                    \
-                for (; i + LANES <= in; i += LANES)                                                           \
-                    for (int u = 0; u < STEPS; u++) {                                                         \
-                        int j = i + u * VW;                                                                   \
-                        if (m == 0 && u == 0)                                                                 \
-                            for (int r = 0; r < 4; r++) __builtin_prefetch(wr[r] + i + PREFETCH_AHEAD, 0, 0);  \
-                        vec xv = vload(xm + j);                                                               \
-                        a0[u] = vfma(LOAD(wr[0] + j), xv, a0[u]);                                             \
-                        a1[u] = vfma(LOAD(wr[1] + j), xv, a1[u]);                                             \
-                        a2[u] = vfma(LOAD(wr[2] + j), xv, a2[u]);                                             \
-                        a3[u] = vfma(LOAD(wr[3] + j), xv, a3[u]);                                             \
-                    }                                                                                         \
-                float s[4] = {lane_sum(a0), lane_sum(a1), lane_sum(a2), lane_sum(a3)};                        \
-                for (; i < in; i++)                                                                           \
-                    for (int r = 0; r < 4; r++) s[r] += SCALAR(wr[r] + i) * xm[i];                            \
-                for (int r = 0; r < n; r++) y[m * ldy + o + r] = s[r];                                        \
-            }                                                                                                 \
+            int m = 0;                                                                                        \
+            for (; m + ROW_BLOCK <= rows; m += ROW_BLOCK)                                                     \
+                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, ROW_BLOCK, m == 0);          \
+            for (; m < rows; m++) NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 1, m == 0);  \
         }                                                                                                     \
     }
 DEFINE_LINEAR(linear_f32, float, vload, f32_value)

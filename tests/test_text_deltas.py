@@ -7,7 +7,7 @@ import random
 from backend.engine.modes import get_mode
 from backend.engine.recorder import RunRecorder
 from backend.engine.request import Request
-from backend.model.tokenizer import RedecodedText, StreamedText, text_decoder, text_stream
+from backend.model.tokenizer import RedecodedText, StreamedText, text_decoder, text_stream, token_pieces
 
 TEXT = "naïve café — 漢字 and emoji 🙂 over a window of " + "many words " * 6 + "∑ ✓"
 
@@ -55,3 +55,10 @@ def test_the_fast_decoder_gives_the_tokenizers_text(loaded):
     for _ in range(500):
         ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))]
         assert decode(ids) == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_token_pieces_are_each_ids_own_text(loaded):
+    """The run_start pieces: every id decoded alone, special tokens included, as the tokenizer's own decode."""
+    tok = loaded.tokenizer
+    ids = list(range(len(tok)))   # every id: bytes of split characters, special tokens, plain words
+    assert token_pieces(tok, ids) == [tok.decode([i]) for i in ids]

@@ -13,6 +13,7 @@ from backend.engine.request import Request
 from backend.engine.runtime import Runtime
 from backend.engine.scheduler import Scheduler, Tiers
 from backend.model.checkpoint import LoadedModel, load_checkpoint
+from backend.model.tokenizer import token_pieces
 from backend.tracing import NULL_TRACER, RecordingTracer, Tracer, new_run_id
 
 
@@ -86,7 +87,7 @@ class Engine:
                                       "model_hash": self.rt.loaded.weights_hash,
                                       "block_size_tiers": [list(t) for t in tiers],
                                       "prompt": prompt, "prompt_ids": ids,
-                                      "pieces": [tok.decode([i]) for i in ids]})
+                                      "pieces": token_pieces(tok, ids)})
         return req
 
     def result(self, req: Request) -> RunResult:

@@ -49,6 +49,15 @@ def text_decoder(tok: Any) -> Callable[[list[int]], str]:
     return functools.partial(tok.decode, skip_special_tokens=True)
 
 
+def token_pieces(tok: Any, ids: list[int]) -> list[str]:
+    """Each id's own text, special tokens included (`tok.decode([i])` for each id: the prompt as the UI lays it
+    out), through the Rust tokenizer where that is the same text (a sixth of the time)."""
+    backend = _rust_backend(tok)
+    if backend is None:
+        return [tok.decode([i]) for i in ids]
+    return [backend.decode([i], skip_special_tokens=False) for i in ids]
+
+
 class TextStream(Protocol):
     def push(self, ids: list[int]) -> str:
         """The text the output gained with these new ids. A character split across byte-level tokens waits for
