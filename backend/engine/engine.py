@@ -91,9 +91,8 @@ class Engine:
         return req
 
     def result(self, req: Request) -> RunResult:
-        rec = self.scheduler.recorder
-        return RunResult(req.rid, req.mode.name, req.status, rec.output_ids(req), rec.output_text(req),
-                         rec.metrics(req), req.error)
+        out = self.scheduler.recorder.outcome(req)
+        return RunResult(req.rid, req.mode.name, req.status, out["output_ids"], out["text"], out["metrics"], req.error)
 
     def run(self, reqs: list[Request]) -> list[RunResult]:
         """Run several requests together (continuous batching) until all finish."""

@@ -50,9 +50,15 @@ class RunRecorder:
         view.text_delta = self.text_delta(req)
         req.tracer.round(view)
 
+    def outcome(self, req: Request) -> dict[str, Any]:
+        """An ended run's output_ids, text and metrics, made once (run_end and the engine's result share them)."""
+        if req.outcome is None:
+            req.outcome = {"output_ids": self.output_ids(req), "text": self.output_text(req),
+                           "metrics": self.metrics(req)}
+        return req.outcome
+
     def run_end(self, req: Request) -> None:
-        req.tracer.emit("run_end", {"status": req.status, "output_ids": self.output_ids(req),
-                                    "text": self.output_text(req), "metrics": self.metrics(req)})
+        req.tracer.emit("run_end", {"status": req.status, **self.outcome(req)})
 
     def error(self, req: Request, message: str) -> None:
         req.tracer.emit("error", {"code": "run_failed", "message": message})

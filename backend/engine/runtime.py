@@ -86,9 +86,10 @@ class Runtime:
         signature), e.g. SpecFold's folded multi-branch forward. One call is one forward on the critical
         path: +1 NFE for each distinct request (not for prefill)."""
         t0 = time.perf_counter()
-        rows, q = ids.shape
+        q = ids.shape[1]
         steps = range(q) if offsets is None else offsets
-        positions = torch.tensor([[s + j for j in steps] for s in start], device=self.device)
+        rows_at = [[s + j for j in steps] for s in start]
+        positions = torch.tensor(rows_at, device=self.device)
         kv = self._context(reqs, write)
         ids = ids.to(self.device)
         adapter = self.adapter(ids, lora)
@@ -104,7 +105,7 @@ class Runtime:
                 req.nfe += 1
             req.phases.append(Phase(kind, attn, adapter_on, q, round(ms, 3)))
         if write is not None and any(r.tracer.enabled for r in reqs):
-            for req, slots, row in zip(reqs, write, positions.tolist(), strict=True):
+            for req, slots, row in zip(reqs, write, rows_at, strict=True):
                 if req.tracer.enabled:
                     req.tracer.kv(KVEvent(kv_op, slots, row, req.round))
         return logits
