@@ -9,7 +9,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +62,7 @@ class RoundEvent:
 class KVEvent:
     op: str                             # alloc | write | commit | free | refresh
     slots: list[int]
-    positions: list[int]
+    positions: Sequence[int]
     round: int
     reason: str | None = None           # free: mask | rejected | trim | finished | cancelled | error
 
@@ -137,6 +137,7 @@ class RecordingTracer:
     def emit(self, type: str, payload: dict[str, Any]) -> None:
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}")
+        self.ended = self.ended or type == "run_end"
         self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(), "type": type,
                     **sanitize(payload)})
 
@@ -166,6 +167,7 @@ class RecordingTracer:
     def relay(self, event: dict[str, Any]) -> None:
         """Keep and hand on an event of this run made by another tracer (the engine process's): later events made
         here continue its numbering."""
+        self.ended = self.ended or event["type"] == "run_end"
         self._keep(event)
 
     def _ms(self) -> float:
@@ -173,8 +175,6 @@ class RecordingTracer:
 
     def _keep(self, event: dict[str, Any]) -> None:
         self.seq += 1
-        if event["type"] == "run_end":
-            self.ended = True
         if self.keep:
             self.events.append(event)
         if self.sink is not None:

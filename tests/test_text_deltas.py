@@ -7,7 +7,15 @@ import random
 from backend.engine.modes import get_mode
 from backend.engine.recorder import RunRecorder
 from backend.engine.request import Request
-from backend.model.tokenizer import RedecodedText, StreamedText, text_decoder, text_stream, token_pieces
+from backend.model.tokenizer import (
+    ByteText,
+    RedecodedText,
+    StreamedText,
+    byte_table,
+    text_decoder,
+    text_stream,
+    token_pieces,
+)
 
 TEXT = "naïve café — 漢字 and emoji 🙂 over a window of " + "many words " * 6 + "∑ ✓"
 
@@ -18,6 +26,7 @@ def test_deltas_spell_text_with_characters_split_across_tokens(loaded):
     assert any(tok.decode([i]).endswith("\ufffd") for i in ids)   # characters split across tokens
     assert isinstance(text_stream(tok), StreamedText)
     recorder = RunRecorder(tok, pool_held=lambda rid: [])
+    assert isinstance(text_stream(tok, recorder.bytes_of), ByteText)   # the shipped tokenizer is byte-level BPE
     req = Request("r", prompt_ids=[7], mode=get_mode("ar"), params={}, eos_id=1)
     deltas, steps = [], itertools.cycle((1, 2, 1, 3, 1, 1, 5))   # rounds committing 1 to 5 tokens
     while len(req.generated) < len(ids):
@@ -29,13 +38,14 @@ def test_deltas_spell_text_with_characters_split_across_tokens(loaded):
 
 
 def test_streamed_and_redecoded_deltas_spell_text(loaded):
-    """The incremental decoder and the whole-output fallback: the same text in any round sizes on real text; on
-    random ids (invalid bytes included) a prefix of the tokenizer's text, where what follows an unfinished
+    """The byte table, the incremental decoder and the whole-output fallback: the same text in any round sizes on
+    real text; on random ids (invalid bytes included) a prefix of the tokenizer's text, where what follows an unfinished
     character may wait for good (random ids often end inside one; run_end's text has it all)."""
     tok = loaded.tokenizer
     ids = tok.encode(TEXT, add_special_tokens=False)
     rng = random.Random(1)
-    for stream in (StreamedText(tok.backend_tokenizer), RedecodedText(text_decoder(tok))):
+    table = byte_table(tok)
+    for stream in (ByteText(table), StreamedText(tok.backend_tokenizer), RedecodedText(text_decoder(tok))):
         pieces, at = [], 0
         while at < len(ids):
             step = rng.randrange(1, 6)
@@ -45,7 +55,7 @@ def test_streamed_and_redecoded_deltas_spell_text(loaded):
     for _ in range(200):
         ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))]
         full = tok.decode(ids, skip_special_tokens=True)
-        for stream in (StreamedText(tok.backend_tokenizer), RedecodedText(text_decoder(tok))):
+        for stream in (ByteText(table), StreamedText(tok.backend_tokenizer), RedecodedText(text_decoder(tok))):
             assert full.startswith("".join(stream.push(ids[i:i + 3]) for i in range(0, len(ids), 3)))
 
 
@@ -62,3 +72,17 @@ def test_token_pieces_are_each_ids_own_text(loaded):
     tok = loaded.tokenizer
     ids = list(range(len(tok)))   # every id: bytes of split characters, special tokens, plain words
     assert token_pieces(tok, ids) == [tok.decode([i]) for i in ids]
+
+
+def test_byte_table_only_for_byte_level_bpe(loaded):
+    """Every id's bytes decode to the tokenizer's own text for that id; a tokenizer with another decoder gets no
+    table (its deltas go through the incremental decoder)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+    tok, table = loaded.tokenizer, byte_table(loaded.tokenizer)
+    assert len(table) == len(tok) and table[tok.eos_token_id] == b""
+    assert [t.decode("utf-8", "replace") for t in table] == [tok.decode([i], skip_special_tokens=True)
+                                                            for i in range(len(tok))]
+    wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
+    wordpiece.decoder = decoders.WordPiece()
+    assert byte_table(PreTrainedTokenizerFast(tokenizer_object=wordpiece)) is None

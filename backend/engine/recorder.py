@@ -2,11 +2,12 @@
 incremental deltas; the scheduler only applies round results and asks the recorder to record them."""
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 from backend.engine.request import Request
-from backend.model.tokenizer import text_decoder, text_stream
+from backend.model.tokenizer import byte_table, text_decoder, text_stream
 from backend.tracing import RoundEvent
 
 SHOWN_EOS_STATES = ("accepted", "committed", "bonus")
@@ -17,6 +18,11 @@ class RunRecorder:
         self.tokenizer = tokenizer
         self.decode = text_decoder(tokenizer)
         self.pool_held = pool_held        # rid -> slots still held (kv_leaked)
+
+    @functools.cached_property
+    def bytes_of(self) -> list[bytes] | None:
+        """The tokenizer's byte_table, made for the first traced run (untraced engines never pay for it)."""
+        return byte_table(self.tokenizer)
 
     # -- output --------------------------------------------------------------------------------------
     def output_ids(self, req: Request) -> list[int]:
@@ -29,7 +35,7 @@ class RunRecorder:
     def text_delta(self, req: Request) -> str:
         """New text since the last call, from the output ids not yet shown (a stream per run)."""
         if req.text is None:
-            req.text = text_stream(self.tokenizer)
+            req.text = text_stream(self.tokenizer, self.bytes_of)
         generated = req.tokens[len(req.prompt_ids) + req.text_read:]
         new = generated[:generated.index(req.eos_id)] if req.eos_id in generated else generated
         req.text_read += len(new)

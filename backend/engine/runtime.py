@@ -45,16 +45,16 @@ class Runtime:
     def alloc(self, req: Request, positions: Sequence[int]) -> list[int]:
         slots = self.pool.alloc(req.rid, len(positions))
         if req.tracer.enabled:
-            req.tracer.kv(KVEvent("alloc", slots, list(positions), req.round))
+            req.tracer.kv(KVEvent("alloc", slots, positions, req.round))
         return slots
 
     def commit(self, req: Request, slots: list[int]) -> None:
         """Append freshly written slots to the committed prefix, in position order."""
-        positions = list(range(req.cached, req.cached + len(slots)))
+        start = req.cached
         self._extend_slot_index(req, slots)
         req.slots.extend(slots)
         if req.tracer.enabled and slots:
-            req.tracer.kv(KVEvent("commit", slots, positions, req.round))
+            req.tracer.kv(KVEvent("commit", slots, range(start, start + len(slots)), req.round))
 
     def release(self, req: Request, slots: list[int], positions: list[int], reason: str) -> None:
         if not slots:
