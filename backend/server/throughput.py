@@ -1,4 +1,4 @@
-"""Does serving slow the engine? A mode's tok/s in-process (untraced, and traced into a store) vs through the server.
+"""Does serving slow the engine? A mode's tok/s in-process (untraced, traced, traced + stored) vs through a server.
 
     python -m backend.server.throughput [--mode ar] [--db sqlite:///sessions/throughput.db]
                                          [--max-new-tokens 128] [--threads 1] [--repeat 3]
@@ -7,22 +7,25 @@ The server is `specscope serve --no-ui` (its engine in a process of its own), as
 as its websocket client (a client sharing the server's process would tax its GIL with work a browser does elsewhere),
 once with a message per event (the protocol's default) and once with batched frames (`?frames=batch`, as the UI's
 client asks).
-Each prompt runs once per path per repeat, one run at a time, the paths interleaved, after a warm-up run.
+Each prompt runs once per path per repeat, one run at a time, the paths interleaved in a shuffled order, after
+a warm-up run of each.
 In-process tok/s is the engine's own figure (run_end metrics); through the server both the engine's figure from
 run_end and the client's (tokens over the time from sending `generate` to receiving run_end, which is sent once
 the run is stored) are reported, each also as the median of its per-run ratios to the untraced in-process run
-of the same prompt in the same repeat.
+of the same prompt in the same repeat, and to the traced in-process run (what serving adds to tracing).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 import torch
 from websockets.asyncio.client import connect
@@ -31,15 +34,17 @@ from backend.engine.engine import Engine
 from backend.store import Store, StoreWriter, Tee
 from backend.tracing import NULL_TRACER
 
+Path = Callable[[str], dict[str, float]]
+"""One way to run a prompt: its figures (tok/s) by row label."""
 PROMPTS = ["What is 12 + 30?", "Reverse: a b c d e f", "Write a haiku about rivers.",
            "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "]
 
 
-def in_process(engine: Engine, writer: StoreWriter | None, mode: str, prompt: str, n: int) -> float:
-    tracer = Tee(writer).tracer() if writer else NULL_TRACER
-    res = engine.generate(prompt, mode, {"max_new_tokens": n, "raw": True}, tracer)
-    if writer:
-        writer.flush()
+def in_process(engine: Engine, tee: Tee | None, mode: str, prompt: str, n: int) -> float:
+    """tok/s of one run in this process: untraced (tee None), or traced into `tee` (stored when it has a writer)."""
+    res = engine.generate(prompt, mode, {"max_new_tokens": n, "raw": True}, tee.tracer() if tee else NULL_TRACER)
+    if tee is not None and tee.writer is not None:
+        tee.writer.flush()
     return res.metrics["tokens"] / (res.metrics["wall_ms"] / 1000)
 
 
@@ -88,31 +93,41 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     engine, mode, n = Engine(num_slots=4096), args.mode, args.max_new_tokens
-    paths = {"": "event", ", batched": "batch"}
-    rows: dict[str, list[float]] = {"in-process, untraced": [], "in-process, traced + stored": []}
-    for label in paths:
-        rows |= {f"through the server{label} (engine's figure)": [], f"through the server{label} (client)": []}
     server = serve_in_process(args.db, args.port, args.threads)
+    rows: dict[str, list[float]] = {}
     try:
         with Store(args.db, server="throughput:0") as store, StoreWriter(store) as writer:
-            in_process(engine, writer, mode, PROMPTS[0], n)  # warm-up
-            asyncio.run(through_server(args.port, mode, PROMPTS[0], n))
-            for _ in range(args.repeat):  # interleaved, so load changes on a shared machine hit every path alike
+            def through(label: str, frames: str) -> Path:
+                def run(q: str) -> dict[str, float]:
+                    client, engine_side = asyncio.run(through_server(args.port, mode, q, n, frames))
+                    return {f"through the server{label} (engine's figure)": engine_side,
+                            f"through the server{label} (client)": client}
+                return run
+
+            paths: list[Path] = [lambda q: {"in-process, untraced": in_process(engine, None, mode, q, n)},
+                                 lambda q: {"in-process, traced": in_process(engine, Tee(None), mode, q, n)},
+                                 lambda q: {"in-process, traced + stored": in_process(engine, Tee(writer), mode, q, n)},
+                                 through("", "event"), through(", batched", "batch")]
+            for path in paths:   # warm-up; also fixes the rows' order
+                rows |= {label: [] for label in path(PROMPTS[0])}
+            # Every path in turn, in a shuffled order: a run is slower right after some paths than after others
+            # (a fixed or rotated order put the untraced run after a server run every time, at -10 %).
+            order = random.Random(0)
+            for _ in range(args.repeat):
                 for q in PROMPTS:
-                    rows["in-process, untraced"].append(in_process(engine, None, mode, q, n))
-                    rows["in-process, traced + stored"].append(in_process(engine, writer, mode, q, n))
-                    for label, frames in paths.items():
-                        client, engine_side = asyncio.run(through_server(args.port, mode, q, n, frames))
-                        rows[f"through the server{label} (client)"].append(client)
-                        rows[f"through the server{label} (engine's figure)"].append(engine_side)
+                    for path in order.sample(paths, len(paths)):
+                        for label, figure in path(q).items():
+                            rows[label].append(figure)
     finally:
         server.terminate()
         server.wait(60)
-    base = rows["in-process, untraced"]
+    untraced, traced = rows["in-process, untraced"], rows["in-process, traced"]
+    print(f"{'':47s} {'median tok/s':>12s} {'min':>7s} {'max':>7s}  vs untraced  vs traced (medians of per-run ratios)")
     for label, figures in rows.items():
-        paired = statistics.median(f / b for f, b in zip(figures, base, strict=True))
-        print(f"{label:47s} median {statistics.median(figures):7.1f} tok/s  min {min(figures):6.1f}  "
-              f"max {max(figures):6.1f}  {paired:.3f}x in-process (median of per-run ratios)")
+        vs_untraced, vs_traced = (statistics.median(f / b for f, b in zip(figures, base, strict=True))
+                                  for base in (untraced, traced))
+        print(f"{label:47s} {statistics.median(figures):12.1f} {min(figures):7.1f} {max(figures):7.1f}  "
+              f"{vs_untraced:10.3f}x  {vs_traced:8.3f}x")
 
 
 if __name__ == "__main__":
