@@ -247,15 +247,14 @@ static void attend(const int64_t *dims, const float *q, const float *own_k, cons
 /* One decode step for `rows` requests.
    tensors [layers, N_TENSORS] point at each layer's weights (see the enum); embed [vocab, hidden] and head
    [vocab, hidden] are in the weight format. positions [rows]; cos/sin [P, head_dim] and q_scale [P] (or NULL)
-   are tables by position, covering every row's position. prefix
-   [rows, ldp] slot ids with lengths [rows]; write [rows] the slot each row's K/V goes to (NULL: read-only).
-   k/v caches [layers, slots, kv_heads, head_dim], their layers layer_cache elements apart. logits [rows, vocab].
+   are tables by position, covering every row's position. prefix [rows, ldp] slot ids with lengths [rows];
+   write [rows] the slot each row's K/V goes to (NULL: read-only). k/v caches [layers, slots, kv_heads, head_dim], their layers layer_cache elements apart. logits [rows, vocab].
    Returns 0, or -1 when memory ran out. */
 int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const void *embed,
                 const float *final_norm, const void *head, int rows, const int64_t *ids, const int64_t *positions,
                 const float *cos, const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp,
-                const int64_t *lengths,
-                const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache, float *logits) {
+                const int64_t *lengths, const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache,
+                float *logits) {
     int D = (int)dims[HIDDEN], I = (int)dims[INTER], H = (int)dims[HEADS], Hkv = (int)dims[KV_HEADS];
     int hd = (int)dims[HEAD_DIM], V = (int)dims[VOCAB], fmt = (int)dims[FORMAT];
     float eps = eps_[0];
