@@ -248,8 +248,9 @@ static void attend(const int64_t *dims, const float *q, const float *own_k, cons
    tensors [layers, N_TENSORS] point at each layer's weights (see the enum); embed [vocab, hidden] and head
    [vocab, hidden] are in the weight format. positions [rows]; cos/sin [P, head_dim] and q_scale [P] (or NULL)
    are tables by position, covering every row's position. prefix [rows, ldp] slot ids with lengths [rows];
-   write [rows] the slot each row's K/V goes to (NULL: read-only). k/v caches [layers, slots, kv_heads, head_dim], their layers layer_cache elements apart. logits [rows, vocab].
-   Returns 0, or -1 when memory ran out. */
+   write [rows] the slot each row's K/V goes to (NULL: read-only). k/v caches [layers, slots, kv_heads,
+   head_dim], their layers layer_cache elements apart. logits [rows, vocab]. Returns 0, or -1 when memory ran
+   out. */
 int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const void *embed,
                 const float *final_norm, const void *head, int rows, const int64_t *ids, const int64_t *positions,
                 const float *cos, const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp,
