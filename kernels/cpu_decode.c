@@ -90,7 +90,14 @@ static inline void vstore(float *p, vec a) { *p = a; }
 #else
 #define ROW_BLOCK 4
 #endif
-#define PREFETCH_AHEAD 1024  /* elements: each weight row is requested this far ahead of its loads */
+/* Weight rows are requested PREFETCH_AHEAD elements ahead of their loads, into L1 (locality 3) unless
+   cpu_decode.py asks for the non-temporal hint (locality 0, 256 ahead) on AMD Zen, where it measured ~8 % faster
+   than no prefetch. On a Sapphire Rapids Xeon that hint made the step 2.2x slower (1550 vs 690 us a token), and
+   t0 at 1024 elements was the best there, 6 % ahead of no explicit prefetch (docs/notes/perf.md, stop 15). */
+#ifndef PREFETCH_LOCALITY
+#define PREFETCH_LOCALITY 3
+#define PREFETCH_AHEAD 1024
+#endif
 
 /* The sum of the LANES lanes as one tree, the same for every ISA: lane k + lane k+8, then k + k+4, k + k+2 and
    k + k+1 (a few vector adds, where a lane-by-lane sum was 16 dependent ones per output). */
@@ -122,9 +129,7 @@ static float weight_at(const void *w, int format, int64_t i) {
 /* y[m, o] = sum_i w[o, i] x[m, i] for `rows` rows. Four output rows share each pass over x, and ROW_BLOCK query
    rows share each weight load (and its widening), so a chunk of rows is not a chunk of weight streams. Every
    (row, output) accumulates its products in the same order as a lone row would: a chunk row is the decode step's
-   number bit for bit. Weight rows are prefetched 2 KB ahead into L1 (prefetcht0). The non-temporal hint was ~8 %
-   faster on an AMD EPYC but 2.2x slower on a Sapphire Rapids Xeon (1550 vs 690 us a token); t0 at 1024 elements
-   was the best there, 6 % ahead of no explicit prefetch (docs/notes/perf.md, stop 15). */
+   number bit for bit. Weight rows are prefetched ahead (see PREFETCH_LOCALITY). */
 #define DEFINE_LINEAR(NAME, TYPE, LOAD, SCALAR)                                                                        \
     static inline __attribute__((always_inline)) void NAME##_block(const TYPE *const *wr, int n, int in,       \
                                                                    const float *x, int64_t ldx, float *y,     \
@@ -138,7 +143,7 @@ static float weight_at(const void *w, int format, int64_t i) {
             for (int u = 0; u < STEPS; u++) {                                                                 \
                 int j = i + u * VW;                                                                           \
                 if (prefetch && u == 0)                                                                       \
-                    for (int r = 0; r < 4; r++) __builtin_prefetch(wr[r] + i + PREFETCH_AHEAD, 0, 3);          \
+                    for (int r = 0; r < 4; r++) __builtin_prefetch(wr[r] + i + PREFETCH_AHEAD, 0, PREFETCH_LOCALITY); \
                 vec w0 = LOAD(wr[0] + j), w1 = LOAD(wr[1] + j), w2 = LOAD(wr[2] + j), w3 = LOAD(wr[3] + j);   \
                 for (int b = 0; b < rb; b++) {                                                                \
                     vec xv = vload(x + b * ldx + j);                                                          \

@@ -26,6 +26,8 @@ from backend.model.transformer import KVContext, PagedKV, Transformer
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+NON_TEMPORAL = ("-DPREFETCH_LOCALITY=0", "-DPREFETCH_AHEAD=256")
+"""Extra flags on AMD CPUs: prefetch the weights with the non-temporal hint (cpu_decode.c's PREFETCH_LOCALITY)."""
 ENABLED = os.environ.get("SPECSCOPE_FUSED_DECODE", "1") != "0"
 """SPECSCOPE_FUSED_DECODE=0 runs every decode forward eagerly (for A/B comparisons)."""
 log = logging.getLogger(__name__)
@@ -49,13 +51,23 @@ def cache_dir() -> Path:
     return Path(root) / "specscope" / "kernels"
 
 
+def _cpuinfo(field: str) -> str:
+    """The first value of a /proc/cpuinfo field ("" where there is none)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.partition(":")[2].strip() for line in lines if line.split(":")[0].strip() == field), "")
+
+
 def _machine() -> bytes:
     """What -march=native depends on: the architecture and the CPU's feature flags."""
-    try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    return (platform.machine() + flags).encode()
+    return (platform.machine() + _cpuinfo("flags")).encode()
+
+
+def native_flags() -> tuple[str, ...]:
+    """FLAGS, plus NON_TEMPORAL on AMD."""
+    return FLAGS + NON_TEMPORAL if _cpuinfo("vendor_id") == "AuthenticAMD" else FLAGS
 
 
 def build(compiler: str, flags: tuple[str, ...] = FLAGS) -> Path | None:
@@ -89,8 +101,8 @@ def load(path: Path) -> ctypes.CDLL:
 
 @cache
 def library() -> ctypes.CDLL | None:
-    """The decode step built with $CC (default cc) and FLAGS; None without a working compiler."""
-    path = build(os.environ.get("CC", "cc"))
+    """The decode step built with $CC (default cc) and native_flags(); None without a working compiler."""
+    path = build(os.environ.get("CC", "cc"), native_flags())
     return None if path is None else load(path)
 
 

@@ -18,12 +18,25 @@ from backend.engine.engine import Engine
 from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
 from backend.model.transformer import KVContext, PagedKV, Transformer
-from kernels.cpu_decode import FLAGS, MAX_CHUNK, FusedDecode, build, fused_decode, load, supported, weight_format
+from kernels import cpu_decode
+from kernels.cpu_decode import (
+    FLAGS,
+    MAX_CHUNK,
+    NON_TEMPORAL,
+    FusedDecode,
+    build,
+    fused_decode,
+    load,
+    native_flags,
+    supported,
+    weight_format,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SLOTS = 96
-VECTOR_PATHS = {"native": FLAGS, "plain-c": ("-O1", "-shared", "-fPIC")}
+VECTOR_PATHS = {"native": FLAGS, "native, non-temporal prefetch": FLAGS + NON_TEMPORAL,
+                "plain-c": ("-O1", "-shared", "-fPIC")}
 if platform.machine() == "x86_64":
     VECTOR_PATHS["avx2"] = ("-O3", "-march=x86-64-v3", "-shared", "-fPIC")
 
@@ -132,6 +145,26 @@ def test_a_chunk_row_is_the_decode_step_at_its_position(lib):
                  for m in range(5)]
     assert torch.equal(chunk, torch.cat(steps, dim=1))
     assert torch.equal(chunk_cache.k, step_cache.k) and torch.equal(chunk_cache.v, step_cache.v)
+
+
+def test_the_prefetch_hint_changes_no_number():
+    """AMD builds prefetch with the non-temporal hint, others into L1: the same logits and K/V, bit for bit."""
+    cfg = CONFIGS["odd-biased"]
+    model = random_model(cfg, torch.float16)
+    ids, positions, prefix, _, write = batch([11], 3, cfg.vocab_size)
+    out = []
+    for flags in (FLAGS, FLAGS + NON_TEMPORAL):
+        cache = filled_cache(cfg)
+        with torch.inference_mode():
+            fused = FusedDecode(model, load(build("cc", flags)))
+            out.append((fused(ids, positions, kv=KVContext(cache, prefix, None, write)), cache.k, cache.v))
+    assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
+
+
+def test_native_flags_ask_for_non_temporal_prefetch_on_amd_only(monkeypatch):
+    for vendor, want in (("AuthenticAMD", FLAGS + NON_TEMPORAL), ("GenuineIntel", FLAGS), ("", FLAGS)):
+        monkeypatch.setattr(cpu_decode, "_cpuinfo", lambda field, v=vendor: v if field == "vendor_id" else "")
+        assert native_flags() == want
 
 
 def test_rope_table_grows_and_holds_the_eager_numbers(lib):

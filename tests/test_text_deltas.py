@@ -28,12 +28,12 @@ def test_deltas_spell_text_with_characters_split_across_tokens(loaded):
     recorder = RunRecorder(tok, pool_held=lambda rid: [])
     assert isinstance(text_stream(tok, recorder.bytes_of), ByteText)   # the shipped tokenizer is byte-level BPE
     req = Request("r", prompt_ids=[7], mode=get_mode("ar"), params={}, eos_id=1)
-    deltas, steps = [], itertools.cycle((1, 2, 1, 3, 1, 1, 5))   # rounds committing 1 to 5 tokens
-    while len(req.generated) < len(ids):
-        req.tokens = [7, *ids[:len(req.generated) + next(steps)]]
-        deltas.append(recorder.text_delta(req))
-    req.tokens += [1, 42]                                          # EOS ends the text: nothing after it shows
-    deltas.append(recorder.text_delta(req))
+    deltas, steps, at = [], itertools.cycle((1, 2, 1, 3, 1, 1, 5)), 0   # rounds emitting 1 to 5 tokens
+    while at < len(ids):
+        step = next(steps)
+        deltas.append(recorder.text_delta(req, ids[at:at + step]))
+        at += step
+    deltas.append(recorder.text_delta(req, [1, 42]))              # EOS ends the text: nothing after it shows
     assert "".join(deltas) == TEXT and not any("\ufffd" in d for d in deltas)
 
 

@@ -32,14 +32,11 @@ class RunRecorder:
     def output_text(self, req: Request) -> str:
         return self.decode(self.output_ids(req))
 
-    def text_delta(self, req: Request) -> str:
-        """New text since the last call, from the output ids not yet shown (a stream per run)."""
+    def text_delta(self, req: Request, emitted: list[int]) -> str:
+        """The text that this round's emitted ids add to the output (nothing from EOS on; a stream per run)."""
         if req.text is None:
             req.text = text_stream(self.tokenizer, self.bytes_of)
-        generated = req.tokens[len(req.prompt_ids) + req.text_read:]
-        new = generated[:generated.index(req.eos_id)] if req.eos_id in generated else generated
-        req.text_read += len(new)
-        return req.text.push(new)
+        return req.text.push(emitted[:emitted.index(req.eos_id)] if req.eos_id in emitted else emitted)
 
     # -- events --------------------------------------------------------------------------------------
     def round(self, req: Request, view: RoundEvent | None, accepted_len: int, emitted: list[int]) -> None:
@@ -51,9 +48,10 @@ class RunRecorder:
                      if t == req.eos_id and s in SHOWN_EOS_STATES]
             if shown:
                 view.cut_after(shown[0])
-        view.round, view.phases, view.accepted_len, view.committed = req.round, list(req.phases), accepted_len, emitted
-        view.nfe = sum(p.kind != "prefill" for p in req.phases)
-        view.text_delta = self.text_delta(req)
+        phases = req.phases   # the scheduler starts a new list for the next round
+        view.round, view.phases, view.accepted_len, view.committed = req.round, phases, accepted_len, emitted
+        view.nfe = len(phases) - [p.kind for p in phases].count("prefill")
+        view.text_delta = self.text_delta(req, emitted)
         req.tracer.round(view)
 
     def outcome(self, req: Request) -> dict[str, Any]:

@@ -43,7 +43,6 @@ class Request:
     kv_peak: int = 0
     error: str | None = None
     text: TextStream | None = None           # the output's text deltas (the recorder's, made on first use)
-    text_read: int = 0                       # output ids already pushed into it
     outcome: dict[str, Any] | None = None    # output_ids, text and metrics, made once the run has ended
     generator: torch.Generator | None = None
     t_start: float = field(default_factory=time.perf_counter)

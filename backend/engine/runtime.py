@@ -104,7 +104,7 @@ class Runtime:
             if kind != "prefill":
                 req.nfe += 1
             req.phases.append(Phase(kind, attn, adapter_on, q, round(ms, 3)))
-        if write is not None and any(r.tracer.enabled for r in reqs):
+        if write is not None:
             for req, slots, row in zip(reqs, write, rows_at, strict=True):
                 if req.tracer.enabled:
                     req.tracer.kv(KVEvent(kv_op, slots, row, req.round))

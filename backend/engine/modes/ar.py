@@ -35,6 +35,7 @@ class AR(Mode):
         results = []
         for r, row, s, start in zip(reqs, logits, slots, starts, strict=True):
             tok, prob = rt.pick(r, row[0])
-            view = RoundEvent(start + 1, [int(tok)], ["accepted"], [float(prob)]) if r.tracer.enabled else None
-            results.append(RoundResult([int(tok)], 1, commit=s, view=view))
+            token = int(tok)
+            view = RoundEvent(start + 1, [token], ["accepted"], [float(prob)]) if r.tracer.enabled else None
+            results.append(RoundResult([token], 1, commit=s, view=view))
         return results
