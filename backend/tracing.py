@@ -68,16 +68,18 @@ class KVEvent:
     reason: str | None = None           # free: mask | rejected | trim | finished | cancelled | error
 
 
+PLAIN = frozenset({int, str, bool, type(None)})
+"""Types that sanitize hands back as they are, without a call per value."""
+
+
 def sanitize(value: Any) -> Any:
     """A copy with NaN/Infinity replaced by None, recursively, so the JSON is valid everywhere."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: sanitize(v) for k, v in value.items()}
+        return {k: v if type(v) in PLAIN else sanitize(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        if all(type(v) is int for v in value):   # token ids, slots, positions: copied without recursion
-            return list(value)
-        return [sanitize(v) for v in value]
+        return [v if type(v) in PLAIN else sanitize(v) for v in value]
     return value
 
 
