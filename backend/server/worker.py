@@ -127,11 +127,9 @@ class Worker:
     def _take(self, block: bool) -> list[Submission | Swap | None]:
         """Everything in the inbox, waiting for the first item if `block`."""
         items = [self._inbox.get()] if block else []
-        while True:
-            try:
-                items.append(self._inbox.get_nowait())
-            except queue.Empty:
-                return items
+        while not self._inbox.empty():   # this thread is the only reader: not empty means get() returns at once
+            items.append(self._inbox.get())
+        return items
 
     def _admit(self, sub: Submission) -> None:
         if not sub.future.set_running_or_notify_cancel():
