@@ -4,7 +4,6 @@ other silently: a dead engine ends its runs with an error, a killed server takes
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 import signal
@@ -22,7 +21,7 @@ from backend.engine.params import ParamError
 from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
 from backend.model.config import CheckpointError
 from backend.server import create_app
-from backend.server.engine_process import EngineProcess, Outbound
+from backend.server.engine_process import EngineProcess
 from backend.server.worker import Busy
 from backend.store import Store
 from backend.tracing import RecordingTracer
@@ -34,27 +33,6 @@ HERE = Path(__file__).resolve().parent
 def build(folder: Path | None) -> Engine:
     """Module level, so the spawned engine process can unpickle it."""
     return Engine(load_checkpoint(folder or DEFAULT_CHECKPOINT), num_slots=1024, check_invariants=True)
-
-
-def test_outbound_sends_in_order_and_fails_a_reply_that_does_not_pickle():
-    """Its sending thread writes events and messages in the order they were handed over, turns a reply whose
-    value cannot be pickled into a failed call, and has written everything once closed."""
-    here, there = multiprocessing.Pipe()
-    out = Outbound(there)
-    out.event(0, {"type": "kv", "seq": 0})
-    out.event(0, {"type": "round", "seq": 1})   # the first round goes at once (nothing sent for FLUSH_S)
-    out.event(0, {"type": "kv", "seq": 2})      # waits for what comes next
-    out.send(("reply", 7, True, threading.Lock()))
-    out.send(("admitted", 1, None))
-    out.close()
-    received = []
-    while here.poll(0.1):   # close() has written everything
-        received.append(here.recv())
-    assert received[0] == ("events", [(0, {"type": "kv", "seq": 0}), (0, {"type": "round", "seq": 1})])
-    assert received[1] == ("events", [(0, {"type": "kv", "seq": 2})])
-    kind, token, ok, error = received[2]
-    assert (kind, token, ok) == ("reply", 7, False) and "pickle" in str(error)
-    assert received[3:] == [("admitted", 1, None)]
 
 
 class Ended(RecordingTracer):

@@ -17,7 +17,6 @@ import logging
 import multiprocessing
 import os
 import pickle
-import queue
 import signal
 import sys
 import threading
@@ -61,18 +60,13 @@ other core (docs/notes/perf.md, stop 13: 0.85-0.88 of in-process per round, 0.93
 class Outbound:
     """The engine process's sending end. Trace events wait for a round, run_end or error event to go with, and
     rounds for FLUSH_S since the last message, so the pipe and the server wake at most ~50 times a second per
-    engine; other messages flush what waits first, keeping order. A thread of its own pickles and writes the
-    messages, mostly while the engine thread is inside a forward with the GIL released: a flush costs the engine
-    thread a queue put (pickling and writing in its place were ~1 % of a served ar run's engine time)."""
+    engine; other messages flush what waits first, keeping order."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
         self._lock = threading.Lock()
         self._events: list[tuple[int, Event]] = []
         self._sent = 0.0
-        self._outgoing: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._sender = threading.Thread(target=self._send_all, name="specscope-outbound", daemon=True)
-        self._sender.start()
 
     def event(self, sid: int, event: Event) -> None:
         with self._lock:
@@ -84,32 +78,13 @@ class Outbound:
     def send(self, message: tuple[Any, ...]) -> None:
         with self._lock:
             self._flush()
-            self._outgoing.put(message)
-
-    def close(self) -> None:
-        """Write everything sent so far, then end the sending thread."""
-        with self._lock:
-            self._flush()
-            self._outgoing.put(None)
-        self._sender.join()
+            self.conn.send(message)
 
     def _flush(self) -> None:
         if self._events:
-            self._outgoing.put(("events", self._events))
+            self.conn.send(("events", self._events))
             self._events = []
             self._sent = time.perf_counter()
-
-    def _send_all(self) -> None:
-        while (message := self._outgoing.get()) is not None:
-            try:
-                self.conn.send(message)
-            except OSError:   # the server is gone: the main thread sees the pipe close and exits
-                return
-            except Exception as e:   # a value that does not pickle
-                if message[0] != "reply":   # a bug: exit, so the server sees its engine gone, not silence
-                    log.exception("cannot send %r to the server", message[0])
-                    os._exit(1)
-                self.conn.send(("reply", message[1], False, portable(e)))   # the call fails instead
 
 
 class EngineSide:
@@ -170,7 +145,6 @@ def engine_main(conn: Connection, build: Build) -> None:
         engine = build(None)
     except Exception as e:
         out.send(("failed", portable(e)))
-        out.close()
         return
     worker = Worker(engine, max_queued=sys.maxsize)   # the server process enforces the limit
     side = EngineSide(worker, build, out)
@@ -185,7 +159,6 @@ def engine_main(conn: Connection, build: Build) -> None:
         if kind == "stop":
             worker.stop()
             out.send(("stopped",))
-            out.close()
             return
         handlers[kind](*args)
 
