@@ -20,7 +20,7 @@ STATES = ("prompt", "committed", "mask", "draft", "accepted", "rejected", "bonus
 RUN_STATUSES = ("done", "cancelled", "error")
 
 
-@dataclass
+@dataclass(slots=True)
 class Phase:
     """One model forward inside a round."""
     kind: str                           # prefill | draft | denoise | verify | refresh | decode
@@ -30,7 +30,7 @@ class Phase:
     ms: float
 
 
-@dataclass
+@dataclass(slots=True)
 class RoundEvent:
     """One round as the trace shows it. The mode fills what its round did (block layout, states, confidences,
     its own facts); the run recorder fills the bookkeeping (round number, forwards, accepted and committed
@@ -46,9 +46,9 @@ class RoundEvent:
     block_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     round: int = 0
-    phases: list[Phase] = field(default_factory=list)
+    phases: Sequence[Phase] = ()        # the bookkeeping fields are the recorder's, set when it emits the round
     accepted_len: int = 0
-    committed: list[int] = field(default_factory=list)
+    committed: Sequence[int] = ()
     nfe: int = 0
     text_delta: str = ""
 
@@ -59,7 +59,7 @@ class RoundEvent:
             self.conf = self.conf[:index + 1]
 
 
-@dataclass
+@dataclass(slots=True)
 class KVEvent:
     op: str                             # alloc | write | commit | free | refresh
     slots: list[int]
