@@ -96,6 +96,8 @@ static inline void vstore(float *p, vec a) { *p = a; }
    t0 at 1024 elements was the best there, 6 % ahead of no explicit prefetch (docs/notes/perf.md, stop 15). */
 #ifndef PREFETCH_LOCALITY
 #define PREFETCH_LOCALITY 3
+#endif
+#ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 1024
 #endif
 
