@@ -1,4 +1,5 @@
-"""Does serving slow the engine? A mode's tok/s in-process (untraced, traced, traced + stored) vs through a server.
+"""Does serving slow the engine? A mode's tok/s in-process (untraced, traced, traced + stored, traced on the
+server's engine loop in a thread of this process) vs through a server.
 
     python -m backend.server.throughput [--mode ar] [--db sqlite:///sessions/throughput.db]
                                          [--max-new-tokens 128] [--threads 1] [--repeat 3]
@@ -26,11 +27,13 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import torch
 from websockets.asyncio.client import connect
 
 from backend.engine.engine import Engine
+from backend.server.service import LocalEngine
 from backend.store import Store, StoreWriter, Tee
 from backend.tracing import NULL_TRACER
 
@@ -38,6 +41,16 @@ Path = Callable[[str], dict[str, float]]
 """One way to run a prompt: its figures (tok/s) by row label."""
 PROMPTS = ["What is 12 + 30?", "Reverse: a b c d e f", "Write a haiku about rivers.",
            "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "]
+
+
+def on_worker(service: LocalEngine, mode: str, prompt: str, n: int) -> float:
+    """tok/s of one traced run on the server's engine loop (`Worker`) in a thread of this process: serving without
+    the process boundary, the pipe or the server's other threads."""
+    ended: Future[dict] = Future()
+    tracer = Tee(None, lambda event: ended.set_result(event) if event["type"] == "run_end" else None).tracer()
+    service.submit(prompt, mode, {"max_new_tokens": n, "raw": True}, tracer)
+    metrics = ended.result(timeout=600)["metrics"]
+    return metrics["tokens"] / (metrics["wall_ms"] / 1000)
 
 
 def in_process(engine: Engine, tee: Tee | None, mode: str, prompt: str, n: int) -> float:
@@ -93,6 +106,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     engine, mode, n = Engine(num_slots=4096), args.mode, args.max_new_tokens
+    service = LocalEngine(engine)   # shares the engine: one run at a time, the worker idles between its runs
+    service.start()
     server = serve_in_process(args.db, args.port, args.threads)
     rows: dict[str, list[float]] = {}
     try:
@@ -107,6 +122,7 @@ def main() -> None:
             paths: list[Path] = [lambda q: {"in-process, untraced": in_process(engine, None, mode, q, n)},
                                  lambda q: {"in-process, traced": in_process(engine, Tee(None), mode, q, n)},
                                  lambda q: {"in-process, traced + stored": in_process(engine, Tee(writer), mode, q, n)},
+                                 lambda q: {"in-process, traced, worker thread": on_worker(service, mode, q, n)},
                                  through("", "event"), through(", batched", "batch")]
             for path in paths:   # warm-up; also fixes the rows' order
                 rows |= {label: [] for label in path(PROMPTS[0])}
@@ -121,6 +137,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(60)
+        service.stop()
     untraced, traced = rows["in-process, untraced"], rows["in-process, traced"]
     print(f"{'':47s} {'median tok/s':>12s} {'min':>7s} {'max':>7s}  vs untraced  vs traced (medians of per-run ratios)")
     for label, figures in rows.items():
