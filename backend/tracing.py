@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from math import isfinite
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -83,11 +82,6 @@ def sanitize(value: Any) -> Any:
     return value
 
 
-def finite(values: list[float | None]) -> list[float | None]:
-    """A list of numbers or None with NaN/Infinity replaced by None (a round's confidences)."""
-    return [v if v is None or isfinite(v) else None for v in values]
-
-
 STRICT_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 """Compact JSON that refuses NaN and Infinity; one encoder for every event (json.dumps with options builds a new
 one per call, a third of the time of encoding a kv event)."""
@@ -155,7 +149,7 @@ class RecordingTracer:
         e = event
         out = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(), "type": "round",
                "block_start": e.block_start, "tokens": list(e.tokens), "states": list(e.states),
-               "conf": None if e.conf is None else finite(e.conf), "case": e.case,
+               "conf": None if e.conf is None else sanitize(e.conf), "case": e.case,
                "pq": None if e.pq is None else sanitize(e.pq),
                "branches": None if e.branches is None else sanitize(e.branches),
                "fold": None if e.fold is None else [list(rows) for rows in e.fold],

@@ -50,7 +50,7 @@ class RunRecorder:
                 view.cut_after(shown[0])
         phases = req.phases   # the scheduler starts a new list for the next round
         view.round, view.phases, view.accepted_len, view.committed = req.round, phases, accepted_len, emitted
-        view.nfe = len(phases) - [p.kind for p in phases].count("prefill")
+        view.nfe = sum(p.kind != "prefill" for p in phases)
         view.text_delta = self.text_delta(req, emitted)
         req.tracer.round(view)
 
