@@ -108,7 +108,7 @@ class NullTracer:
     def emit(self, type: str, payload: dict[str, Any]) -> None:
         pass
 
-    def round(self, event: RoundEvent) -> None:
+    def round(self, event: RoundEvent, complete: Callable[[RoundEvent], None] | None = None) -> None:
         pass
 
     def kv(self, event: KVEvent) -> None:
@@ -118,36 +118,90 @@ class NullTracer:
 NULL_TRACER = NullTracer()
 
 
+HOLD_S = 0.02
+"""How long a recording tracer holds rounds and kv events before making them (a round past it makes them all)."""
+
+
 class RecordingTracer:
-    """Numbers events densely per run and hands each to an optional sink as it is made. It keeps them in `events`
-    unless `keep` is False: a tracer whose sink is their only reader (the store's, a socket's, the engine
-    process's pipe) need not hold a run's events a second time, nor touch that memory on every token."""
+    """Numbers events densely per run and hands each to an optional sink. It keeps them in `events` unless `keep` is
+    False: a tracer whose sink is their only reader (the store's, a socket's, the engine process's pipe) need not
+    hold a run's events a second time, nor touch that memory on every token.
+
+    Rounds and kv events are taken as they happen (their time now, their slot lists copied) and made into event
+    dicts in batches: at the run's first round, at the first round `hold_s` after the last batch, before any other
+    event, and on `flush()` or a read of `events`. Made one at a time between two decode steps, an event ran from
+    caches the step's weights had just evicted; made in a batch it costs about a third less (docs/notes/perf.md,
+    stop 16). Sinks see events in order, at most ~hold_s late."""
     enabled = True
 
     def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None,
-                 keep: bool = True):
+                 keep: bool = True, hold_s: float = HOLD_S):
         self.run_id = run_id or new_run_id()
-        self.events: list[dict[str, Any]] = []
         self.sink = sink
         self.keep = keep
+        self.hold_s = hold_s
         self.seq = 0
-        """The next event's seq: how many events this run has made so far."""
+        """The next event's seq: how many events this run has made so far (held ones not counted)."""
         self.ended = False
         """Whether run_end has been made."""
+        self._events: list[dict[str, Any]] = []
+        self._held: list[tuple[float, RoundEvent | KVEvent, Callable[[RoundEvent], None] | None]] = []
         self._t0 = time.perf_counter()
+        self._made = -math.inf   # the first round goes at once: a viewer sees the first token when it is made
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """The events kept so far, held ones made first."""
+        self.flush()
+        return self._events
 
     def emit(self, type: str, payload: dict[str, Any]) -> None:
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}")
+        self.flush()
         self.ended = self.ended or type == "run_end"
-        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(), "type": type,
-                    **sanitize(payload)})
+        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(time.perf_counter()),
+                    "type": type, **sanitize(payload)})
 
-    def round(self, event: RoundEvent) -> None:
-        """The event's int and string lists are copied as they are; only the fields that may hold floats are
-        sanitized (an ar token's round is on the critical path: one dict, built once)."""
-        e = event
-        out = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(), "type": "round",
+    def round(self, event: RoundEvent, complete: Callable[[RoundEvent], None] | None = None) -> None:
+        """Hold the round; `complete`, when given, fills in the rest of it when the event is made (in order: the
+        run recorder's bookkeeping and text delta). The event and its lists are the round's own: nothing changes
+        them once handed over."""
+        now = time.perf_counter()
+        self._held.append((now, event, complete))
+        if now - self._made >= self.hold_s:
+            self.flush()
+
+    def kv(self, event: KVEvent) -> None:
+        """Hold the event, its slot and position lists copied (callers reuse theirs)."""
+        event.slots, event.positions = list(event.slots), list(event.positions)
+        self._held.append((time.perf_counter(), event, None))
+
+    def flush(self) -> None:
+        """Make the held events, in order, and hand them on."""
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        for t, event, complete in held:
+            if type(event) is KVEvent:
+                self._keep(self._kv(t, event))
+            else:
+                if complete is not None:
+                    complete(event)
+                self._keep(self._round(t, event))
+        self._made = time.perf_counter()
+
+    def relay(self, event: dict[str, Any]) -> None:
+        """Keep and hand on an event of this run made by another tracer (the engine process's): later events made
+        here continue its numbering."""
+        self.flush()
+        self.ended = self.ended or event["type"] == "run_end"
+        self._keep(event)
+
+    def _round(self, t: float, e: RoundEvent) -> dict[str, Any]:
+        """The round's event: its int and string lists copied as they are, only the fields that may hold floats
+        sanitized."""
+        out = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(t), "type": "round",
                "block_start": e.block_start, "tokens": list(e.tokens), "states": list(e.states),
                "conf": None if e.conf is None else sanitize(e.conf), "case": e.case,
                "pq": None if e.pq is None else sanitize(e.pq),
@@ -160,27 +214,20 @@ class RecordingTracer:
                "text_delta": e.text_delta}
         if e.extra:
             out["extra"] = sanitize(e.extra)
-        self._keep(out)
+        return out
 
-    def kv(self, event: KVEvent) -> None:
-        """Ints and strings only, so no sanitizing; the slot lists are copied (callers reuse theirs)."""
-        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(), "type": "kv",
-                    "op": event.op, "slots": list(event.slots), "positions": list(event.positions),
-                    "round": event.round, "reason": event.reason})
+    def _kv(self, t: float, e: KVEvent) -> dict[str, Any]:
+        """Ints and strings only: nothing to sanitize."""
+        return {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(t), "type": "kv",
+                "op": e.op, "slots": e.slots, "positions": e.positions, "round": e.round, "reason": e.reason}
 
-    def relay(self, event: dict[str, Any]) -> None:
-        """Keep and hand on an event of this run made by another tracer (the engine process's): later events made
-        here continue its numbering."""
-        self.ended = self.ended or event["type"] == "run_end"
-        self._keep(event)
-
-    def _ms(self) -> float:
-        return round((time.perf_counter() - self._t0) * 1000, 3)
+    def _ms(self, t: float) -> float:
+        return round((t - self._t0) * 1000, 3)
 
     def _keep(self, event: dict[str, Any]) -> None:
         self.seq += 1
         if self.keep:
-            self.events.append(event)
+            self._events.append(event)
         if self.sink is not None:
             self.sink(event)
 

@@ -111,6 +111,23 @@ def test_a_tracer_that_does_not_keep_hands_on_the_same_events(engine, heldout_pr
         [{k: v for k, v in e.items() if k not in drop} for e in kept.events]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_events_held_for_a_whole_run_equal_events_made_at_once(loaded, heldout_prompts, mode):
+    """A recording tracer makes rounds and kv events in batches from what it took when they happened: what it
+    took must not change in between (a mode reusing a list it handed over would show here)."""
+    def events(hold_s: float) -> list[dict]:
+        tracer = RecordingTracer(hold_s=hold_s)
+        Engine(loaded, num_slots=1024).generate(heldout_prompts[1], mode, {"max_new_tokens": 40, "raw": True},
+                                                 tracer=tracer)
+        return [{k: v for k, v in e.items() if k not in ("run_id", "t_ms", "metrics")}
+                | {"phases": [{k: v for k, v in p.items() if k != "ms"} for p in e.get("phases", [])]}
+                for e in tracer.events]
+
+    at_once, held = events(0.0), events(float("inf"))
+    assert sum(e["type"] == "round" for e in at_once) > 2
+    assert held == at_once
+
+
 def test_concurrent_requests_in_mixed_modes_match_solo_runs(engine, heldout_prompts):
     jobs = [(heldout_prompts[i], m) for i, m in enumerate(["ar", "block_diffusion", "linear_spec", "ar"])]
     params = {"max_new_tokens": 40}

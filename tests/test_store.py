@@ -70,6 +70,7 @@ def play_round(tracer: RecordingTracer, r: int) -> None:
         pq=[{"p": 0.9, "q": 0.8, "accepted": True}]))
     tracer.kv(KVEvent("commit", [accepted], [position], r))
     tracer.kv(KVEvent("free", [DRAFT_SLOT], [position + 1], r, "rejected"))
+    tracer.flush()   # the round's events reach the sink now (an engine's tracer hands them on in batches)
 
 
 def finish(tracer: RecordingTracer, status: str = "done") -> None:
@@ -192,7 +193,8 @@ def test_reopen_keeps_runs_and_marks_interrupted(store_url: str) -> None:
     crashed = start(first.record)
     play_round(crashed, 0)
     first.flush()
-    crashed.kv(KVEvent("alloc", [5], [5], 1))  # still buffered when the process "dies": never written
+    crashed.kv(KVEvent("alloc", [5], [5], 1))
+    crashed.flush()  # handed to the store, still buffered there when the process "dies": never written
     first.engine.dispose()
 
     with Store(db) as second:

@@ -8,7 +8,7 @@ from typing import Any
 
 from backend.engine.request import Request
 from backend.model.tokenizer import byte_table, text_decoder, text_stream
-from backend.tracing import RoundEvent
+from backend.tracing import Phase, RoundEvent
 
 SHOWN_EOS_STATES = ("accepted", "committed", "bonus")
 
@@ -40,19 +40,24 @@ class RunRecorder:
 
     # -- events --------------------------------------------------------------------------------------
     def round(self, req: Request, view: RoundEvent | None, accepted_len: int, emitted: list[int]) -> None:
-        """Complete the mode's view of the round with the bookkeeping and emit it."""
+        """Hand the mode's view of the round to the tracer, to be completed with the bookkeeping when it is made."""
         if view is None:
             raise ValueError(f"mode {req.mode.name} returned no view while tracing is on")
+        req.tracer.round(view, functools.partial(self.complete, req, req.round, req.phases, accepted_len, emitted))
+
+    def complete(self, req: Request, round_: int, phases: list[Phase], accepted_len: int, emitted: list[int],
+                 view: RoundEvent) -> None:
+        """Fill in the round's bookkeeping (number, forwards, accepted and committed tokens, NFE, text delta);
+        nothing after an emitted EOS is shown as drafted or accepted. The scheduler starts a new phases list for
+        the next round, so `phases` stays this round's."""
         if req.eos_id in emitted:
             shown = [i for i, (t, s) in enumerate(zip(view.tokens, view.states, strict=True))
                      if t == req.eos_id and s in SHOWN_EOS_STATES]
             if shown:
                 view.cut_after(shown[0])
-        phases = req.phases   # the scheduler starts a new list for the next round
-        view.round, view.phases, view.accepted_len, view.committed = req.round, phases, accepted_len, emitted
+        view.round, view.phases, view.accepted_len, view.committed = round_, phases, accepted_len, emitted
         view.nfe = sum(p.kind != "prefill" for p in phases)
         view.text_delta = self.text_delta(req, emitted)
-        req.tracer.round(view)
 
     def outcome(self, req: Request) -> dict[str, Any]:
         """An ended run's output_ids, text and metrics, made once (run_end and the engine's result share them)."""
