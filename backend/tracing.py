@@ -131,13 +131,16 @@ class RecordingTracer:
     dicts in batches: at the run's first round, at the first round `hold_s` after the last batch, before any other
     event, and on `flush()` or a read of `events`. Made one at a time between two decode steps, an event ran from
     caches the step's weights had just evicted; made in a batch it costs about a third less (docs/notes/perf.md,
-    stop 16). Sinks see events in order, at most ~hold_s late."""
+    stop 16). Sinks see events in order; a round made within hold_s of the last batch waits for the next round
+    (as the engine process's messages did before)."""
     enabled = True
 
     def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None,
-                 keep: bool = True, hold_s: float = HOLD_S):
+                 keep: bool = True, hold_s: float = HOLD_S, batch_end: Callable[[], None] | None = None):
         self.run_id = run_id or new_run_id()
         self.sink = sink
+        self.batch_end = batch_end
+        """Called after a batch of held events has gone to the sink (a sink that sends in messages sends then)."""
         self.keep = keep
         self.hold_s = hold_s
         self.seq = 0
@@ -147,7 +150,7 @@ class RecordingTracer:
         self._events: list[dict[str, Any]] = []
         self._held: list[tuple[float, RoundEvent | KVEvent, Callable[[RoundEvent], None] | None]] = []
         self._t0 = time.perf_counter()
-        self._made = -math.inf   # the first round goes at once: a viewer sees the first token when it is made
+        self._made = -math.inf   # a run's first round goes at once: a viewer sees the first token when it is made
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -190,6 +193,8 @@ class RecordingTracer:
                     complete(event)
                 self._keep(self._round(t, event))
         self._made = time.perf_counter()
+        if self.batch_end is not None:
+            self.batch_end()
 
     def relay(self, event: dict[str, Any]) -> None:
         """Keep and hand on an event of this run made by another tracer (the engine process's): later events made

@@ -49,18 +49,18 @@ def portable(exc: BaseException) -> BaseException:
 
 
 FLUSH_S = 0.02
-"""Rounds that end within this long of the last message wait and go with the next one: a fused ar token takes
-~0.7 ms, and a message per round woke the server's threads ~1400 times a second, which slowed the engine on the
-other core (docs/notes/perf.md, stop 13: 0.85-0.88 of in-process per round, 0.93-0.96 at 20 ms, no better at
-50 ms). The UI still sees rounds at 50 Hz or more; run_end and errors go at once."""
+"""A message goes at most every FLUSH_S: each run's tracer hands on its events in batches at most ~20 ms apart
+(`RecordingTracer.hold_s`), and the batches of concurrent runs that end within FLUSH_S of the last message go with
+the next one. A message per round woke the server's threads ~1400 times a second for a fused ar token of ~0.7 ms,
+which slowed the engine on the other core (docs/notes/perf.md, stop 13). run_end and errors go at once."""
 
 
 # ---- the engine process ----
 
 class Outbound:
-    """The engine process's sending end. Trace events wait for a round, run_end or error event to go with, and
-    rounds for FLUSH_S since the last message, so the pipe and the server wake at most ~50 times a second per
-    engine; other messages flush what waits first, keeping order."""
+    """The engine process's sending end. Trace events wait for the end of their tracer's batch (sent right after
+    they were made, while they are still in cache), a run_end or an error; other messages flush what waits first,
+    keeping order."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
@@ -71,8 +71,12 @@ class Outbound:
     def event(self, sid: int, event: Event) -> None:
         with self._lock:
             self._events.append((sid, event))
-            if event["type"] in ("run_end", "error") or (event["type"] != "kv"
-                                                         and time.perf_counter() - self._sent >= FLUSH_S):
+            if event["type"] in ("run_end", "error"):
+                self._flush()
+
+    def batch_end(self) -> None:
+        with self._lock:
+            if time.perf_counter() - self._sent >= FLUSH_S:
                 self._flush()
 
     def send(self, message: tuple[Any, ...]) -> None:
@@ -110,7 +114,8 @@ class EngineSide:
                 self.cancels.pop(sid, None)
             self.out.send(("admitted", sid, None if exc is None else portable(exc)))
 
-        tracer = RecordingTracer(run_id, sink, keep=False)   # the server process keeps the run's events
+        # the server process keeps the run's events
+        tracer = RecordingTracer(run_id, sink, keep=False, batch_end=self.out.batch_end)
         self.worker.submit(prompt, mode, params, tracer, cancel).add_done_callback(admitted)
 
     def cancel(self, sid: int) -> None:
