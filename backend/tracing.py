@@ -127,12 +127,13 @@ class RecordingTracer:
     False: a tracer whose sink is their only reader (the store's, a socket's, the engine process's pipe) need not
     hold a run's events a second time, nor touch that memory on every token.
 
-    Rounds and kv events are taken as they happen (their time now, their slot lists copied) and made into event
-    dicts in batches: at the run's first round, at the first round `hold_s` after the last batch, before any other
+    Rounds and kv events are taken as they happen (their time now) and made into event dicts in batches: at the
+    run's first round when there is a sink, at the first round `hold_s` after the last batch, before any other
     event, and on `flush()` or a read of `events`. Made one at a time between two decode steps, an event ran from
     caches the step's weights had just evicted; made in a batch it costs about a third less (docs/notes/perf.md,
     stop 16). Sinks see events in order; a round made within hold_s of the last batch waits for the next round
-    (as the engine process's messages did before)."""
+    (as the engine process's messages did before). What a round or kv event holds is the caller's own: nothing
+    changes it once handed over (tests/test_engine.py checks every mode)."""
     enabled = True
 
     def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None,
@@ -150,7 +151,9 @@ class RecordingTracer:
         self._events: list[dict[str, Any]] = []
         self._held: list[tuple[float, RoundEvent | KVEvent, Callable[[RoundEvent], None] | None]] = []
         self._t0 = time.perf_counter()
-        self._made = -math.inf   # a run's first round goes at once: a viewer sees the first token when it is made
+        self._made = -math.inf if sink is not None else self._t0
+        """When the last batch was made: for a sink (someone may watch live), never, so the run's first round goes
+        at once and a viewer sees the first token when it is made."""
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -176,8 +179,7 @@ class RecordingTracer:
             self.flush()
 
     def kv(self, event: KVEvent) -> None:
-        """Hold the event, its slot and position lists copied (callers reuse theirs)."""
-        event.slots, event.positions = list(event.slots), list(event.positions)
+        """Hold the event; like a round's, its lists are the caller's own until it is made."""
         self._held.append((time.perf_counter(), event, None))
 
     def flush(self) -> None:
@@ -204,10 +206,10 @@ class RecordingTracer:
         self._keep(event)
 
     def _round(self, t: float, e: RoundEvent) -> dict[str, Any]:
-        """The round's event: its int and string lists copied as they are, only the fields that may hold floats
+        """The round's event: its lists (the round's own) as they are, only the fields that may hold floats
         sanitized."""
         out = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(t), "type": "round",
-               "block_start": e.block_start, "tokens": list(e.tokens), "states": list(e.states),
+               "block_start": e.block_start, "tokens": e.tokens, "states": e.states,
                "conf": None if e.conf is None else sanitize(e.conf), "case": e.case,
                "pq": None if e.pq is None else sanitize(e.pq),
                "branches": None if e.branches is None else sanitize(e.branches),
@@ -215,19 +217,21 @@ class RecordingTracer:
                "block_size": e.block_size, "round": e.round,
                "phases": [{"kind": p.kind, "attn": p.attn, "lora": p.lora, "n_query": p.n_query, "ms": p.ms}
                           for p in e.phases],
-               "accepted_len": e.accepted_len, "committed": list(e.committed), "nfe": e.nfe,
+               "accepted_len": e.accepted_len, "committed": e.committed, "nfe": e.nfe,
                "text_delta": e.text_delta}
         if e.extra:
             out["extra"] = sanitize(e.extra)
         return out
 
     def _kv(self, t: float, e: KVEvent) -> dict[str, Any]:
-        """Ints and strings only: nothing to sanitize."""
+        """Ints and strings only: nothing to sanitize; the lists copied (positions may be a range)."""
         return {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(t), "type": "kv",
-                "op": e.op, "slots": e.slots, "positions": e.positions, "round": e.round, "reason": e.reason}
+                "op": e.op, "slots": list(e.slots), "positions": list(e.positions), "round": e.round,
+                "reason": e.reason}
 
     def _ms(self, t: float) -> float:
-        return round((t - self._t0) * 1000, 3)
+        """Milliseconds since the tracer's start, to the microsecond (truncated: a third of round()'s time)."""
+        return int((t - self._t0) * 1e6) / 1000
 
     def _keep(self, event: dict[str, Any]) -> None:
         self.seq += 1

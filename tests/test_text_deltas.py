@@ -9,6 +9,7 @@ from backend.engine.recorder import RunRecorder
 from backend.engine.request import Request
 from backend.model.tokenizer import (
     ByteText,
+    PieceTable,
     RedecodedText,
     StreamedText,
     byte_table,
@@ -72,6 +73,16 @@ def test_token_pieces_are_each_ids_own_text(loaded):
     tok = loaded.tokenizer
     ids = list(range(len(tok)))   # every id: bytes of split characters, special tokens, plain words
     assert token_pieces(tok, ids) == [tok.decode([i]) for i in ids]
+
+
+def test_the_piece_table_gives_the_pieces_it_remembers(loaded):
+    """Engine.pieces keeps each id's text once made: prompts with repeated and shared ids get token_pieces."""
+    tok, rng = loaded.tokenizer, random.Random(3)
+    table = PieceTable(tok)
+    for _ in range(20):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 30))] * rng.randrange(1, 3)
+        assert table(ids) == token_pieces(tok, ids)
+    assert 0 < len(table.known) < len(tok)
 
 
 def test_byte_table_only_for_byte_level_bpe(loaded):

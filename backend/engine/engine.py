@@ -13,7 +13,7 @@ from backend.engine.request import Request
 from backend.engine.runtime import Runtime
 from backend.engine.scheduler import Scheduler, Tiers
 from backend.model.checkpoint import LoadedModel, load_checkpoint
-from backend.model.tokenizer import token_pieces
+from backend.model.tokenizer import PieceTable
 from backend.tracing import NULL_TRACER, RecordingTracer, Tracer, new_run_id
 
 
@@ -44,6 +44,8 @@ class Engine:
                  tiers: Tiers | None = None, check_invariants: bool = False):
         self.rt = Runtime(loaded or load_checkpoint(), num_slots)
         self.scheduler = Scheduler(self.rt, tiers, check_invariants)
+        self.pieces = PieceTable(self.rt.tokenizer)
+        """Each prompt id's own text, for run_start."""
         freeze_long_lived()
 
     @property
@@ -81,13 +83,12 @@ class Engine:
         if need > self.rt.pool.num_slots:
             raise ParamError(f"request needs up to {need} KV slots; the pool has {self.rt.pool.num_slots}")
         if tracer.enabled:
-            tok = self.rt.tokenizer
             tiers = self.scheduler.tiers if "block_size" in checked else []
             tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
                                       "model_hash": self.rt.loaded.weights_hash,
                                       "block_size_tiers": [list(t) for t in tiers],
                                       "prompt": prompt, "prompt_ids": ids,
-                                      "pieces": token_pieces(tok, ids)})
+                                      "pieces": self.pieces(ids)})
         return req
 
     def result(self, req: Request) -> RunResult:

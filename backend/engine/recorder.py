@@ -56,7 +56,7 @@ class RunRecorder:
             if shown:
                 view.cut_after(shown[0])
         view.round, view.phases, view.accepted_len, view.committed = round_, phases, accepted_len, emitted
-        view.nfe = sum(p.kind != "prefill" for p in phases)
+        view.nfe = len(phases) - [p.kind for p in phases].count("prefill")
         view.text_delta = self.text_delta(req, emitted)
 
     def outcome(self, req: Request) -> dict[str, Any]:
