@@ -188,7 +188,7 @@ class RecordingTracer:
             return
         held, self._held = self._held, []
         for t, event, complete in held:
-            if type(event) is KVEvent:
+            if isinstance(event, KVEvent):
                 self._keep(self._kv(t, event))
             else:
                 if complete is not None:

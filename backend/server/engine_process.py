@@ -3,7 +3,7 @@
 In one process the event loop, the store writer and the engine thread shared one GIL: every websocket frame and
 store batch made the engine wait, and a run through the server ran at ~0.85× its in-process speed. Here the
 server process only receives, stores and streams events; the engine process runs the same `Worker` as
-`LocalEngine` and sends each run's events over a pipe, a round's events in one message.
+`LocalEngine` and sends each run's events over a pipe, a tracer's batch of them in one message.
 
 Messages, server → engine: ("submit", sid, run_id, prompt, mode, params), ("cancel", sid), ("call", token, name,
 arg) for "stats" and "switch", ("stop",). Engine → server: ("ready", ServedModel) or ("failed", exception) once,
