@@ -14,6 +14,15 @@ from backend.tracing import STRICT_JSON
 DEFAULT_URL = "sqlite:///sessions/specscope.db"
 
 
+class EncodedJSON(str):
+    """A JSON column's value already encoded as strict JSON (an event's payload: encoding it is its check)."""
+
+
+def json_column(value: Any) -> str:
+    """The JSON columns' serializer: strict JSON (no NaN or Infinity), an EncodedJSON as it is."""
+    return value if isinstance(value, EncodedJSON) else STRICT_JSON.encode(value)
+
+
 def set_sqlite_pragmas(dbapi_conn: Any, _record: Any, busy_timeout_ms: int) -> None:
     cursor = dbapi_conn.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -26,7 +35,7 @@ def set_sqlite_pragmas(dbapi_conn: Any, _record: Any, busy_timeout_ms: int) -> N
 def make_engine(url: str = DEFAULT_URL, busy_timeout_ms: int = 5000) -> Engine:
     """An engine for any SQLAlchemy URL; JSON columns refuse NaN and Infinity."""
     sa_url = make_url(url)
-    kwargs: dict[str, Any] = {"json_serializer": STRICT_JSON.encode}
+    kwargs: dict[str, Any] = {"json_serializer": json_column}
     sqlite, database = sa_url.get_backend_name() == "sqlite", sa_url.database or ""
     if sqlite and database in ("", ":memory:"):
         kwargs |= {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}

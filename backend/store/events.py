@@ -5,6 +5,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from backend.store.db import EncodedJSON
 from backend.store.errors import DuplicateSeqError, SeqGapError, TraceError
 from backend.tracing import EVENT_TYPES, SCHEMA_VERSION, STRICT_JSON
 
@@ -12,7 +13,7 @@ COLUMNS = ("run_id", "seq", "t_ms", "type")
 
 
 def check_envelope(event: Any) -> None:
-    """Raise TraceError unless `event` has a valid v1 envelope and is strict JSON (no NaN, no numpy scalars)."""
+    """Raise TraceError unless `event` has a valid v1 envelope (the rest is checked as it becomes a row)."""
     if not isinstance(event, dict):
         raise TraceError(f"an event must be a JSON object, got {type(event).__name__}")
     if event.get("v") != SCHEMA_VERSION:
@@ -26,10 +27,6 @@ def check_envelope(event: Any) -> None:
         raise TraceError(f"event {event['seq']}: t_ms {t_ms!r} is not a finite number")
     if event.get("type") not in EVENT_TYPES:
         raise TraceError(f"event {event['seq']}: unknown type {event.get('type')!r}")
-    try:
-        STRICT_JSON.encode(event)
-    except (TypeError, ValueError) as exc:
-        raise TraceError(f"event {event['seq']} is not strict JSON: {exc}") from exc
 
 
 def check_seq(run_id: str, expected: int, seq: int) -> None:
@@ -41,7 +38,8 @@ def check_seq(run_id: str, expected: int, seq: int) -> None:
 
 
 def check_stream(run_id: str, events: Sequence[Any]) -> None:
-    """A complete stored stream: valid envelopes of one run, dense seq from 0, opened by run_start."""
+    """A complete stored stream: valid envelopes of one run, dense seq from 0, opened by run_start (to_row checks
+    the rest)."""
     for expected, event in enumerate(events):
         check_envelope(event)
         if event["run_id"] != run_id:
@@ -52,9 +50,14 @@ def check_stream(run_id: str, events: Sequence[Any]) -> None:
 
 
 def to_row(event: dict[str, Any]) -> dict[str, Any]:
-    """The `events` row of an event: envelope columns, the round (round and kv events), the rest as payload."""
+    """The `events` row of an event with a checked envelope: envelope columns, the round (round and kv events),
+    the rest as the payload's strict JSON, encoded once here (TraceError for NaN, Infinity or a value JSON has
+    no form for, such as a numpy scalar)."""
     round_ = event.get("round") if event["type"] in ("round", "kv") else None
-    payload = {k: v for k, v in event.items() if k not in COLUMNS}
+    try:
+        payload = EncodedJSON(STRICT_JSON.encode({k: v for k, v in event.items() if k not in COLUMNS}))
+    except (TypeError, ValueError) as exc:
+        raise TraceError(f"event {event['seq']} is not strict JSON: {exc}") from exc
     return {"run_id": event["run_id"], "seq": event["seq"], "t_ms": event["t_ms"], "type": event["type"],
             "round": round_, "payload": payload}
 

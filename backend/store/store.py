@@ -88,10 +88,11 @@ class Store:
                "model": event.get("model"), "params": event.get("params") or {}, "prompt": event.get("prompt") or "",
                "status": "running", "output": None, "metrics": None, "n_rounds": 0, "n_tokens": 0,
                "server": self.server, "model_hash": model_hash if isinstance(model_hash, str) else None}
+        rows = [to_row(event)]
         with self._lock:
             if run_id in self._recorded:
                 raise RunExistsError(f"run {run_id} is already being recorded")
-            self._write(lambda s: self._insert_run(s, run, [event]))
+            self._write(lambda s: self._insert_run(s, run, rows))
             self._recorded[run_id] = [event]
         return run_id
 
@@ -166,9 +167,10 @@ class Store:
         run_id = run["run_id"]
         check_stream(run_id, events)
         row = run | {"created_at": datetime.fromisoformat(run["created_at"])}
+        rows = [to_row(e) for e in events]
 
         def write(session: Session) -> None:
-            self._insert_run(session, row, events)
+            self._insert_run(session, row, rows)
             insert_rows(session, Round, round_rows(run_id, events))
             insert_rows(session, KVInterval, kv_interval_rows(run_id, events))
 
@@ -288,19 +290,20 @@ class Store:
         if run_id not in self._recorded:
             raise UnknownRunError(f"run {run_id} is not being recorded (begin_run first)")
         check_seq(run_id, len(self._recorded[run_id]), event["seq"])
-        self._buffer.append(event)
+        self._buffer.append(to_row(event))
         self._recorded[run_id].append(event)
 
     def _insert_buffer(self, session: Session) -> None:
-        insert_rows(session, Event, [to_row(e) for e in self._buffer])
+        insert_rows(session, Event, self._buffer)
 
     @staticmethod
-    def _insert_run(session: Session, run: Row, events: Sequence[Row]) -> None:
+    def _insert_run(session: Session, run: Row, rows: Sequence[Row]) -> None:
+        """The run and its first event rows."""
         try:
             insert_rows(session, Run, [no_nul(run)])
         except IntegrityError as exc:
             raise RunExistsError(f"run {run['run_id']} already exists") from exc
-        insert_rows(session, Event, [to_row(e) for e in events])
+        insert_rows(session, Event, rows)
 
     @staticmethod
     def _derive(session: Session, run_id: str, events: Sequence[Row]) -> None:
