@@ -157,7 +157,7 @@ class RecordingTracer:
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        """The events kept so far, held ones made first."""
+        """The events kept so far, held ones made first (mid-run, only on the thread that runs the engine)."""
         self.flush()
         return self._events
 
@@ -179,7 +179,7 @@ class RecordingTracer:
             self.flush()
 
     def kv(self, event: KVEvent) -> None:
-        """Hold the event; like a round's, its lists are the caller's own until it is made."""
+        """Hold the event; as with a round, nothing may change its lists until it is made."""
         self._held.append((time.perf_counter(), event, None))
 
     def flush(self) -> None:
