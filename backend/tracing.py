@@ -119,7 +119,8 @@ NULL_TRACER = NullTracer()
 
 
 HOLD_S = 0.02
-"""How long a recording tracer holds rounds and kv events before making them (a round past it makes them all)."""
+"""How long a recording tracer holds rounds and kv events before making them (a round past it makes them all);
+read when a tracer is made."""
 
 
 class RecordingTracer:
@@ -128,43 +129,43 @@ class RecordingTracer:
     hold a run's events a second time, nor touch that memory on every token.
 
     Rounds and kv events are taken as they happen (their time now) and made into event dicts in batches: at the
-    run's first round when there is a sink, at the first round `hold_s` after the last batch, before any other
-    event, and on `flush()` or a read of `events`. Made one at a time between two decode steps, an event ran from
-    caches the step's weights had just evicted; made in a batch it costs about a third less (docs/notes/perf.md,
-    stop 16). Sinks see events in order; a round made within hold_s of the last batch waits for the next round
-    (as the engine process's messages did before). What a round or kv event holds is the caller's own: nothing
+    first round `hold_s` after the last batch (or the tracer's start), before any other event, and on `flush()` or
+    a read of `events`. Made one at a time between two decode steps, an event ran from caches the step's weights
+    had just evicted; made in a batch it costs about a third less (docs/notes/perf.md, stop 16). Sinks see events
+    in order, a batch at most every hold_s (a run's first round too: its t_ms still says when it was made); a
+    round made within hold_s of the last batch waits for the next round (as the engine process's messages did
+    before). What a round or kv event holds is the caller's own: nothing
     changes it once handed over (tests/test_engine.py checks every mode)."""
     enabled = True
 
     def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None,
-                 keep: bool = True, hold_s: float = HOLD_S, batch_end: Callable[[], None] | None = None):
+                 keep: bool = True, hold_s: float | None = None, batch_end: Callable[[], None] | None = None):
         self.run_id = run_id or new_run_id()
         self.sink = sink
         self.batch_end = batch_end
-        """Called after a batch of held events has gone to the sink (a sink that sends in messages sends then)."""
+        """Called after a round's batch of held events has gone to the sink (a sink that sends in messages sends
+        then); a batch ended by an emitted event (run_end, error) goes with that event instead."""
         self.keep = keep
-        self.hold_s = hold_s
+        self.hold_s = HOLD_S if hold_s is None else hold_s
         self.seq = 0
         """The next event's seq: how many events this run has made so far (held ones not counted)."""
         self.ended = False
         """Whether run_end has been made."""
         self._events: list[dict[str, Any]] = []
         self._held: list[tuple[float, RoundEvent | KVEvent, Callable[[RoundEvent], None] | None]] = []
-        self._t0 = time.perf_counter()
-        self._made = -math.inf if sink is not None else self._t0
-        """When the last batch was made: for a sink (someone may watch live), never, so the run's first round goes
-        at once and a viewer sees the first token when it is made."""
+        self._t0 = self._made = time.perf_counter()
 
     @property
     def events(self) -> list[dict[str, Any]]:
         """The events kept so far, held ones made first (mid-run, only on the thread that runs the engine)."""
-        self.flush()
+        self._make_held()
         return self._events
 
     def emit(self, type: str, payload: dict[str, Any]) -> None:
+        """Make the held events, then this one: together one batch for the sink."""
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}")
-        self.flush()
+        self._make_held()
         self.ended = self.ended or type == "run_end"
         self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(time.perf_counter()),
                     "type": type, **sanitize(payload)})
@@ -183,9 +184,14 @@ class RecordingTracer:
         self._held.append((time.perf_counter(), event, None))
 
     def flush(self) -> None:
-        """Make the held events, in order, and hand them on."""
+        """Make the held events, in order, hand them on and end the batch."""
+        if self._make_held() and self.batch_end is not None:
+            self.batch_end()
+
+    def _make_held(self) -> bool:
+        """Make the held events and hand them on; whether there were any."""
         if not self._held:
-            return
+            return False
         held, self._held = self._held, []
         for t, event, complete in held:
             if isinstance(event, KVEvent):
@@ -195,13 +201,12 @@ class RecordingTracer:
                     complete(event)
                 self._keep(self._round(t, event))
         self._made = time.perf_counter()
-        if self.batch_end is not None:
-            self.batch_end()
+        return True
 
     def relay(self, event: dict[str, Any]) -> None:
         """Keep and hand on an event of this run made by another tracer (the engine process's): later events made
         here continue its numbering."""
-        self.flush()
+        self._make_held()
         self.ended = self.ended or event["type"] == "run_end"
         self._keep(event)
 

@@ -37,7 +37,7 @@ def test_replace_engine_cancels_a_running_run_and_serves_the_new_engine(loaded, 
             swaps.append(worker.replace_engine(other_engine))
             asked.set()
 
-    first = RecordingTracer(sink=swap_after_first_round)
+    first = RecordingTracer(sink=swap_after_first_round, hold_s=0)   # each round reaches the sink as it ends
     worker.start()
     try:
         worker.submit(PROMPT, "ar", {"max_new_tokens": 8}, first, threading.Event()).result(30)

@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from backend import tracing
 from backend.server import BindError, check_bind, create_app
 from backend.server.logs import redact_tokens
 from backend.server.outbox import Outbox, SlowClient
@@ -43,12 +44,15 @@ def client(engine, store) -> Iterator[TestClient]:
 
 
 class StepGate:
-    """Lets the worker run a scheduler step only when the test says so, to make timing deterministic."""
+    """Lets the worker run a scheduler step only when the test says so, to make timing deterministic. Tracers made
+    meanwhile hand each round on as it ends (tracing.HOLD_S 0): a paused engine makes no next round for a held one
+    to wait for."""
 
     def __init__(self, scheduler, monkeypatch: pytest.MonkeyPatch):
         self._allowed = threading.Semaphore(0)
         self._open = False
         step = scheduler.step
+        monkeypatch.setattr(tracing, "HOLD_S", 0.0)
 
         def gated_step():
             if not self._open:
