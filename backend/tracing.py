@@ -134,8 +134,8 @@ class RecordingTracer:
     had just evicted; made in a batch it costs about a third less (docs/notes/perf.md, stop 16). Sinks see events
     in order, a batch at most every hold_s (a run's first round too: its t_ms still says when it was made); a
     round made within hold_s of the last batch waits for the next round (as the engine process's messages did
-    before). What a round or kv event holds is the caller's own: nothing
-    changes it once handed over (tests/test_engine.py checks every mode)."""
+    before). What a round or kv event holds is the caller's own: nothing changes it once handed over
+    (tests/test_engine.py checks every mode)."""
     enabled = True
 
     def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None,

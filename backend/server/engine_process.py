@@ -49,7 +49,7 @@ def portable(exc: BaseException) -> BaseException:
 
 
 FLUSH_S = 0.02
-"""A message goes at most every FLUSH_S: each run's tracer hands on its events in batches at most ~20 ms apart
+"""A message goes at most every FLUSH_S: each run's tracer hands on its events in batches at least ~20 ms apart
 (`RecordingTracer.hold_s`), and the batches of concurrent runs that end within FLUSH_S of the last message go with
 the next one. A message per round woke the server's threads ~1400 times a second for a fused ar token of ~0.7 ms,
 which slowed the engine on the other core (docs/notes/perf.md, stop 13). run_end and errors go at once."""
