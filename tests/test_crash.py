@@ -26,6 +26,7 @@ def test_kill_9_mid_run_leaves_an_interrupted_run_with_its_stored_events(store_u
     log = tmp_path / "serve.log"
     with serving(store_url, log) as server:
         finished = generate(server, "What is 12 + 30?", max_new_tokens=8)
+        server.get(f"/api/runs/{finished[0]['run_id']}")   # a REST read waits until the server has stored the run
         before = snapshot(store_url, finished[0]["run_id"])
         with server.ws("/ws/generate") as ws:
             ws.send(json.dumps({"type": "generate", "prompt": CODE, "mode": LONG_RUN,

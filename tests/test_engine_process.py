@@ -138,7 +138,7 @@ def test_a_dead_engine_process_ends_its_runs_with_an_error(tmp_path) -> None:
                 events.append(ws.receive_json())
         assert (events[-2]["type"], events[-1]["status"]) == ("error", "error")
         assert [e["seq"] for e in events] == list(range(len(events)))
-        assert store.get_run(events[0]["run_id"])["status"] == "error"
+        assert c.get(f"/api/runs/{events[0]['run_id']}").json()["status"] == "error"
         health = c.get("/api/health")
         assert health.status_code == 503 and "not running" in health.json()["detail"]
         with c.websocket_connect("/ws/generate") as ws:

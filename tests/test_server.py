@@ -96,6 +96,14 @@ def assert_one_dense_run(events: list[Event]) -> None:
     assert [e["seq"] for e in events] == list(range(len(events)))
 
 
+def read_back(client: TestClient, run_id: str) -> Event:
+    """The run as REST serves it right after its run_end. run_end does not wait for the store, but a REST read
+    waits for the store writer, so from here on the database holds the whole run."""
+    response = client.get(f"/api/runs/{run_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
 def wait_for(predicate, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -114,8 +122,8 @@ def test_generate_streams_and_stores_the_same_events(client, store, engine, mode
     assert {"round", "kv"} <= types
     assert events[-1]["status"] == "done" and events[-1]["metrics"]["kv_leaked"] == 0
     run_id = events[0]["run_id"]
+    run = read_back(client, run_id)
     assert store.events(run_id) == events
-    run = client.get(f"/api/runs/{run_id}").json()
     assert run["status"] == "done" and run["mode"] == mode and run["prompt"] == PROMPT
     rounds = client.get(f"/api/runs/{run_id}/rounds").json()
     assert rounds == [e for e in events if e["type"] == "round"]
@@ -137,6 +145,7 @@ def test_batched_frames_carry_the_same_events_as_arrays(client, store):
     assert all(isinstance(f, list) and f for f in frames)
     events = [e for f in frames for e in f]
     assert_one_dense_run(events)
+    read_back(client, events[0]["run_id"])
     assert store.events(events[0]["run_id"]) == events
     with client.websocket_connect("/ws/generate") as ws:
         single = generate(ws, max_new_tokens=24)
@@ -265,7 +274,7 @@ def test_bad_input_gets_error_events_and_the_socket_stays_usable(client, store):
         ws.send_json({"type": "cancel"})  # nothing to cancel: no reply
         events = generate(ws, "ar", max_new_tokens=8)
     assert_one_dense_run(events)
-    assert [r["run_id"] for r in store.list_runs()] == [events[0]["run_id"]]
+    assert [r["run_id"] for r in client.get("/api/runs").json()] == [events[0]["run_id"]]
 
 
 def test_second_generate_while_busy_is_refused_and_cancel_stops_the_run(client, gate, store, engine):
@@ -282,7 +291,7 @@ def test_second_generate_while_busy_is_refused_and_cancel_stops_the_run(client, 
     assert_one_dense_run(events)
     assert events[-1]["status"] == "cancelled"
     assert len(events[-1]["output_ids"]) < 64
-    assert store.get_run(start["run_id"])["status"] == "cancelled"
+    assert read_back(client, start["run_id"])["status"] == "cancelled"
     assert engine.rt.pool.used == 0
 
 
@@ -321,7 +330,7 @@ def test_a_run_the_scheduler_cannot_end_still_ends_for_its_client(client, store,
         events = generate(ws, "ar", max_new_tokens=4)
     assert_one_dense_run(events)
     assert events[-2]["code"] == "run_failed" and events[-1]["status"] == "error"
-    assert store.get_run(events[0]["run_id"])["status"] == "error"
+    assert read_back(client, events[0]["run_id"])["status"] == "error"
     assert engine.rt.pool.used == 0
     wait_for(lambda: client.get("/api/health").json()["queued_runs"] == 0)
 

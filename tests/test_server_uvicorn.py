@@ -55,6 +55,8 @@ async def all_runs(address: str) -> list[tuple[dict[str, Any], list[dict[str, An
 def test_concurrent_clients_each_get_only_their_own_run(served, engine):
     address, store = served
     results = asyncio.run(all_runs(address))
+    listed = httpx.get(f"http://{address}/api/runs", params={"limit": 100}, timeout=10).json()   # REST reads wait
+    assert len(listed) == CLIENTS   # for the store writer, so the database holds every run from here on
 
     run_ids = set()
     for request, events in results:

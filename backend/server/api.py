@@ -1,12 +1,15 @@
 """REST under /api: health, modes, vocab, runs (list, get, delete, rounds, KV intervals, export), import, comparisons,
 and the stored benchmark results (bench).
 
-Handlers are plain functions, so FastAPI runs their store reads in its thread pool, off the event loop.
+Handlers are plain functions, so FastAPI runs their store reads in its thread pool, off the event loop. Every
+handler that reads or changes stored runs first waits until the events the server has taken are stored (`settle`,
+the store writer's flush; at once when it holds none), since /ws/generate sends run_end without waiting for that.
 """
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,11 +57,14 @@ class NewComparison(BaseModel):
     run_ids: list[str] = Field(min_length=1)
 
 
-def api_router(store: Store, engine: EngineService, bench_dir: Path = BENCH_DIR) -> APIRouter:
-    """The routes; the served model is always read through `engine` (it changes when the model is switched)."""
+def api_router(store: Store, engine: EngineService, settle: Callable[[], object],
+               bench_dir: Path = BENCH_DIR) -> APIRouter:
+    """The routes; the served model is always read through `engine` (it changes when the model is switched), and
+    `settle()` returns once the events taken so far are stored."""
     router = APIRouter(prefix="/api")
 
     def run_or_404(run_id: str) -> Row:
+        settle()
         run = store.get_run(run_id)
         if run is None:
             raise HTTPException(404, f"no run {run_id}")
@@ -99,6 +105,7 @@ def api_router(store: Store, engine: EngineService, bench_dir: Path = BENCH_DIR)
     @router.get("/runs")
     def list_runs(mode: str | None = None, status: str | None = None, limit: int = Query(50, ge=1, le=1000),
                   offset: int = Query(0, ge=0)) -> list[Row]:
+        settle()
         return store.list_runs(mode, status, limit, offset)
 
     @router.get("/runs/{run_id}")
@@ -107,6 +114,7 @@ def api_router(store: Store, engine: EngineService, bench_dir: Path = BENCH_DIR)
 
     @router.delete("/runs/{run_id}", status_code=204)
     def delete_run(run_id: str) -> Response:
+        settle()
         try:
             deleted = store.delete_run(run_id)
         except StoreError as e:  # still being recorded
@@ -127,6 +135,7 @@ def api_router(store: Store, engine: EngineService, bench_dir: Path = BENCH_DIR)
 
     @router.get("/runs/{run_id}/export")
     def export(run_id: str, format: Literal["json", "perfetto"] = "json") -> JSONResponse:
+        settle()
         try:
             doc = export_json(store, run_id) if format == "json" else export_perfetto(store, run_id)
         except UnknownRunError:
@@ -147,6 +156,7 @@ def api_router(store: Store, engine: EngineService, bench_dir: Path = BENCH_DIR)
 
     @router.post("/comparisons", status_code=201)
     def new_comparison(body: NewComparison) -> Row:
+        settle()
         try:
             comparison_id = store.create_comparison(body.label, body.prompt, body.run_ids)
         except UnknownRunError as e:

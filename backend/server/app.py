@@ -73,7 +73,7 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
     app.add_exception_handler(RequestValidationError, invalid_request)
     if token:
         app.add_middleware(TokenMiddleware, token=token)
-    app.include_router(api_router(store, service))
+    app.include_router(api_router(store, service, writer.flush))
     app.include_router(models_router(host))
 
     @app.websocket("/ws/generate")
@@ -90,7 +90,7 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
     @app.websocket("/ws/replay/{run_id}")
     async def ws_replay(ws: WebSocket, run_id: str) -> None:
         await ws.accept()
-        await replay(ws, store, run_id)
+        await replay(ws, store, run_id, writer.flush)
 
     if ui and ui_installed():
         from app.ui import mount_ui

@@ -61,7 +61,6 @@ class GenerateSession:
         self.batch = batch   # every message a JSON array of the events ready (?frames=batch)
         self.outbox = Outbox()
         self.cancel: Callable[[], None] | None = None  # cancels the active run; None when idle
-        self._ending: asyncio.Future[None] | None = None  # the active run's run_end, waiting for the store
 
     async def serve(self) -> None:
         """Read and write concurrently until the client leaves or falls too far behind; then cancel its run."""
@@ -126,13 +125,9 @@ class GenerateSession:
             self.outbox.put(error_event("internal", f"{type(e).__name__}: {e}"))
 
     def _deliver(self, event: Event) -> None:
-        if event["type"] == "run_end":
-            self._ending = asyncio.ensure_future(self._end(event))
-        else:
-            self.outbox.put(event)
-
-    async def _end(self, event: Event) -> None:
-        """run_end goes out once the whole run is stored, so a client that sees it can read the run back."""
-        await asyncio.to_thread(self.writer.flush)
+        """run_end goes out as soon as it comes, not once the run is stored: the writer has it already, and every read
+        of a stored run waits for what the writer holds (`StoreWriter.flush`), so a client that sees run_end can
+        still read the run back at once."""
         self.outbox.put(event)
-        self.cancel = None
+        if event["type"] == "run_end":
+            self.cancel = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -56,11 +57,12 @@ async def follow(ws: WebSocket, store: Store, run_id: str, since_seq: int, pacer
         await asyncio.sleep(POLL_S)
 
 
-async def replay(ws: WebSocket, store: Store, run_id: str) -> None:
+async def replay(ws: WebSocket, store: Store, run_id: str, settle: Callable[[], object]) -> None:
     """Send events from since_seq on (following a run that is still recording), then close; a bad query or an
-    unknown run gets one error event."""
+    unknown run gets one error event. `settle()` returns once the events this server has taken are stored."""
     try:
         opts = parse_replay_options(dict(ws.query_params))
+        await asyncio.to_thread(settle)
         if await asyncio.to_thread(store.get_run, run_id) is None:
             raise ProtocolError("unknown_run", f"no run {run_id}")
     except ProtocolError as e:

@@ -33,6 +33,7 @@ class StoreWriter:
         self._pending: deque[Event | threading.Event | None] = deque()
         self._ready = threading.Event()  # something is pending
         self._wake = threading.Event()   # a flush or close cuts the pause between batches short
+        self._writing = False   # the thread holds a batch it has not finished writing
         self._thread = threading.Thread(target=self._loop, name="specscope-store-writer", daemon=True)
 
     def start(self) -> StoreWriter:
@@ -46,7 +47,10 @@ class StoreWriter:
         self._enqueue(event)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything put so far is written; False after `timeout` or when the writer has closed."""
+        """Wait until everything put so far is written; False after `timeout` or when the writer has closed. Returns at
+        once when nothing is queued or being written (reads call this before every run they serve)."""
+        if not self._pending and not self._writing:   # the thread sets _writing before it takes a batch
+            return self._thread.is_alive()
         done, deadline = threading.Event(), None if timeout is None else time.monotonic() + timeout
         self._enqueue(done)
         self._wake.set()
@@ -78,11 +82,13 @@ class StoreWriter:
             self._ready.wait()
             self._ready.clear()
             started = time.monotonic()
+            self._writing = True
             batch = []
             while self._pending:
                 batch.append(self._pending.popleft())
             waiters = [item for item in batch if isinstance(item, threading.Event)]
             self._write([item for item in batch if isinstance(item, dict)])
+            self._writing = False
             for waiter in waiters:
                 waiter.set()
             if None in batch:
