@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.machinery
 import json
 import logging
@@ -18,10 +19,11 @@ from starlette.websockets import WebSocketDisconnect
 
 from backend import tracing
 from backend.server import BindError, check_bind, create_app
+from backend.server import app as app_module
 from backend.server.logs import redact_tokens
 from backend.server.outbox import Outbox, SlowClient
 from backend.server.protocol import MAX_MESSAGE_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
-from backend.store import Store
+from backend.store import Store, StoreWriter
 from backend.tracing import RecordingTracer
 
 pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
@@ -130,6 +132,37 @@ def test_generate_streams_and_stores_the_same_events(client, store, engine, mode
     assert client.get(f"/api/runs/{run_id}/rounds", params={"start": 1, "stop": 2}).json() == rounds[1:2]
     assert client.get(f"/api/runs/{run_id}/kv").json()
     assert engine.rt.pool.used == 0
+
+
+def replayed(c: TestClient, run_id: str) -> list[Event]:
+    with c.websocket_connect(f"/ws/replay/{run_id}?speed=0") as ws:
+        return receive_run(ws)
+
+
+READS_OF_A_RUN = {   # each read of a stored run: what it shows, and what it shows of a whole run's events
+    "run": (lambda c, run_id: c.get(f"/api/runs/{run_id}").json()["status"], lambda events: "done"),
+    "list": (lambda c, run_id: [r["status"] for r in c.get("/api/runs").json() if r["run_id"] == run_id],
+             lambda events: ["done"]),
+    "rounds": (lambda c, run_id: c.get(f"/api/runs/{run_id}/rounds").json(),
+               lambda events: [e for e in events if e["type"] == "round"]),
+    "kv": (lambda c, run_id: len(c.get(f"/api/runs/{run_id}/kv").json()),
+           lambda events: sum(len(e["slots"]) for e in events if e["type"] == "kv" and e["op"] == "alloc")),
+    "export": (lambda c, run_id: c.get(f"/api/runs/{run_id}/export").json()["events"], lambda events: events),
+    "replay": (replayed, lambda events: events),
+}
+
+
+@pytest.mark.parametrize("read", sorted(READS_OF_A_RUN))
+def test_every_read_right_after_run_end_sees_the_whole_run(engine, store, monkeypatch, read):
+    """run_end goes out without waiting for the store; each read of a run waits for the store writer instead.
+    Here the writer writes a batch every 5 s at most, so a read that did not wait would find the run still
+    recording (only its run_start stored)."""
+    monkeypatch.setattr(app_module, "StoreWriter", functools.partial(StoreWriter, interval_s=5.0))
+    shown, whole = READS_OF_A_RUN[read]
+    with TestClient(create_app(engine, store, ui=False)) as c:
+        with c.websocket_connect("/ws/generate") as ws:
+            events = generate(ws, "ar", max_new_tokens=8)
+        assert shown(c, events[0]["run_id"]) == whole(events)
 
 
 def test_batched_frames_carry_the_same_events_as_arrays(client, store):
