@@ -109,7 +109,7 @@ class Engine:
 
     def stream(self, prompt: str, mode: str, params: dict[str, Any] | None = None,
                cancel: threading.Event | None = None) -> Iterator[dict[str, Any]]:
-        """Trace events of one run as the tracer makes them (between rounds, a batch every ~20 ms or more)."""
+        """Trace events of one run as the tracer makes them (between rounds, a batch every ~50 ms or more)."""
         pending: list[dict[str, Any]] = []
         req = self.new_request(prompt, mode, params, RecordingTracer(sink=pending.append, keep=False), cancel)
         self.scheduler.add(req)

@@ -48,11 +48,12 @@ def portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-FLUSH_S = 0.02
-"""A message goes at most every FLUSH_S: each run's tracer hands on its events in batches at least ~20 ms apart
+FLUSH_S = 0.05
+"""A message goes at most every FLUSH_S: each run's tracer hands on its events in batches at least ~50 ms apart
 (`RecordingTracer.hold_s`), and the batches of concurrent runs that end within FLUSH_S of the last message go with
-the next one. A message per round woke the server's threads ~1400 times a second for a fused ar token of ~0.7 ms,
-which slowed the engine on the other core (docs/notes/perf.md, stop 13). run_end and errors go at once."""
+the next one. Each message costs the engine thread more than its pickling: a message per round (~1400 a second
+for a fused ar token of ~0.7 ms) slowed the engine by 12-15 % (docs/notes/perf.md, stop 13), and a message every
+20 ms still cost 128-token runs ~1 % more than one every 50 ms (stop 17). run_end and errors go at once."""
 
 
 # ---- the engine process ----
