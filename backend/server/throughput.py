@@ -11,8 +11,8 @@ client asks).
 Each prompt runs twice per path per repeat, the second run counting (steady state: see main), one run at a time,
 the paths interleaved in a shuffled order, after a warm-up run of each.
 In-process tok/s is the engine's own figure (run_end metrics); through the server both the engine's figure from
-run_end and the client's (tokens over the time from sending `generate` to receiving run_end, which is sent once
-the run is stored) are reported, each also as the median of its per-run ratios to the untraced in-process run
+run_end and the client's (tokens over the time from sending `generate` to receiving run_end, a new connection per
+run as the UI's client makes) are reported, each also as the median of its per-run ratios to the untraced in-process run
 of the same prompt in the same repeat, and to the traced in-process run (what serving adds to tracing).
 """
 from __future__ import annotations
