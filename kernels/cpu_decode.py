@@ -149,6 +149,30 @@ def chunk_prefixes(kv: KVContext, queries: int) -> tuple[np.ndarray, np.ndarray]
     return np.ascontiguousarray(table, dtype=np.int64), np.ascontiguousarray(rows.reshape(-1), dtype=np.int64)
 
 
+def masked_prefixes(kv: KVContext, mask: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each query row's slot table and length from an attention mask [R, 1, Q, P+Q] over [prefix ‖ chunk]: the
+    prefix and earlier chunk slots the row sees, in the mask's column order (quadratic's verify; like the eager
+    forward, the mask alone decides, prefix_valid included). None where the
+    kernel cannot follow the mask: a row that does not see itself or sees a later row (the kernel writes and
+    reads a chunk's rows in order, and each row attends to its own K/V after its table)."""
+    see = mask.numpy()[:, 0]
+    requests, queries, width = see.shape
+    prefix = kv.prefix_slots.numpy()
+    if kv.write_slots is None or width != prefix.shape[1] + queries:
+        return None
+    chunk, diagonal = see[:, :, prefix.shape[1]:], np.arange(queries)
+    if not chunk[:, diagonal, diagonal].all() or np.triu(chunk, 1).any():
+        return None
+    see = see.copy()
+    see[:, diagonal, prefix.shape[1] + diagonal] = False       # the kernel appends the row's own K/V
+    slots = np.concatenate([prefix, kv.write_slots.numpy()], axis=1)[:, None, :].repeat(queries, axis=1)
+    lengths = see.sum(-1)
+    first = np.argsort(~see, axis=-1, kind="stable")[..., :max(int(lengths.max()), 1)]  # seen columns, in order
+    table = np.take_along_axis(slots, first, axis=-1)
+    return (np.ascontiguousarray(table.reshape(requests * queries, -1), dtype=np.int64),
+            np.ascontiguousarray(lengths.reshape(-1), dtype=np.int64))
+
+
 def _flat(t: Tensor) -> np.ndarray:
     """A CPU int tensor's values as one contiguous int64 array (a view where it already is one)."""
     return np.ascontiguousarray(t.numpy().reshape(-1), dtype=np.int64)
@@ -214,18 +238,22 @@ class FusedDecode:
 
     @staticmethod
     def accepts(queries: int, attn: str, mask: Tensor | None, lora: bool | Tensor, writes: bool) -> bool:
-        """Whether the fused step computes a forward of this shape: up to MAX_CHUNK causal query rows per request
-        (more than one only when they write their K/V: each row reads the rows before it from the cache), no
-        mask override, the adapter off."""
-        return ((queries == 1 or writes and queries <= MAX_CHUNK) and attn in CAUSAL and mask is None
-                and lora is False)
+        """Whether the fused step may compute a forward of this shape: up to MAX_CHUNK query rows per request
+        (more than one only when they write their K/V: each row reads the rows before it from the cache),
+        causal, or under a mask override when they write (`masked_prefixes` then checks that the kernel can
+        follow it), the adapter off."""
+        return ((queries == 1 or writes and queries <= MAX_CHUNK) and lora is False
+                and (attn in CAUSAL and mask is None or mask is not None and writes))
 
     def __call__(self, ids: Tensor, positions: Tensor, attn: str = "causal", kv: KVContext | None = None,
                  mask: Tensor | None = None, lora: bool | Tensor = False) -> Tensor:
         requests, queries = ids.shape
         if kv is None or not self.accepts(queries, attn, mask, lora, kv.write_slots is not None):
             return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
-        prefix, lengths = chunk_prefixes(kv, queries)
+        tables = chunk_prefixes(kv, queries) if mask is None else masked_prefixes(kv, mask)
+        if tables is None:
+            return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
+        prefix, lengths = tables
         at, ids_ = _flat(positions), _flat(ids)
         write = None if kv.write_slots is None else _flat(kv.write_slots)
         self.rope.cover(int(at.max()))

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from backend.engine.engine import Engine
+from backend.engine.modes.quadratic import quadratic_mask
 from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
 from backend.model.transformer import KVContext, PagedKV, Transformer
@@ -131,6 +132,64 @@ def test_fused_step_equals_eager(lib, config, fmt, queries):
         assert torch.equal(fused_cache.v[:, others], eager_cache.v[:, others])
 
 
+def lower_triangular_mask(rows: int, lengths: list[int], width: int, seed: int = 3) -> torch.Tensor:
+    """[R, 1, Q, P+Q]: each row sees a random part of its own prefix and of the rows before it, and itself."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = (torch.rand(len(lengths), 1, rows, width, generator=g) < 0.7) & (
+        torch.arange(width)[None, None, None, :] < torch.tensor(lengths)[:, None, None, None])
+    chunk = (torch.rand(len(lengths), 1, rows, rows, generator=g) < 0.5).tril(-1) | torch.eye(rows, dtype=torch.bool)
+    return torch.cat([prefix, chunk], dim=-1)
+
+
+@pytest.mark.parametrize("fmt", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_masked_chunk_equals_eager(lib, config, fmt):
+    """A chunk that writes its K/V under a mask override (quadratic's verify: 3 groups of 1 spec + 2 masks at
+    their own positions; and random masks in which each row sees itself and part of its prefix and of the rows
+    before it) runs through the kernel with the eager forward's logits and K/V."""
+    cfg = CONFIGS[config]
+    model = random_model(cfg, fmt)
+    fused = FusedDecode(model, lib)
+    cases = []
+    for lengths in ([0], [7]):
+        ids, _, prefix, _, write = batch(lengths, 9, cfg.vocab_size)
+        positions = torch.tensor([[lengths[0] + o for o in (0, 1, 2, 1, 2, 3, 2, 3, 4)]])
+        cases.append((ids, positions, prefix, write, quadratic_mask(3, 2, lengths[0])))
+    for lengths in ([10], [12, 3, 9]):
+        ids, positions, prefix, _, write = batch(lengths, 6, cfg.vocab_size)
+        cases.append((ids, positions, prefix, write, lower_triangular_mask(6, lengths, max(lengths))))
+    for ids, positions, prefix, write, mask in cases:
+        eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
+        with torch.inference_mode():
+            want = model(ids, positions, "strict_causal", kv=KVContext(eager_cache, prefix, None, write), mask=mask)
+            got = fused(ids, positions, "strict_causal", kv=KVContext(fused_cache, prefix, None, write), mask=mask)
+        assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0), mask.shape
+        assert torch.allclose(fused_cache.k, eager_cache.k, atol=1e-5)
+        assert torch.allclose(fused_cache.v, eager_cache.v, atol=1e-5)
+
+
+def test_masks_the_kernel_cannot_follow_run_eagerly(lib, monkeypatch):
+    """A row that sees a later row of its chunk, or does not see itself, is the model's own forward, bit for
+    bit; so is a masked forward that writes nothing."""
+    cfg = CONFIGS["qwen3"]
+    model = random_model(cfg, torch.float32)
+    fused = FusedDecode(model, lib)
+    ids, positions, prefix, _, write = batch([5], 4, cfg.vocab_size)
+    later = lower_triangular_mask(4, [5], 5)
+    later[0, 0, 1, 5 + 3] = True
+    blind = lower_triangular_mask(4, [5], 5)
+    blind[0, 0, 2, 5 + 2] = False
+    calls = []
+    original = fused.lib.decode_step
+    monkeypatch.setattr(fused.lib, "decode_step", lambda *args: calls.append(args) or original(*args))
+    for mask, writes in ((later, write), (blind, write), (lower_triangular_mask(4, [5], 5), None)):
+        with torch.inference_mode():
+            want = model(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, writes), mask=mask)
+            got = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, writes), mask=mask)
+        assert torch.equal(got, want)
+    assert calls == []
+
+
 def test_a_chunk_row_is_the_decode_step_at_its_position(lib):
     """A 5-row causal chunk (a verify) gives, row for row, the very numbers of five 1-row steps: what makes
     linear_spec and isd lossless against ar bit for bit, not only up to rounding."""
@@ -203,7 +262,8 @@ def test_other_forwards_run_eagerly(lib):
             got = fused(ids, positions, attn=attn, kv=KVContext(filled_cache(cfg), prefix))
         assert torch.equal(got, want)
     assert not FusedDecode.accepts(1, "causal", None, torch.ones(1, 1, dtype=torch.bool), True)
-    assert not FusedDecode.accepts(1, "causal", torch.ones(1, 1, 1, 4, dtype=torch.bool), False, True)
+    assert not FusedDecode.accepts(4, "causal", torch.ones(1, 1, 4, 4, dtype=torch.bool), False, False)
+    assert FusedDecode.accepts(4, "block", torch.ones(1, 1, 4, 4, dtype=torch.bool), False, True)   # mask decides
     assert not FusedDecode.accepts(4, "causal", None, False, False)   # read-only chunks: rows need the cache
     assert not FusedDecode.accepts(MAX_CHUNK + 1, "causal", None, False, True)
     assert FusedDecode.accepts(1, "causal", None, False, False)
@@ -253,11 +313,15 @@ def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
         decode_rows = set(calls)
         calls.clear()
         verified = [fused_engine.generate(p, "linear_spec", params).output_ids for p in prompts]
+        linear_rows = set(calls)
+        calls.clear()
+        quadratic = [fused_engine.generate(p, "quadratic", params).output_ids for p in prompts]
     finally:
         step.lib.decode_step = original
     eager = [eager_engine.generate(p, "ar", params).output_ids for p in prompts]
     assert alone == eager
     assert [r.output_ids for r in together] == eager
-    assert verified == eager
+    assert verified == eager and quadratic == eager
     assert 1 in decode_rows and max(decode_rows) > 1   # single rows and a batched decode both went through C
-    assert 16 in calls                                  # linear_spec's 16-row verifies too
+    assert 16 in linear_rows                            # linear_spec's 16-row verifies too
+    assert 25 in calls                                  # and quadratic's masked 25-row ones (k=4)
