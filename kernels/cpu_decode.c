@@ -1,6 +1,8 @@
 /* One decode step of our decoder, fused for the CPU: independent query rows, each with its own prefix slots.
    A short causal chunk is a run of rows whose slot tables extend by one row each (kernels/cpu_decode.py):
-   rows are written and read in order within a layer, so each sees the rows before it.
+   every row's K/V is written before any row attends, so each sees the rows before it. A bidirectional block
+   (`block` rows per request) attends to its prefix slots and to every row of its block, from the step's own
+   K/V, whether or not it writes them.
 
    A 1-row forward of a small model is op-bound in eager PyTorch (some 200 dispatched ops per token, each a few
    microseconds); here every layer is one pass of plain loops, and each weight is streamed once per step for
@@ -222,30 +224,31 @@ static void rope(float *x, int heads, int head_dim, const float *cos, const floa
     }
 }
 
-/* Softmax attention of one row's heads over its prefix slots and its own k/v (GQA), scale 1/sqrt(head_dim). */
-static void attend(const int64_t *dims, const float *q, const float *own_k, const float *own_v,
+/* Softmax attention of one row's heads over its prefix slots, then `own` rows of this step's k/v (the row
+   itself, or its whole block) (GQA), scale 1/sqrt(head_dim). */
+static void attend(const int64_t *dims, const float *q, const float *own_k, const float *own_v, int own,
                    const float *k_layer, const float *v_layer, const int64_t *prefix, int64_t length,
                    float *scores, float *out) {
     int heads = (int)dims[HEADS], kv_heads = (int)dims[KV_HEADS], hd = (int)dims[HEAD_DIM];
     int group = heads / kv_heads;
-    int64_t slot_stride = (int64_t)kv_heads * hd;
+    int64_t slot_stride = (int64_t)kv_heads * hd, keys = length + own;
     float scale = 1.0f / sqrtf((float)hd);
     for (int h = 0; h < heads; h++) {
         int g = h / group;
         const float *qh = q + h * hd;
         float top = -INFINITY;
-        for (int64_t j = 0; j < length; j++) {
+        for (int64_t j = 0; j < length; j++)
             scores[j] = dot(qh, k_layer + prefix[j] * slot_stride + g * hd, hd) * scale;
-            top = scores[j] > top ? scores[j] : top;
-        }
-        scores[length] = dot(qh, own_k + g * hd, hd) * scale;
-        top = scores[length] > top ? scores[length] : top;
+        for (int i = 0; i < own; i++)
+            scores[length + i] = dot(qh, own_k + i * slot_stride + g * hd, hd) * scale;
+        for (int64_t j = 0; j < keys; j++) top = scores[j] > top ? scores[j] : top;
         float total = 0.0f;
-        for (int64_t j = 0; j <= length; j++) total += scores[j] = expf(scores[j] - top);
+        for (int64_t j = 0; j < keys; j++) total += scores[j] = expf(scores[j] - top);
         float *oh = out + h * hd;
         for (int d = 0; d < hd; d++) oh[d] = 0.0f;
-        for (int64_t j = 0; j <= length; j++) {
-            const float *vj = j < length ? v_layer + prefix[j] * slot_stride + g * hd : own_v + g * hd;
+        for (int64_t j = 0; j < keys; j++) {
+            const float *vj = (j < length ? v_layer + prefix[j] * slot_stride : own_v + (j - length) * slot_stride)
+                              + g * hd;
             float p = scores[j] / total;
             for (int d = 0; d < hd; d++) oh[d] += p * vj[d];
         }
@@ -257,20 +260,22 @@ static void attend(const int64_t *dims, const float *q, const float *own_k, cons
    [vocab, hidden] are in the weight format. positions [rows]; cos/sin [P, head_dim] and q_scale [P] (or NULL)
    are tables by position, covering every row's position. prefix [rows, ldp] slot ids with lengths [rows];
    write [rows] the slot each row's K/V goes to (NULL: read-only). k/v caches [layers, slots, kv_heads,
-   head_dim], their layers layer_cache elements apart. logits [rows, vocab]. Returns 0, or -1 when memory ran
-   out. */
+   head_dim], their layers layer_cache elements apart. block: 0, each row attending to its table and itself;
+   else rows come in blocks of `block` (one per request), each row attending to its table and its whole block.
+   logits [rows, vocab]. Returns 0, or -1 when memory ran out. */
 int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const void *embed,
                 const float *final_norm, const void *head, int rows, const int64_t *ids, const int64_t *positions,
                 const float *cos, const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp,
                 const int64_t *lengths, const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache,
-                float *logits) {
+                int block, float *logits) {
     int D = (int)dims[HIDDEN], I = (int)dims[INTER], H = (int)dims[HEADS], Hkv = (int)dims[KV_HEADS];
     int hd = (int)dims[HEAD_DIM], V = (int)dims[VOCAB], fmt = (int)dims[FORMAT];
     float eps = eps_[0];
     int64_t max_len = 0;
     for (int m = 0; m < rows; m++) max_len = lengths[m] > max_len ? lengths[m] : max_len;
     int qs = H * hd, kvs = Hkv * hd;
-    float *buf = malloc(sizeof(float) * ((size_t)rows * (2 * D + 2 * qs + 2 * kvs + 2 * I) + max_len + 1));
+    int own = block ? block : 1;
+    float *buf = malloc(sizeof(float) * ((size_t)rows * (2 * D + 2 * qs + 2 * kvs + 2 * I) + max_len + own));
     if (!buf) return -1;
     float *h = buf, *x = h + rows * D, *q = x + rows * D, *k = q + rows * qs, *v = k + rows * kvs;
     float *att = v + rows * kvs, *gate = att + rows * qs, *up = gate + rows * I, *scores = up + rows * I;
@@ -302,7 +307,11 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
                 memcpy(k_layer + write[m] * kvs, km, sizeof(float) * kvs);
                 memcpy(v_layer + write[m] * kvs, vm, sizeof(float) * kvs);
             }
-            attend(dims, qm, km, vm, k_layer, v_layer, prefix + m * ldp, lengths[m], scores, att + m * qs);
+        }
+        for (int m = 0; m < rows; m++) {
+            int first = block ? m / block * block : m;
+            attend(dims, q + m * qs, k + first * kvs, v + first * kvs, own, k_layer, v_layer, prefix + m * ldp,
+                   lengths[m], scores, att + m * qs);
         }
         linear(W(WO), fmt, F(BO), D, qs, att, qs, x, D, rows);
         for (int i = 0; i < rows * D; i++) h[i] += x[i];

@@ -94,8 +94,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.decode_step.restype = ctypes.c_int
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64   # declared, so a call passes plain ints without wrapping
-    lib.decode_step.argtypes = [pointer] * 6 + [ctypes.c_int] + [pointer] * 6 + [int64] + [pointer] * 4 + [int64,
-                                                                                                           pointer]
+    lib.decode_step.argtypes = ([pointer] * 6 + [ctypes.c_int] + [pointer] * 6 + [int64] + [pointer] * 4
+                                + [int64, ctypes.c_int, pointer])
     return lib
 
 
@@ -130,16 +130,17 @@ def supported(model: Transformer, cache: PagedKV) -> str | None:
     return None
 
 
-def chunk_prefixes(kv: KVContext, queries: int) -> tuple[np.ndarray, np.ndarray]:
+def chunk_prefixes(kv: KVContext, queries: int, block: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Each query row's slot table and length, one row per (request, query): a request's committed prefix
-    followed by its chunk's slots, of which query m reads the first m (causal). The kernel writes and reads a
-    chunk's rows in order, so row m sees exactly what a 1-row step at its position would: the same numbers.
-    (In NumPy: a decode step runs this per token, and a NumPy op costs a fraction of a torch one.)"""
+    followed by its chunk's slots, of which query m reads the first m (causal). The kernel writes every row's K/V
+    before any row attends, so row m sees exactly what a 1-row step at its position would: the same numbers. A
+    bidirectional `block` reads its committed prefix only (the kernel adds the whole block from the step's own
+    K/V). (In NumPy: a decode step runs this per token, and a NumPy op costs a fraction of a torch one.)"""
     table = kv.prefix_slots.numpy()
     requests, width = table.shape
     held = np.full(requests, width) if kv.prefix_valid is None else kv.prefix_valid.numpy().sum(1)
-    rows = held[:, None] + np.arange(queries)[None, :]
-    if kv.write_slots is not None:
+    rows = held[:, None] + (np.zeros(queries, dtype=np.int64) if block else np.arange(queries))[None, :]
+    if kv.write_slots is not None and not block:
         write = kv.write_slots.numpy()
         table = np.concatenate([table, write], axis=1)
         if kv.prefix_valid is not None:   # a padded row's chunk follows its own prefix, over its padding
@@ -150,18 +151,18 @@ def chunk_prefixes(kv: KVContext, queries: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def masked_prefixes(kv: KVContext, mask: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
-    """Each query row's slot table and length from an attention mask [R, 1, Q, P+Q] over [prefix ‖ chunk]: the
-    prefix and earlier chunk slots the row sees, in the mask's column order (quadratic's verify; like the eager
-    forward, the mask alone decides, prefix_valid included). None where the
-    kernel cannot follow the mask: a row that does not see itself or sees a later row (the kernel writes and
-    reads a chunk's rows in order, and each row attends to its own K/V after its table)."""
+    """Each query row's slot table and length from an attention mask [R, 1, Q, P+Q] over [prefix ‖ chunk] of a
+    chunk that writes its K/V: the prefix and other chunk slots the row sees, in the mask's column order
+    (quadratic's verify; like the eager forward, the mask alone decides, prefix_valid included). The kernel
+    writes every row's K/V before any row attends, and each row attends to its own K/V after its table: None for
+    a mask with a row that does not see itself."""
     see = mask.numpy()[:, 0]
     requests, queries, width = see.shape
     prefix = kv.prefix_slots.numpy()
     if kv.write_slots is None or width != prefix.shape[1] + queries:
         return None
-    chunk, diagonal = see[:, :, prefix.shape[1]:], np.arange(queries)
-    if not chunk[:, diagonal, diagonal].all() or np.triu(chunk, 1).any():
+    diagonal = np.arange(queries)
+    if not see[:, diagonal, prefix.shape[1] + diagonal].all():
         return None
     see = see.copy()
     see[:, diagonal, prefix.shape[1] + diagonal] = False       # the kernel appends the row's own K/V
@@ -237,20 +238,28 @@ class FusedDecode:
         self.rope = RopeTable(model)
 
     @staticmethod
-    def accepts(queries: int, attn: str, mask: Tensor | None, lora: bool | Tensor, writes: bool) -> bool:
-        """Whether the fused step may compute a forward of this shape: up to MAX_CHUNK query rows per request
-        (more than one only when they write their K/V: each row reads the rows before it from the cache),
-        causal, or under a mask override when they write (`masked_prefixes` then checks that the kernel can
-        follow it), the adapter off."""
-        return ((queries == 1 or writes and queries <= MAX_CHUNK) and lora is False
-                and (attn in CAUSAL and mask is None or mask is not None and writes))
+    def accepts(queries: int, attn: str, mask: Tensor | None, lora: bool | Tensor, writes: bool,
+                requests: int = 1) -> bool:
+        """Whether the fused step may compute a forward of this shape: up to MAX_CHUNK query rows per request,
+        the adapter off; causal (more than one row only when they write their K/V: each row reads the rows
+        before it from the cache), bidirectional `block` rows of up to MAX_CHUNK in all (each attends to its whole
+        block from the step's own K/V; spiffy's 8 branches of 32 rows run faster as eager GEMMs), or under a mask
+        override when they write (`masked_prefixes` then checks that the kernel can follow it)."""
+        if lora is not False or queries > MAX_CHUNK:
+            return False
+        if mask is not None:
+            return writes
+        if attn == "block":
+            return requests * queries <= MAX_CHUNK
+        return attn in CAUSAL and (queries == 1 or writes)
 
     def __call__(self, ids: Tensor, positions: Tensor, attn: str = "causal", kv: KVContext | None = None,
                  mask: Tensor | None = None, lora: bool | Tensor = False) -> Tensor:
         requests, queries = ids.shape
-        if kv is None or not self.accepts(queries, attn, mask, lora, kv.write_slots is not None):
+        if kv is None or not self.accepts(queries, attn, mask, lora, kv.write_slots is not None, requests):
             return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
-        tables = chunk_prefixes(kv, queries) if mask is None else masked_prefixes(kv, mask)
+        block = attn == "block" and mask is None
+        tables = chunk_prefixes(kv, queries, block) if mask is None else masked_prefixes(kv, mask)
         if tables is None:
             return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
         prefix, lengths = tables
@@ -264,7 +273,7 @@ class FusedDecode:
             self.head, requests * queries, ids_.ctypes.data, at.ctypes.data, rope.cos.data_ptr(), rope.sin.data_ptr(),
             None if rope.q_scale is None else rope.q_scale.data_ptr(), prefix.ctypes.data, prefix.shape[1],
             lengths.ctypes.data, None if write is None else write.ctypes.data, kv.cache.k.data_ptr(),
-            kv.cache.v.data_ptr(), kv.cache.k.stride(0), logits.data_ptr())
+            kv.cache.v.data_ptr(), kv.cache.k.stride(0), queries if block else 0, logits.data_ptr())
         if status:
             raise MemoryError("fused decode step: out of memory")
         return logits

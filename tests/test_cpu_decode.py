@@ -132,12 +132,12 @@ def test_fused_step_equals_eager(lib, config, fmt, queries):
         assert torch.equal(fused_cache.v[:, others], eager_cache.v[:, others])
 
 
-def lower_triangular_mask(rows: int, lengths: list[int], width: int, seed: int = 3) -> torch.Tensor:
-    """[R, 1, Q, P+Q]: each row sees a random part of its own prefix and of the rows before it, and itself."""
+def random_mask(rows: int, lengths: list[int], width: int, seed: int = 3) -> torch.Tensor:
+    """[R, 1, Q, P+Q]: each row sees a random part of its own prefix and of the other rows, and itself."""
     g = torch.Generator().manual_seed(seed)
     prefix = (torch.rand(len(lengths), 1, rows, width, generator=g) < 0.7) & (
         torch.arange(width)[None, None, None, :] < torch.tensor(lengths)[:, None, None, None])
-    chunk = (torch.rand(len(lengths), 1, rows, rows, generator=g) < 0.5).tril(-1) | torch.eye(rows, dtype=torch.bool)
+    chunk = (torch.rand(len(lengths), 1, rows, rows, generator=g) < 0.5) | torch.eye(rows, dtype=torch.bool)
     return torch.cat([prefix, chunk], dim=-1)
 
 
@@ -145,8 +145,8 @@ def lower_triangular_mask(rows: int, lengths: list[int], width: int, seed: int =
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_masked_chunk_equals_eager(lib, config, fmt):
     """A chunk that writes its K/V under a mask override (quadratic's verify: 3 groups of 1 spec + 2 masks at
-    their own positions; and random masks in which each row sees itself and part of its prefix and of the rows
-    before it) runs through the kernel with the eager forward's logits and K/V."""
+    their own positions; and random masks in which each row sees itself and part of its prefix and of the other
+    rows, later ones included) runs through the kernel with the eager forward's logits and K/V."""
     cfg = CONFIGS[config]
     model = random_model(cfg, fmt)
     fused = FusedDecode(model, lib)
@@ -157,7 +157,7 @@ def test_masked_chunk_equals_eager(lib, config, fmt):
         cases.append((ids, positions, prefix, write, quadratic_mask(3, 2, lengths[0])))
     for lengths in ([10], [12, 3, 9]):
         ids, positions, prefix, _, write = batch(lengths, 6, cfg.vocab_size)
-        cases.append((ids, positions, prefix, write, lower_triangular_mask(6, lengths, max(lengths))))
+        cases.append((ids, positions, prefix, write, random_mask(6, lengths, max(lengths))))
     for ids, positions, prefix, write, mask in cases:
         eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
         with torch.inference_mode():
@@ -169,25 +169,48 @@ def test_masked_chunk_equals_eager(lib, config, fmt):
 
 
 def test_masks_the_kernel_cannot_follow_run_eagerly(lib, monkeypatch):
-    """A row that sees a later row of its chunk, or does not see itself, is the model's own forward, bit for
-    bit; so is a masked forward that writes nothing."""
+    """A mask with a row that does not see itself is the model's own forward, bit for bit; so is a masked
+    forward that writes nothing."""
     cfg = CONFIGS["qwen3"]
     model = random_model(cfg, torch.float32)
     fused = FusedDecode(model, lib)
     ids, positions, prefix, _, write = batch([5], 4, cfg.vocab_size)
-    later = lower_triangular_mask(4, [5], 5)
-    later[0, 0, 1, 5 + 3] = True
-    blind = lower_triangular_mask(4, [5], 5)
+    blind = random_mask(4, [5], 5)
     blind[0, 0, 2, 5 + 2] = False
     calls = []
     original = fused.lib.decode_step
     monkeypatch.setattr(fused.lib, "decode_step", lambda *args: calls.append(args) or original(*args))
-    for mask, writes in ((later, write), (blind, write), (lower_triangular_mask(4, [5], 5), None)):
+    for mask, writes in ((blind, write), (random_mask(4, [5], 5), None)):
         with torch.inference_mode():
             want = model(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, writes), mask=mask)
             got = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, writes), mask=mask)
         assert torch.equal(got, want)
     assert calls == []
+
+
+@pytest.mark.parametrize("writes", [False, True], ids=["read-only", "writing"])
+@pytest.mark.parametrize("fmt", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_block_chunks_equal_eager(lib, config, fmt, writes):
+    """Bidirectional blocks (the block modes' draft, denoise and verify passes: each row sees its prefix and its
+    whole block), alone, padded and batched, read-only or writing their K/V: the eager forward's logits, the
+    cache written where asked and untouched elsewhere."""
+    cfg = CONFIGS[config]
+    model = random_model(cfg, fmt)
+    fused = FusedDecode(model, lib)
+    for lengths in ([0], [7], [12, 3, 0, 9]):
+        ids, positions, prefix, valid, write = batch(lengths, 6, cfg.vocab_size)
+        padded = valid if len(set(lengths)) > 1 else None
+        slots = write if writes else None
+        eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
+        with torch.inference_mode():
+            want = model(ids, positions, attn="block", kv=KVContext(eager_cache, prefix, padded, slots))
+            got = fused(ids, positions, attn="block", kv=KVContext(fused_cache, prefix, padded, slots))
+        assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0), (config, lengths)
+        assert torch.allclose(fused_cache.k, eager_cache.k, atol=1e-5)
+        assert torch.allclose(fused_cache.v, eager_cache.v, atol=1e-5)
+        if not writes:
+            assert torch.equal(fused_cache.k, filled_cache(cfg).k) and torch.equal(fused_cache.v, filled_cache(cfg).v)
 
 
 def test_a_chunk_row_is_the_decode_step_at_its_position(lib):
@@ -248,24 +271,26 @@ def test_rope_table_grows_and_holds_the_eager_numbers(lib):
 
 
 def test_other_forwards_run_eagerly(lib):
-    """Read-only multi-row chunks, block attention and an adapter switched on are the model's own forward, bit
-    for bit."""
+    """Read-only multi-row causal chunks are the model's own forward, bit for bit (an adapter switched on and
+    chunks past MAX_CHUNK are too: see accepts)."""
     cfg = CONFIGS["qwen3"]
     model = random_model(cfg, torch.float32)
     fused = FusedDecode(model, lib)
     ids = torch.randint(0, cfg.vocab_size, (2, 4), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(3, 7).expand(2, -1)
     prefix = torch.arange(6).view(2, 3)
-    for attn in ("causal", "block"):
-        with torch.inference_mode():
-            want = model(ids, positions, attn=attn, kv=KVContext(filled_cache(cfg), prefix))
-            got = fused(ids, positions, attn=attn, kv=KVContext(filled_cache(cfg), prefix))
-        assert torch.equal(got, want)
+    with torch.inference_mode():
+        want = model(ids, positions, attn="causal", kv=KVContext(filled_cache(cfg), prefix))
+        got = fused(ids, positions, attn="causal", kv=KVContext(filled_cache(cfg), prefix))
+    assert torch.equal(got, want)
     assert not FusedDecode.accepts(1, "causal", None, torch.ones(1, 1, dtype=torch.bool), True)
     assert not FusedDecode.accepts(4, "causal", torch.ones(1, 1, 4, 4, dtype=torch.bool), False, False)
     assert FusedDecode.accepts(4, "block", torch.ones(1, 1, 4, 4, dtype=torch.bool), False, True)   # mask decides
     assert not FusedDecode.accepts(4, "causal", None, False, False)   # read-only chunks: rows need the cache
     assert not FusedDecode.accepts(MAX_CHUNK + 1, "causal", None, False, True)
+    assert not FusedDecode.accepts(MAX_CHUNK + 1, "block", None, False, False)
+    assert FusedDecode.accepts(MAX_CHUNK, "block", None, False, False)   # bidirectional rows: read-only too
+    assert not FusedDecode.accepts(MAX_CHUNK, "block", None, False, False, requests=2)   # at most MAX_CHUNK in all
     assert FusedDecode.accepts(1, "causal", None, False, False)
     assert FusedDecode.accepts(MAX_CHUNK, "strict_causal", None, False, True)
 
@@ -291,8 +316,8 @@ def test_unsupported_models_and_missing_compiler_decode_eagerly():
 
 def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
     """The shipped (float16-stored) checkpoint decodes through the C step, streaming half the bytes, with the
-    same tokens as the eager forward: alone, as a batch of requests of different lengths, and linear_spec's
-    verifies."""
+    same tokens as the eager forward: alone, as a batch of requests of different lengths, linear_spec's drafts
+    and verifies, quadratic's masked verifies and block_diffusion's bidirectional blocks."""
     fused_engine, eager_engine = Engine(loaded, num_slots=4096, check_invariants=True), Engine(loaded, 4096)
     step = fused_engine.rt.decode_step
     assert step is not None and step.format == torch.float16
@@ -316,12 +341,17 @@ def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
         linear_rows = set(calls)
         calls.clear()
         quadratic = [fused_engine.generate(p, "quadratic", params).output_ids for p in prompts]
+        quadratic_rows = set(calls)
+        calls.clear()
+        denoised = [fused_engine.generate(p, "block_diffusion", params).output_ids for p in prompts]
     finally:
         step.lib.decode_step = original
     eager = [eager_engine.generate(p, "ar", params).output_ids for p in prompts]
     assert alone == eager
     assert [r.output_ids for r in together] == eager
     assert verified == eager and quadratic == eager
+    assert denoised == [eager_engine.generate(p, "block_diffusion", params).output_ids for p in prompts]
     assert 1 in decode_rows and max(decode_rows) > 1   # single rows and a batched decode both went through C
-    assert 16 in linear_rows                            # linear_spec's 16-row verifies too
-    assert 25 in calls                                  # and quadratic's masked 25-row ones (k=4)
+    assert 16 in linear_rows                            # linear_spec's 16-row drafts and verifies too
+    assert 25 in quadratic_rows                         # quadratic's masked 25-row verifies (k=4)
+    assert 32 in calls                                  # block_diffusion's 32-row bidirectional blocks
