@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,17 +58,9 @@ class RoundEvent:
             self.conf = self.conf[:index + 1]
 
 
-@dataclass(slots=True)
-class KVEvent:
-    op: str                             # alloc | write | commit | free | refresh
-    slots: list[int]
-    positions: Sequence[int]
-    round: int
-    reason: str | None = None           # free: mask | rejected | trim | finished | cancelled | error
-
-
 PLAIN = frozenset({int, str, bool, type(None)})
-"""Types that sanitize hands back as they are, without a call per value."""
+"""Types that sanitize hands back as they are, without a call per value (finite floats too)."""
+isfinite = math.isfinite
 
 
 def sanitize(value: Any) -> Any:
@@ -76,9 +68,10 @@ def sanitize(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: v if type(v) in PLAIN else sanitize(v) for k, v in value.items()}
+        return {k: v if type(v) in PLAIN or type(v) is float and isfinite(v) else sanitize(v)
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [v if type(v) in PLAIN else sanitize(v) for v in value]
+        return [v if type(v) in PLAIN or type(v) is float and isfinite(v) else sanitize(v) for v in value]
     return value
 
 
@@ -97,7 +90,8 @@ def to_json(event: dict[str, Any] | list[dict[str, Any]]) -> str:
 
 
 def new_run_id() -> str:
-    return "r_" + uuid.uuid4().hex[:16]
+    """64 random bits (os.urandom: a few times cheaper than a uuid4 right after a decode step)."""
+    return "r_" + os.urandom(8).hex()
 
 
 class NullTracer:
@@ -108,10 +102,10 @@ class NullTracer:
     def emit(self, type: str, payload: dict[str, Any]) -> None:
         pass
 
-    def round(self, event: RoundEvent, complete: Callable[[RoundEvent], None] | None = None) -> None:
+    def round(self, event: RoundEvent, complete: Callable[..., None] | None = None, *args: Any) -> None:
         pass
 
-    def kv(self, event: KVEvent) -> None:
+    def kv(self, op: str, slots: list[int], positions: Sequence[int], round: int, reason: str | None = None) -> None:
         pass
 
 
@@ -154,7 +148,8 @@ class RecordingTracer:
         self.ended = False
         """Whether run_end has been made."""
         self._events: list[dict[str, Any]] = []
-        self._held: list[tuple[float, RoundEvent | KVEvent, Callable[[RoundEvent], None] | None]] = []
+        self._held: list[tuple[Any, ...]] = []
+        """Rounds as (t, event, complete, args), kv events as (t, op, slots, positions, round, reason)."""
         self._t0 = self._made = time.perf_counter()
 
     @property
@@ -172,18 +167,19 @@ class RecordingTracer:
         self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(time.perf_counter()),
                     "type": type, **sanitize(payload)})
 
-    def round(self, event: RoundEvent, complete: Callable[[RoundEvent], None] | None = None) -> None:
-        """Hold the round; `complete`, when given, fills in the rest of it when the event is made (in order: the
-        run recorder's bookkeeping and text delta). The event and its lists are the round's own: nothing changes
-        them once handed over."""
+    def round(self, event: RoundEvent, complete: Callable[..., None] | None = None, *args: Any) -> None:
+        """Hold the round; `complete(*args, event)`, when given, fills in the rest of it when the event is made (in
+        order: the run recorder's bookkeeping and text delta). The event and its lists are the round's own:
+        nothing changes them once handed over."""
         now = time.perf_counter()
-        self._held.append((now, event, complete))
+        self._held.append((now, event, complete, args))
         if now - self._made >= self.hold_s:
             self.flush()
 
-    def kv(self, event: KVEvent) -> None:
-        """Hold the event; as with a round, nothing may change its lists until it is made."""
-        self._held.append((time.perf_counter(), event, None))
+    def kv(self, op: str, slots: list[int], positions: Sequence[int], round: int, reason: str | None = None) -> None:
+        """Hold a kv event: op alloc | write | commit | free | refresh, reason (free only) mask | rejected | trim |
+        finished | cancelled | error. As with a round, nothing may change its lists until it is made."""
+        self._held.append((time.perf_counter(), op, slots, positions, round, reason))
 
     def flush(self) -> None:
         """Make the held events, in order, hand them on and end the batch."""
@@ -195,12 +191,13 @@ class RecordingTracer:
         if not self._held:
             return False
         held, self._held = self._held, []
-        for t, event, complete in held:
-            if isinstance(event, KVEvent):
-                self._keep(self._kv(t, event))
+        for item in held:
+            if len(item) == 6:
+                self._keep(self._kv(*item))
             else:
+                t, event, complete, args = item
                 if complete is not None:
-                    complete(event)
+                    complete(*args, event)
                 self._keep(self._round(t, event))
         self._made = time.perf_counter()
         return True
@@ -230,11 +227,11 @@ class RecordingTracer:
             out["extra"] = sanitize(e.extra)
         return out
 
-    def _kv(self, t: float, e: KVEvent) -> dict[str, Any]:
+    def _kv(self, t: float, op: str, slots: list[int], positions: Sequence[int], round: int,
+            reason: str | None) -> dict[str, Any]:
         """Ints and strings only: nothing to sanitize; the lists copied (positions may be a range)."""
         return {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(t), "type": "kv",
-                "op": e.op, "slots": list(e.slots), "positions": list(e.positions), "round": e.round,
-                "reason": e.reason}
+                "op": op, "slots": list(slots), "positions": list(positions), "round": round, "reason": reason}
 
     def _ms(self, t: float) -> float:
         """Milliseconds since the tracer's start, to the microsecond (truncated: a third of round()'s time)."""

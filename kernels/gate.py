@@ -89,7 +89,7 @@ def fold_gate_triton(h: Tensor, parents: Tensor, delta: float) -> Gate:
 
 def recompute_flags(h: Tensor, parents: Tensor, delta: float) -> Tensor:
     """[R, N] bool: row 0 always; row i where ‖h_i − h_par(i)‖² > δ²‖h_par(i)‖² (parents [R], any int dtype)."""
-    x, y = h.float(), h[parents.long()].float()
+    x, y = h.float(), h.index_select(0, parents).float()
     rec = (x - y).pow(2).sum(-1) > delta * delta * y.pow(2).sum(-1)
     rec[0] = True
     return rec

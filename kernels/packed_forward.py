@@ -23,6 +23,12 @@ from kernels.gate import parent_rows, recompute_flags
 from kernels.reference import FoldedForward, shared_prefix, shared_slots
 
 
+def take(t: Tensor, index: Tensor) -> Tensor:
+    """t[index] along dim 0 for any index shape, through index_select (a third of advanced indexing's time on
+    these sizes)."""
+    return t.index_select(0, index.flatten()).view(*index.shape, *t.shape[1:])
+
+
 def ancestor_table(parents: list[int], device: torch.device) -> Tensor:
     """[R, A] long: row i, its parent, grandparent, …, the main row 0, padded with 0 to the deepest chain."""
     chains = []
@@ -47,9 +53,9 @@ class Packing:
         """From recompute flags [R, N] (row 0 all set) and the ancestor table."""
         r, n = recompute.shape
         flat = recompute.flatten()
-        first = recompute[ancestors].to(torch.uint8).argmax(1)        # [R, N]: the first recomputing ancestor
+        first = take(recompute, ancestors).to(torch.uint8).argmax(1)   # [R, N]: the first recomputing ancestor
         src = ancestors.gather(1, first) * n + torch.arange(n, device=recompute.device)
-        return cls(flat.nonzero()[:, 0], (flat.cumsum(0) - 1)[src])
+        return cls(flat.nonzero()[:, 0], take(flat.cumsum(0) - 1, src))
 
 
 def attention_lse(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -81,19 +87,20 @@ def folded_attention(q: Tensor, k: Tensor, v: Tensor, source: Tensor, prefix_k: 
     group = heads // kv_heads
     r, n = source.shape
     # the block: row (r, n) queries with its source's q; a query group g stacked along L as g·N + n
-    q_block = q[source].view(r, n, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(r, kv_heads, group * n, hd)
-    o_b, lse_b = attention_lse(q_block, k[source].transpose(1, 2), v[source].transpose(1, 2))
+    q_block = take(q, source).view(r, n, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(r, kv_heads, group * n, hd)
+    o_b, lse_b = attention_lse(q_block, take(k, source).transpose(1, 2), take(v, source).transpose(1, 2))
     o_b = o_b.view(r, kv_heads, group, n, hd).permute(0, 3, 1, 2, 4)          # [R, N, Hkv, G, hd]
     lse_b = lse_b.view(r, kv_heads, group, n).permute(0, 3, 1, 2)
     if prefix_k.shape[0] == 0:
         return o_b.reshape(r, n, heads * hd)
     q_pre = q.view(m, kv_heads, group, hd).permute(1, 2, 0, 3).reshape(1, kv_heads, group * m, hd)
     o_p, lse_p = attention_lse(q_pre, prefix_k.transpose(0, 1)[None], prefix_v.transpose(0, 1)[None])
-    o_p = o_p.view(kv_heads, group, m, hd).permute(2, 0, 1, 3)[source]        # the source's prefix state
-    lse_p = lse_p.view(kv_heads, group, m).permute(2, 0, 1)[source]
-    lse = torch.logaddexp(lse_p, lse_b)
-    out = torch.exp(lse_p - lse)[..., None] * o_p + torch.exp(lse_b - lse)[..., None] * o_b
-    return out.reshape(r, n, heads * hd)
+    o_p = take(o_p.view(kv_heads, group, m, hd).permute(2, 0, 1, 3), source)     # the source's prefix state
+    lse_p = take(lse_p.view(kv_heads, group, m).permute(2, 0, 1), source)
+    # weights exp(lse_p − lse) and exp(lse_b − lse), lse = logaddexp(lse_p, lse_b): σ(lse_p − lse_b) and its rest
+    out = torch.empty(r, n, kv_heads, group, hd, dtype=o_b.dtype, device=o_b.device)   # heads in q's order
+    torch.lerp(o_b, o_p, torch.sigmoid(lse_p - lse_b)[..., None], out=out)
+    return out.view(r, n, heads * hd)
 
 
 @dataclass
@@ -115,17 +122,17 @@ class PackedFoldedForward(FoldedForward):
             rec = recompute_flags(h, parents, self.delta)
             pack = Packing.of(rec, ancestors)
             pos = pack.rows % n
-            x = layer.input_layernorm(h.flatten(0, 1)[pack.rows])
+            x = layer.input_layernorm(take(h.flatten(0, 1), pack.rows))
             q, k, v = layer.self_attn.qkv(x[None], cos[:, pos], sin[:, pos], lora,
                                           None if q_scale is None else q_scale[:, pos])
             prefix_k, prefix_v = shared_prefix(kv, slots, index, k)
             o = folded_attention(q[0], k[0], v[0], pack.source, prefix_k, prefix_v)
-            h = h + layer.self_attn.o_proj(o.to(h.dtype), lora)
+            h += layer.self_attn.o_proj(o.to(h.dtype), lora)      # h is this forward's own (from the embedding)
             ffn_rec = rec
             if self.ffn_gate == "strict":
                 ffn_rec = recompute_flags(h, parents, self.delta)
                 pack = Packing.of(ffn_rec, ancestors)
-            h = h + layer.ffn(h.flatten(0, 1)[pack.rows], lora)[pack.source]
+            h += take(layer.ffn(take(h.flatten(0, 1), pack.rows), lora), pack.source)
             counts.append(torch.stack([rec.sum(1), ffn_rec.sum(1)]))
         self.recomputed, self.ffn_recomputed = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
         return model.logits(h)

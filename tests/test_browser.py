@@ -41,19 +41,19 @@ def store_xss_run(engine, store) -> str:
 
 def store_long_run(store, n_rounds: int = 2000) -> str:
     """A synthetic stored `ar`-shaped run of n_rounds one-token rounds (more than this model's context allows)."""
-    from backend.tracing import KVEvent, Phase, RecordingTracer, RoundEvent
+    from backend.tracing import Phase, RecordingTracer, RoundEvent
 
     tracer = RecordingTracer(run_id="r_long000000000001", sink=store.record)
     tracer.emit("run_start", {"mode": "ar", "params": {"max_new_tokens": n_rounds}, "model": "tiny",
                               "prompt": "long", "prompt_ids": [5], "pieces": ["long"]})
     tokens = [10 + r % 50 for r in range(n_rounds)]
     for r, tok in enumerate(tokens):
-        tracer.kv(KVEvent("alloc", [r], [r], r))
-        tracer.kv(KVEvent("commit", [r], [r], r))
+        tracer.kv("alloc", [r], [r], r)
+        tracer.kv("commit", [r], [r], r)
         tracer.round(RoundEvent(round=r, phases=[Phase("decode", "causal", False, 1, 1.0)], block_start=r + 1,
                                 tokens=[tok], states=["accepted"], conf=[0.5], accepted_len=1, committed=[tok],
                                 nfe=1))
-    tracer.kv(KVEvent("free", list(range(n_rounds)), list(range(n_rounds)), n_rounds, "finished"))
+    tracer.kv("free", list(range(n_rounds)), list(range(n_rounds)), n_rounds, "finished")
     tracer.emit("run_end", {"status": "done", "output_ids": tokens, "text": "synthetic",
                             "metrics": {"nfe": n_rounds, "tokens": n_rounds, "tpf": 1.0}})
     return tracer.run_id

@@ -97,3 +97,13 @@ def test_byte_table_only_for_byte_level_bpe(loaded):
     wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
     wordpiece.decoder = decoders.WordPiece()
     assert byte_table(PreTrainedTokenizerFast(tokenizer_object=wordpiece)) is None
+
+
+def test_byte_deltas_after_an_unfinished_character_decode_it_first():
+    """An all-ASCII push skips the incremental decoder only when it holds no bytes of an unfinished character."""
+    table = [b"a", b"\xc3", b"\xa9", b" b", b"\xff", b"\xe2\x82"]
+    for pushes in ([[0], [1], [2, 3]], [[1], [0]], [[5], [3], [4], [0]], [[1], [2], [0], [5], [2]]):
+        stream = ByteText(table)
+        whole = b"".join(table[i] for push in pushes for i in push).decode("utf-8", "replace")
+        deltas = [stream.push(push) for push in pushes]
+        assert whole.startswith("".join(deltas)) and "".join(deltas) + stream.utf8.decode(b"", final=True) == whole

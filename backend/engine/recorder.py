@@ -43,7 +43,7 @@ class RunRecorder:
         """Hand the mode's view of the round to the tracer, to be completed with the bookkeeping when it is made."""
         if view is None:
             raise ValueError(f"mode {req.mode.name} returned no view while tracing is on")
-        req.tracer.round(view, functools.partial(self.complete, req, req.round, req.phases, accepted_len, emitted))
+        req.tracer.round(view, self.complete, req, req.round, req.phases, accepted_len, emitted)
 
     def complete(self, req: Request, round_: int, phases: list[Phase], accepted_len: int, emitted: list[int],
                  view: RoundEvent) -> None:

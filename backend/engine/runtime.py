@@ -13,7 +13,7 @@ from backend.engine.request import Request
 from backend.engine.sampling import pick
 from backend.model.checkpoint import LoadedModel
 from backend.model.transformer import KVContext
-from backend.tracing import KVEvent, Phase
+from backend.tracing import Phase
 from kernels.cpu_decode import fused_decode
 
 
@@ -45,7 +45,7 @@ class Runtime:
     def alloc(self, req: Request, positions: Sequence[int]) -> list[int]:
         slots = self.pool.alloc(req.rid, len(positions))
         if req.tracer.enabled:
-            req.tracer.kv(KVEvent("alloc", slots, positions, req.round))
+            req.tracer.kv("alloc", slots, positions, req.round)
         return slots
 
     def commit(self, req: Request, slots: list[int]) -> None:
@@ -54,14 +54,14 @@ class Runtime:
         self._extend_slot_index(req, slots)
         req.slots.extend(slots)
         if req.tracer.enabled and slots:
-            req.tracer.kv(KVEvent("commit", slots, range(start, start + len(slots)), req.round))
+            req.tracer.kv("commit", slots, range(start, start + len(slots)), req.round)
 
     def release(self, req: Request, slots: list[int], positions: list[int], reason: str) -> None:
         if not slots:
             return
         self.pool.free(req.rid, slots)
         if req.tracer.enabled:
-            req.tracer.kv(KVEvent("free", slots, positions, req.round, reason))
+            req.tracer.kv("free", slots, positions, req.round, reason)
 
     def release_all(self, req: Request, reason: str) -> None:
         """Free every slot the request still holds (committed or not): finish, cancel and error paths."""
@@ -107,7 +107,7 @@ class Runtime:
         if write is not None:
             for req, slots, row in zip(reqs, write, rows_at, strict=True):
                 if req.tracer.enabled:
-                    req.tracer.kv(KVEvent(kv_op, slots, row, req.round))
+                    req.tracer.kv(kv_op, slots, row, req.round)
         return logits
 
     def adapter(self, ids: Tensor, draft: bool) -> bool | Tensor:

@@ -99,10 +99,17 @@ class ByteText:
 
     def __init__(self, table: list[bytes]):
         self.table, self.utf8 = table, codecs.getincrementaldecoder("utf-8")("replace")
+        self.pending = False
+        """Whether the decoder may hold the first bytes of a character (its buffer is Python: skipped otherwise)."""
 
     def push(self, ids: list[int]) -> str:
         table, size = self.table, len(self.table)
-        return self.utf8.decode(b"".join([table[i] if 0 <= i < size else b"" for i in ids]))
+        data = b"".join([table[i] if 0 <= i < size else b"" for i in ids])
+        if not self.pending and data.isascii():
+            return data.decode("ascii")
+        text = self.utf8.decode(data)
+        self.pending = bool(self.utf8.getstate()[0])
+        return text
 
 
 def _byte_alphabet() -> dict[str, int]:
