@@ -70,21 +70,22 @@ def native_flags() -> tuple[str, ...]:
     return FLAGS + NON_TEMPORAL if _cpuinfo("vendor_id") == "AuthenticAMD" else FLAGS
 
 
-def build(compiler: str, flags: tuple[str, ...] = FLAGS) -> Path | None:
-    """Compile cpu_decode.c into the cache (once per source, flags and machine); None when the compiler fails."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *flags)).encode() + _machine()).hexdigest()
-    target = cache_dir() / f"cpu_decode-{key[:16]}.so"
+def build(compiler: str, flags: tuple[str, ...] = FLAGS, source: Path = SOURCE) -> Path | None:
+    """Compile a C source of this folder (cpu_decode.c by default) into the cache, once per source, flags and
+    machine; None when the compiler fails."""
+    key = hashlib.sha256(source.read_bytes() + " ".join((compiler, *flags)).encode() + _machine()).hexdigest()
+    target = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         try:
-            subprocess.run([compiler, *flags, "-o", str(built), str(SOURCE), "-lm"], check=True, capture_output=True,
+            subprocess.run([compiler, *flags, "-o", str(built), str(source), "-lm"], check=True, capture_output=True,
                            timeout=120)
         except (OSError, subprocess.SubprocessError) as e:
             detail = getattr(e, "stderr", None) or b""
-            log.warning("cannot build the fused CPU decode step (%s): %s %s", compiler, e, detail.decode()[-500:])
+            log.warning("cannot build %s (%s): %s %s", source.name, compiler, e, detail.decode()[-500:])
             return None
         os.replace(built, target)   # atomic: a concurrent build of the same key loses nothing
     return target

@@ -1,10 +1,11 @@
-"""SpecFold's folded verify on the CPU in plain PyTorch float32: cost follows the recomputed rows.
+"""SpecFold's folded verify on the CPU in PyTorch float32: cost follows the recomputed rows.
 
-Per layer: the gate (kernels.gate.recompute_flags) → the recomputed (branch, position) rows gathered once
-into a packed list → RMSNorm + one matmul per projection (the model's own modules) on that list only →
+Per layer: the gate (kernels.gate.recompute_flags) and the packing of the recomputed (branch, position) rows,
+one C call where it applies (kernels/cpu_fold.c) → those rows gathered once into a packed list → RMSNorm + one matmul per projection (the model's own modules) on that list only →
 attention: the prefix state (output, log-sum-exp) of the packed rows over the shared prefix, then every row
 takes its source's query and prefix state and merges in its own branch's N block keys, exactly as the
-kernels' folded correction does (in log-sum-exp form, float32, nothing subtracted) → o_proj and the
+kernels' folded correction does (in log-sum-exp form, float32, nothing subtracted; the two states' weights as
+σ(lse_p − lse_b) and its complement, one lerp) → o_proj and the
 residual on every row → the FFN on the packed rows (ffn_gate=paper: the same rows; strict: a second gate),
 every row adding its source's FFN output. Sources resolve through an ancestor table built once per forward
 (no per-branch loop); one read-back of the counters per forward. Same gate and contract as the float64
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from backend.model.transformer import DecoderLayer, KVContext
+from kernels.cpu_fold import fold_gate
 from kernels.gate import parent_rows, recompute_flags
 from kernels.reference import FoldedForward, shared_prefix, shared_slots
 
@@ -43,10 +45,11 @@ def ancestor_table(parents: list[int], device: torch.device) -> Tensor:
 
 @dataclass
 class Packing:
-    """One gate's recomputed rows: their flat indices [M] and, per (branch, position), its source's index
-    into that packed list [R, N]."""
+    """One gate's recomputed rows: their flat indices [M], per (branch, position) its source's index into that
+    packed list [R, N], and the recomputed positions per branch [R]."""
     rows: Tensor
     source: Tensor
+    counts: Tensor
 
     @classmethod
     def of(cls, recompute: Tensor, ancestors: Tensor) -> Packing:
@@ -55,7 +58,14 @@ class Packing:
         flat = recompute.flatten()
         first = take(recompute, ancestors).to(torch.uint8).argmax(1)   # [R, N]: the first recomputing ancestor
         src = ancestors.gather(1, first) * n + torch.arange(n, device=recompute.device)
-        return cls(flat.nonzero()[:, 0], take(flat.cumsum(0) - 1, src))
+        return cls(flat.nonzero()[:, 0], take(flat.cumsum(0) - 1, src), recompute.sum(1))
+
+    @classmethod
+    def gate(cls, h: Tensor, parents: Tensor, ancestors: Tensor, delta: float) -> Packing:
+        """The gate (kernels.gate.recompute_flags) on layer inputs h [R, N, D] and its packing: one C call on a
+        float32 CPU (kernels/cpu_fold.c), else tensor ops. parents [R] int64."""
+        packed = fold_gate(h, parents, ancestors, delta)
+        return cls.of(recompute_flags(h, parents, delta), ancestors) if packed is None else cls(*packed)
 
 
 def attention_lse(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -86,20 +96,26 @@ def folded_attention(q: Tensor, k: Tensor, v: Tensor, source: Tensor, prefix_k: 
     kv_heads = k.shape[1]
     group = heads // kv_heads
     r, n = source.shape
-    # the block: row (r, n) queries with its source's q; a query group g stacked along L as g·N + n
-    q_block = take(q, source).view(r, n, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(r, kv_heads, group * n, hd)
-    o_b, lse_b = attention_lse(q_block, take(k, source).transpose(1, 2), take(v, source).transpose(1, 2))
-    o_b = o_b.view(r, kv_heads, group, n, hd).permute(0, 3, 1, 2, 4)          # [R, N, Hkv, G, hd]
-    lse_b = lse_b.view(r, kv_heads, group, n).permute(0, 3, 1, 2)
+    # row (r, n) queries with its source's q, a query group g stacked along L as g·N + n: each operand gathered
+    # straight into the layout the attention wants, by flat (row, head) indices [R, Hkv, G, N] / [R, Hkv, N]
+    head = torch.arange(heads, device=q.device).view(1, kv_heads, group, 1)
+    kv_head = torch.arange(kv_heads, device=q.device).view(1, kv_heads, 1)
+    q_rows = source[:, None, None, :] * heads + head
+    kv_rows = source[:, None, :] * kv_heads + kv_head
+    o_b, lse_b = attention_lse(take(q.reshape(m * heads, hd), q_rows).view(r, kv_heads, group * n, hd),
+                               take(k.reshape(m * kv_heads, hd), kv_rows), take(v.reshape(m * kv_heads, hd), kv_rows))
+    o_b = o_b.view(r, kv_heads, group, n, hd)
+    out = torch.empty(r, n, kv_heads, group, hd, dtype=o_b.dtype, device=o_b.device)   # heads in q's order
     if prefix_k.shape[0] == 0:
-        return o_b.reshape(r, n, heads * hd)
+        out.permute(0, 2, 3, 1, 4).copy_(o_b)
+        return out.view(r, n, heads * hd)
     q_pre = q.view(m, kv_heads, group, hd).permute(1, 2, 0, 3).reshape(1, kv_heads, group * m, hd)
     o_p, lse_p = attention_lse(q_pre, prefix_k.transpose(0, 1)[None], prefix_v.transpose(0, 1)[None])
-    o_p = take(o_p.view(kv_heads, group, m, hd).permute(2, 0, 1, 3), source)     # the source's prefix state
-    lse_p = take(lse_p.view(kv_heads, group, m).permute(2, 0, 1), source)
+    pre_rows = head * m + source[:, None, None, :]                      # the source's prefix state, [R, Hkv, G, N]
+    o_p, lse_p = take(o_p.reshape(heads * m, hd), pre_rows), take(lse_p.reshape(heads * m), pre_rows)
     # weights exp(lse_p − lse) and exp(lse_b − lse), lse = logaddexp(lse_p, lse_b): σ(lse_p − lse_b) and its rest
-    out = torch.empty(r, n, kv_heads, group, hd, dtype=o_b.dtype, device=o_b.device)   # heads in q's order
-    torch.lerp(o_b, o_p, torch.sigmoid(lse_p - lse_b)[..., None], out=out)
+    torch.lerp(o_b, o_p, torch.sigmoid(lse_p - lse_b.view(r, kv_heads, group, n))[..., None],
+               out=out.permute(0, 2, 3, 1, 4))
     return out.view(r, n, heads * hd)
 
 
@@ -112,15 +128,14 @@ class PackedFoldedForward(FoldedForward):
         self.check_call(attn, mask)
         model = self.model
         r, n = ids.shape
-        parents = parent_rows(self.parents, ids.device)
+        parents = parent_rows(self.parents, ids.device).long()
         ancestors = ancestor_table(self.parents, ids.device)
         cos, sin, q_scale = model.rotary(positions[:1])      # rows share positions (the model's RoPE variant)
         h = model.embed_tokens(ids)
         slots = shared_slots(kv) if kv is not None else None
         counts = []
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
-            rec = recompute_flags(h, parents, self.delta)
-            pack = Packing.of(rec, ancestors)
+            pack = ffn_pack = Packing.gate(h, parents, ancestors, self.delta)
             pos = pack.rows % n
             x = layer.input_layernorm(take(h.flatten(0, 1), pack.rows))
             q, k, v = layer.self_attn.qkv(x[None], cos[:, pos], sin[:, pos], lora,
@@ -128,11 +143,9 @@ class PackedFoldedForward(FoldedForward):
             prefix_k, prefix_v = shared_prefix(kv, slots, index, k)
             o = folded_attention(q[0], k[0], v[0], pack.source, prefix_k, prefix_v)
             h += layer.self_attn.o_proj(o.to(h.dtype), lora)      # h is this forward's own (from the embedding)
-            ffn_rec = rec
             if self.ffn_gate == "strict":
-                ffn_rec = recompute_flags(h, parents, self.delta)
-                pack = Packing.of(ffn_rec, ancestors)
-            h += take(layer.ffn(take(h.flatten(0, 1), pack.rows), lora), pack.source)
-            counts.append(torch.stack([rec.sum(1), ffn_rec.sum(1)]))
+                ffn_pack = Packing.gate(h, parents, ancestors, self.delta)
+            h += take(layer.ffn(take(h.flatten(0, 1), ffn_pack.rows), lora), ffn_pack.source)
+            counts.append(torch.stack([pack.counts, ffn_pack.counts]))
         self.recomputed, self.ffn_recomputed = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
         return model.logits(h)

@@ -5,7 +5,10 @@ from test_specfold import BRANCH_CASES, CHAIN, TREE, random_branches, reference_
 from test_spiffy import engine_with_graph, graph_json
 
 from backend.engine.modes.spiffy import DenseVerify
+from kernels import cpu_fold
+from kernels.cpu_decode import FLAGS, build
 from kernels.folded_forward import make_folded_forward
+from kernels.gate import parent_rows, recompute_flags
 from kernels.packed_forward import Packing, ancestor_table, attention_lse, attention_lse_plain, folded_attention
 from kernels.reference import resolve_sources
 
@@ -25,6 +28,55 @@ def test_packing_sources_follow_fold_chains(parents, density):
     assert torch.equal(pack.rows, rec.flatten().nonzero()[:, 0])
     want = resolve_sources(rec, parents) * rec.shape[1] + torch.arange(rec.shape[1])
     assert torch.equal(pack.rows[pack.source], want)
+
+
+def branch_states(parents: list[int], n: int, d: int, seed: int) -> torch.Tensor:
+    """Layer inputs [R, N, D]: each branch its parent's plus noise of a scale drawn per position (0 to 0.4)."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(len(parents), n, d, generator=g)
+    for i, p in enumerate(parents[1:], 1):
+        scale = torch.rand(n, 1, generator=g) * 0.4 * (torch.rand(n, 1, generator=g) < 0.7)
+        h[i] = h[p] + scale * torch.randn(n, d, generator=g)
+    return h
+
+
+@pytest.mark.parametrize("flags", [FLAGS, ("-O1", "-shared", "-fPIC")], ids=["native", "plain-c"])
+@pytest.mark.parametrize("parents", [CHAIN, TREE, [-1]])
+@pytest.mark.parametrize("d", [256, 40, 7])
+def test_c_gate_packs_as_the_tensor_gate(monkeypatch, flags, parents, d):
+    """cpu_fold.c's gate and packing (vector lanes and their tail) give the tensor ops' rows, sources and counts,
+    but where a residual sits within float32 rounding of the threshold (its sums run in another order)."""
+    path = build("cc", flags, cpu_fold.SOURCE)
+    assert path is not None
+    monkeypatch.setattr(cpu_fold, "library", lambda: cpu_fold.load(path))
+    ancestors = ancestor_table(parents, torch.device("cpu"))
+    parent_index = parent_rows(parents, torch.device("cpu")).long()
+    for seed, delta in enumerate((0.0, 0.05, 0.1, 0.3, 1.0)):
+        h = branch_states(parents, 13, d, seed)
+        assert cpu_fold.fold_gate(h, parent_index, ancestors, delta) is not None   # the C gate, not the fallback
+        got = Packing.gate(h, parent_index, ancestors, delta)
+        rec = recompute_flags(h, parent_index, delta)
+        y = h.double()[parent_index]
+        margin = ((h.double() - y).pow(2).sum(-1) - delta * delta * y.pow(2).sum(-1)).abs() / y.pow(2).sum(-1)
+        flips = (got.rows.new_zeros(rec.numel(), dtype=torch.bool).index_fill_(0, got.rows, True).view_as(rec) != rec)
+        assert not flips[margin > 1e-5].any()
+        if not flips.any():
+            want = Packing.of(rec, ancestors)
+            assert torch.equal(got.rows, want.rows) and torch.equal(got.source, want.source)
+            assert torch.equal(got.counts, want.counts)
+        assert 0 < rec.sum() < rec.numel() or len(parents) == 1 or delta in (0.0, 1.0)
+
+
+def test_the_gate_runs_as_tensor_ops_where_c_does_not_apply(monkeypatch):
+    parents = TREE
+    h = branch_states(parents, 9, 16, 0)
+    ancestors, parent_index = ancestor_table(parents, h.device), parent_rows(parents, h.device).long()
+    assert cpu_fold.fold_gate(h.double(), parent_index, ancestors, 0.1) is None
+    monkeypatch.setattr(cpu_fold, "library", lambda: None)
+    assert cpu_fold.fold_gate(h, parent_index, ancestors, 0.1) is None
+    got, want = Packing.gate(h, parent_index, ancestors, 0.1), Packing.of(recompute_flags(h, parent_index, 0.1),
+                                                                          ancestors)
+    assert torch.equal(got.rows, want.rows) and torch.equal(got.source, want.source)
 
 
 @BRANCH_CASES
