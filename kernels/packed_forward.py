@@ -1,15 +1,15 @@
 """SpecFold's folded verify on the CPU in PyTorch float32: cost follows the recomputed rows.
 
 Per layer: the gate (kernels.gate.recompute_flags) and the packing of the recomputed (branch, position) rows,
-one C call where it applies (kernels/cpu_fold.c) → those rows gathered once into a packed list → RMSNorm + one matmul per projection (the model's own modules) on that list only →
-attention: the prefix state (output, log-sum-exp) of the packed rows over the shared prefix, then every row
-takes its source's query and prefix state and merges in its own branch's N block keys, exactly as the
-kernels' folded correction does (in log-sum-exp form, float32, nothing subtracted; the two states' weights as
-σ(lse_p − lse_b) and its complement, one lerp) → o_proj and the
-residual on every row → the FFN on the packed rows (ffn_gate=paper: the same rows; strict: a second gate),
-every row adding its source's FFN output. Sources resolve through an ancestor table built once per forward
-(no per-branch loop); one read-back of the counters per forward. Same gate and contract as the float64
-reference (kernels/reference.py), which is its test oracle.
+one C call where it applies (kernels/cpu_fold.c) → those rows gathered once into a packed list → RMSNorm +
+one matmul per projection (the model's own modules) on that list only → attention: the prefix state (output,
+log-sum-exp) of the packed rows over the shared prefix, then every row takes its source's query and prefix
+state and merges in its own branch's N block keys, exactly as the kernels' folded correction does (in
+log-sum-exp form, float32, nothing subtracted; the two states weighted by σ(lse_p − lse_b) and its complement,
+one lerp) → o_proj and the residual on every row → the FFN on the packed rows (ffn_gate=paper: the same rows;
+strict: a second gate), every row adding its source's FFN output. Sources resolve through an ancestor table
+built once per forward (no per-branch loop); one read-back of the counters per forward. Same gate and
+contract as the float64 reference (kernels/reference.py), which is its test oracle.
 """
 from __future__ import annotations
 
