@@ -1,10 +1,11 @@
-"""SpecFold's gate and packing per layer as one C call (cpu_fold.c), built like the fused decode step
+"""The folded verify's small per-layer ops as C calls (cpu_fold.c), built like the fused decode step
 (kernels/cpu_decode.py: `cc -O3 -march=native` on first use, cached per source, flags and CPU).
 
-On a CPU the folded verify's layers are op-bound outside their matmuls: the gate and the packing alone were
-some twenty tensor ops a layer (~0.2 ms). `fold_gate` gives kernels/packed_forward.py the same rows and
-sources as its PyTorch path, or None where it does not apply (not float32 on the CPU, no C compiler,
-SPECSCOPE_FUSED_DECODE=0)."""
+On a CPU the folded verify's layers are op-bound outside their matmuls: the gate and the packing were some
+twenty tensor ops a layer (~0.13 ms), the packed rows' norms and RoPE some thirty more. Each function here
+gives kernels/packed_forward.py what its tensor ops give (the gate's flags up to float32 rounding at the
+threshold), or None / False where it does not apply (not float32 on the CPU, no C compiler,
+SPECSCOPE_FUSED_DECODE=0): the caller then runs the tensor ops."""
 from __future__ import annotations
 
 import ctypes
@@ -25,6 +26,9 @@ def load(path: Path) -> ctypes.CDLL:
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64
     lib.fold_gate.restype = int64
     lib.fold_gate.argtypes = [pointer, int64, int64, int64, pointer, pointer, int64, ctypes.c_float, *[pointer] * 5]
+    lib.norm_rows.restype = lib.norm_rope.restype = None
+    lib.norm_rows.argtypes = [pointer, pointer, int64, int64, pointer, ctypes.c_float, pointer]
+    lib.norm_rope.argtypes = [pointer, int64, int64, int64, pointer, ctypes.c_float, *[pointer] * 4]
     return lib
 
 
@@ -35,13 +39,19 @@ def library() -> ctypes.CDLL | None:
     return None if path is None else load(path)
 
 
+def native(*tensors: Tensor) -> ctypes.CDLL | None:
+    """The library, where every tensor is float32 and contiguous on the CPU (else None: run the tensor ops)."""
+    if not ENABLED or any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
+                          for t in tensors):
+        return None
+    return library()
+
+
 def fold_gate(h: Tensor, parents: Tensor, ancestors: Tensor, delta: float) -> tuple[Tensor, Tensor, Tensor] | None:
     """For layer inputs h [R, N, D], parents [R] (int64, row 0 its own) and the ancestor table [R, A] (int64):
     the recomputed flat rows [M] (ascending), each (branch, position)'s source as an index into them [R, N], and
     the recomputed positions per branch [R]; None where the C gate does not apply."""
-    if not ENABLED or h.dtype != torch.float32 or h.device.type != "cpu" or not h.is_contiguous():
-        return None
-    lib = library()
+    lib = native(h)
     if lib is None:
         return None
     r, n, d = h.shape
@@ -52,3 +62,30 @@ def fold_gate(h: Tensor, parents: Tensor, ancestors: Tensor, delta: float) -> tu
                           delta * delta, recompute.data_ptr(), rows.data_ptr(), source.data_ptr(), counts.data_ptr(),
                           index.data_ptr())
     return rows[:total], source.view(r, n), counts
+
+
+def norm_rows(h: Tensor, rows: Tensor, weight: Tensor, eps: float) -> Tensor | None:
+    """HF's RMSNorm (weight [D], eps) of h's rows `rows` (h [*, D], rows [M] int64): [M, D], or None."""
+    lib = native(h, weight)
+    if lib is None:
+        return None
+    out = torch.empty(rows.shape[0], h.shape[-1])
+    lib.norm_rows(h.data_ptr(), rows.data_ptr(), rows.shape[0], h.shape[-1], weight.data_ptr(), eps, out.data_ptr())
+    return out
+
+
+def position_qk(q: Tensor, k: Tensor, q_norm: tuple[Tensor, float] | None, k_norm: tuple[Tensor, float] | None,
+                cos: Tensor, sin: Tensor, position: Tensor, scale: Tensor | None) -> bool:
+    """In place on q [M, H, hd] and k [M, Hkv, hd]: each head's RMSNorm (q_norm, k_norm: weight [hd] and eps;
+    None: none), rotate-half RoPE at each row's position (cos, sin [P, hd]; position [M] int64 into them), then
+    q's scale (scale [P]; None: none), as Attention.position does; False where it does not apply (nothing
+    touched)."""
+    tables = [t for t in (q, k, cos, sin, scale, *(n[0] for n in (q_norm, k_norm) if n)) if t is not None]
+    lib = native(*tables)
+    if lib is None or q.shape[-1] % 2:
+        return False
+    for x, norm, by in ((q, q_norm, scale), (k, k_norm, None)):
+        lib.norm_rope(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], norm and norm[0].data_ptr(),
+                      norm[1] if norm else 0.0, cos.data_ptr(), sin.data_ptr(), position.data_ptr(),
+                      None if by is None else by.data_ptr())
+    return True

@@ -19,8 +19,8 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from backend.model.transformer import DecoderLayer, KVContext
-from kernels.cpu_fold import fold_gate
+from backend.model.transformer import Attention, DecoderLayer, KVContext, RMSNorm
+from kernels import cpu_fold
 from kernels.gate import parent_rows, recompute_flags
 from kernels.reference import FoldedForward, shared_prefix, shared_slots
 
@@ -64,8 +64,42 @@ class Packing:
     def gate(cls, h: Tensor, parents: Tensor, ancestors: Tensor, delta: float) -> Packing:
         """The gate (kernels.gate.recompute_flags) on layer inputs h [R, N, D] and its packing: one C call on a
         float32 CPU (kernels/cpu_fold.c), else tensor ops. parents [R] int64."""
-        packed = fold_gate(h, parents, ancestors, delta)
+        packed = cpu_fold.fold_gate(h, parents, ancestors, delta)
         return cls.of(recompute_flags(h, parents, delta), ancestors) if packed is None else cls(*packed)
+
+
+@dataclass
+class BlockRope:
+    """The block's RoPE tables cos, sin [N, hd] and query scale [N] (None: unscaled), from the model's Rotary."""
+    cos: Tensor
+    sin: Tensor
+    q_scale: Tensor | None
+
+    @classmethod
+    def of(cls, cos: Tensor, sin: Tensor, q_scale: Tensor | None) -> BlockRope:
+        """From the Rotary's cos, sin [1, N, 1, hd] and scale [1, N, 1, 1] of one row of positions."""
+        n, hd = cos.shape[1], cos.shape[-1]
+        return cls(cos.reshape(n, hd), sin.reshape(n, hd), None if q_scale is None else q_scale.reshape(n))
+
+
+def norm_packed(norm: RMSNorm, h: Tensor, rows: Tensor) -> Tensor:
+    """norm(h[rows]) for h [R*N, D]: one C call where it applies."""
+    out = cpu_fold.norm_rows(h, rows, norm.weight, norm.eps)
+    return norm(take(h, rows)) if out is None else out
+
+
+def packed_qkv(attn: Attention, x: Tensor, rope: BlockRope, pos: Tensor,
+               lora: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Attention.qkv on packed rows x [M, D] at block positions pos [M] -> q [M, H, hd], k, v [M, Hkv, hd]: the
+    model's projections, then its q/k-norm, RoPE and query scale (one C call each for q and k where it applies)."""
+    q, k, v = (t[0] for t in attn.project(x[None], lora))
+    q_norm, k_norm = ((attn.q_norm.weight, attn.q_norm.eps), (attn.k_norm.weight, attn.k_norm.eps)) \
+        if attn.cfg.qk_norm else (None, None)
+    if cpu_fold.position_qk(q, k, q_norm, k_norm, rope.cos, rope.sin, pos, rope.q_scale):
+        return q, k, v
+    scale = None if rope.q_scale is None else rope.q_scale[pos][:, None, None]
+    q, k = attn.position(q, k, rope.cos[pos][:, None], rope.sin[pos][:, None], scale)
+    return q, k, v
 
 
 def attention_lse(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -130,18 +164,17 @@ class PackedFoldedForward(FoldedForward):
         r, n = ids.shape
         parents = parent_rows(self.parents, ids.device).long()
         ancestors = ancestor_table(self.parents, ids.device)
-        cos, sin, q_scale = model.rotary(positions[:1])      # rows share positions (the model's RoPE variant)
+        rope = BlockRope.of(*model.rotary(positions[:1]))   # rows share positions (the model's RoPE variant)
         h = model.embed_tokens(ids)
         slots = shared_slots(kv) if kv is not None else None
         counts = []
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
             pack = ffn_pack = Packing.gate(h, parents, ancestors, self.delta)
             pos = pack.rows % n
-            x = layer.input_layernorm(take(h.flatten(0, 1), pack.rows))
-            q, k, v = layer.self_attn.qkv(x[None], cos[:, pos], sin[:, pos], lora,
-                                          None if q_scale is None else q_scale[:, pos])
+            x = norm_packed(layer.input_layernorm, h.flatten(0, 1), pack.rows)
+            q, k, v = packed_qkv(layer.self_attn, x, rope, pos, lora)
             prefix_k, prefix_v = shared_prefix(kv, slots, index, k)
-            o = folded_attention(q[0], k[0], v[0], pack.source, prefix_k, prefix_v)
+            o = folded_attention(q, k, v, pack.source, prefix_k, prefix_v)
             h += layer.self_attn.o_proj(o.to(h.dtype), lora)      # h is this forward's own (from the embedding)
             if self.ffn_gate == "strict":
                 ffn_pack = Packing.gate(h, parents, ancestors, self.delta)

@@ -5,11 +5,23 @@ from test_specfold import BRANCH_CASES, CHAIN, TREE, random_branches, reference_
 from test_spiffy import engine_with_graph, graph_json
 
 from backend.engine.modes.spiffy import DenseVerify
+from backend.model.config import ModelConfig
+from backend.model.rope import RopeSpec
+from backend.model.transformer import Transformer
 from kernels import cpu_fold
 from kernels.cpu_decode import FLAGS, build
 from kernels.folded_forward import make_folded_forward
 from kernels.gate import parent_rows, recompute_flags
-from kernels.packed_forward import Packing, ancestor_table, attention_lse, attention_lse_plain, folded_attention
+from kernels.packed_forward import (
+    BlockRope,
+    Packing,
+    ancestor_table,
+    attention_lse,
+    attention_lse_plain,
+    folded_attention,
+    norm_packed,
+    packed_qkv,
+)
 from kernels.reference import resolve_sources
 
 
@@ -65,6 +77,48 @@ def test_c_gate_packs_as_the_tensor_gate(monkeypatch, flags, parents, d):
             assert torch.equal(got.rows, want.rows) and torch.equal(got.source, want.source)
             assert torch.equal(got.counts, want.counts)
         assert 0 < rec.sum() < rec.numel() or len(parents) == 1 or delta in (0.0, 1.0)
+
+
+@pytest.fixture(params=[FLAGS, ("-O1", "-shared", "-fPIC"), None], ids=["native", "plain-c", "tensor-ops"])
+def fold_lib(request, monkeypatch):
+    """cpu_fold.c built with these flags, or no library (the tensor ops); whether there is one."""
+    path = request.param and build("cc", request.param, cpu_fold.SOURCE)
+    assert path is not None or request.param is None
+    monkeypatch.setattr(cpu_fold, "library", lambda: path and cpu_fold.load(path))
+    return bool(path)
+
+
+@pytest.mark.parametrize("cfg", [
+    ModelConfig(vocab_size=64, hidden_size=40, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=10),
+    ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=48, num_hidden_layers=1, num_attention_heads=3,
+                num_key_value_heads=1, head_dim=32, family="ministral3", qk_norm=False, qkv_bias=True,
+                rope=RopeSpec(rope_type="yarn", factor=4.0, original_max_position_embeddings=4,
+                              llama_4_scaling_beta=0.1))], ids=["qk-norm", "yarn-query-scale-bias"])
+def test_c_norms_and_rope_on_packed_rows_equal_the_models_own(cfg, fold_lib):
+    """cpu_fold.c's input RMSNorm of the packed rows and their q/k-norm, RoPE and query scale against the
+    model's modules (Attention.qkv), on rows at scattered block positions and a block past the scale's start."""
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    layer = model.layers[0]
+    for module in (layer.input_layernorm, *((layer.self_attn.q_norm, layer.self_attn.k_norm) if cfg.qk_norm else ())):
+        module.weight.data = 1 + 0.3 * torch.randn_like(module.weight)
+    n = 11
+    h = torch.randn(3 * n, cfg.hidden_size) * 2
+    rows = torch.tensor([0, 3, 4, 12, 20, 21, 32])
+    positions = torch.arange(5, 5 + n)[None]
+    rope = BlockRope.of(*model.rotary(positions))
+    assert (rope.q_scale is not None) == (cfg.family == "ministral3")
+    with torch.no_grad():
+        x = norm_packed(layer.input_layernorm, h, rows)
+        torch.testing.assert_close(x, layer.input_layernorm(h[rows]), atol=1e-6, rtol=1e-5)
+        pos = rows % n
+        got = packed_qkv(layer.self_attn, x, rope, pos, False)
+        cos, sin, scale = model.rotary(positions[:, pos])
+        want = layer.self_attn.qkv(x[None], cos, sin, False, scale)
+    assert (cpu_fold.native(x) is not None) == fold_lib
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w[0], atol=1e-5, rtol=1e-5)
 
 
 def test_the_gate_runs_as_tensor_ops_where_c_does_not_apply(monkeypatch):

@@ -172,17 +172,25 @@ class Attention(nn.Module):
             q_scale: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Normed input [B, Q, D] -> q [B, Q, H, hd], k and v [B, Q, Hkv, hd], RoPE applied; q_scale [B, Q, 1, 1]
         is the position-dependent query scale of llama-4-style long-context models (None: unscaled)."""
+        q, k, v = self.project(x, lora)
+        return (*self.position(q, k, cos, sin, q_scale), v)
+
+    def project(self, x: Tensor, lora: LoRA) -> tuple[Tensor, Tensor, Tensor]:
+        """Normed input [B, Q, D] -> q [B, Q, H, hd], k and v [B, Q, Hkv, hd] as projected (fresh tensors)."""
         b, n, _ = x.shape
         hd = self.cfg.head_dim
-        q = self.q_proj(x, lora).view(b, n, -1, hd)
-        k = self.k_proj(x, lora).view(b, n, -1, hd)
-        v = self.v_proj(x, lora).view(b, n, -1, hd)
+        return (self.q_proj(x, lora).view(b, n, -1, hd), self.k_proj(x, lora).view(b, n, -1, hd),
+                self.v_proj(x, lora).view(b, n, -1, hd))
+
+    def position(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
+                 q_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """q/k-norm (when the model has it), RoPE, then the query scale, on projected q and k."""
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, cos, sin)
         if q_scale is not None:
             q = q * q_scale.to(q.dtype)
-        return q, apply_rope(k, cos, sin), v
+        return q, apply_rope(k, cos, sin)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
