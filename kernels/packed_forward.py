@@ -1,8 +1,9 @@
 """SpecFold's folded verify on the CPU in PyTorch float32: cost follows the recomputed rows.
 
-Per layer: the gate (kernels.gate.recompute_flags) and the packing of the recomputed (branch, position) rows,
-one C call where it applies (kernels/cpu_fold.c) → those rows gathered once into a packed list → RMSNorm +
-one matmul per projection (the model's own modules) on that list only → attention: the prefix state (output,
+Per layer: the gate (kernels.gate.recompute_flags) and the packing of the recomputed (branch, position) rows
+→ those rows gathered once and RMSNormed → one matmul per projection (the model's own modules) on that list
+only, then q/k-norm and RoPE (each of these three steps one C call on a float32 CPU, kernels/cpu_fold.c, else
+the model's tensor ops) → attention: the prefix state (output,
 log-sum-exp) of the packed rows over the shared prefix, then every row takes its source's query and prefix
 state and merges in its own branch's N block keys, exactly as the kernels' folded correction does (in
 log-sum-exp form, float32, nothing subtracted; the two states weighted by σ(lse_p − lse_b) and its complement,
