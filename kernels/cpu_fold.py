@@ -54,6 +54,7 @@ def fold_gate(h: Tensor, parents: Tensor, ancestors: Tensor, delta: float) -> tu
     lib = native(h)
     if lib is None:
         return None
+    parents, ancestors = parents.long().contiguous(), ancestors.long().contiguous()   # no-ops when they are
     r, n, d = h.shape
     recompute = torch.empty(r * n, dtype=torch.uint8)
     rows, source, index = (torch.empty(r * n, dtype=torch.long) for _ in range(3))
@@ -69,6 +70,7 @@ def norm_rows(h: Tensor, rows: Tensor, weight: Tensor, eps: float) -> Tensor | N
     lib = native(h, weight)
     if lib is None:
         return None
+    rows = rows.long().contiguous()
     out = torch.empty(rows.shape[0], h.shape[-1])
     lib.norm_rows(h.data_ptr(), rows.data_ptr(), rows.shape[0], h.shape[-1], weight.data_ptr(), eps, out.data_ptr())
     return out
@@ -84,6 +86,7 @@ def position_qk(q: Tensor, k: Tensor, q_norm: tuple[Tensor, float] | None, k_nor
     lib = native(*tables)
     if lib is None or q.shape[-1] % 2:
         return False
+    position = position.long().contiguous()
     for x, norm, by in ((q, q_norm, scale), (k, k_norm, None)):
         lib.norm_rope(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], norm and norm[0].data_ptr(),
                       norm[1] if norm else 0.0, cos.data_ptr(), sin.data_ptr(), position.data_ptr(),

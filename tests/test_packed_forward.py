@@ -67,6 +67,8 @@ def test_c_gate_packs_as_the_tensor_gate(monkeypatch, flags, parents, d):
         h = branch_states(parents, 13, d, seed)
         assert cpu_fold.fold_gate(h, parent_index, ancestors, delta) is not None   # the C gate, not the fallback
         got = Packing.gate(h, parent_index, ancestors, delta)
+        narrow = Packing.gate(h, parent_index.int(), ancestors.int(), delta)       # int32 indices are widened
+        assert torch.equal(narrow.rows, got.rows) and torch.equal(narrow.source, got.source)
         rec = recompute_flags(h, parent_index, delta)
         y = h.double()[parent_index]
         margin = ((h.double() - y).pow(2).sum(-1) - delta * delta * y.pow(2).sum(-1)).abs() / y.pow(2).sum(-1)
