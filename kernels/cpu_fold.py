@@ -48,7 +48,7 @@ def native(*tensors: Tensor) -> ctypes.CDLL | None:
 
 
 def fold_gate(h: Tensor, parents: Tensor, ancestors: Tensor, delta: float) -> tuple[Tensor, Tensor, Tensor] | None:
-    """For layer inputs h [R, N, D], parents [R] (int64, row 0 its own) and the ancestor table [R, A] (int64):
+    """For layer inputs h [R, N, D], parents [R] (row 0 its own) and the ancestor table [R, A] (any int dtype):
     the recomputed flat rows [M] (ascending), each (branch, position)'s source as an index into them [R, N], and
     the recomputed positions per branch [R]; None where the C gate does not apply."""
     lib = native(h)

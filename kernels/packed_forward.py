@@ -64,7 +64,7 @@ class Packing:
     @classmethod
     def gate(cls, h: Tensor, parents: Tensor, ancestors: Tensor, delta: float) -> Packing:
         """The gate (kernels.gate.recompute_flags) on layer inputs h [R, N, D] and its packing: one C call on a
-        float32 CPU (kernels/cpu_fold.c), else tensor ops. parents [R] int64."""
+        float32 CPU (kernels/cpu_fold.c), else tensor ops. parents [R], any int dtype."""
         packed = cpu_fold.fold_gate(h, parents, ancestors, delta)
         return cls.of(recompute_flags(h, parents, delta), ancestors) if packed is None else cls(*packed)
 
@@ -163,7 +163,7 @@ class PackedFoldedForward(FoldedForward):
         self.check_call(attn, mask)
         model = self.model
         r, n = ids.shape
-        parents = parent_rows(self.parents, ids.device).long()
+        parents = parent_rows(self.parents, ids.device)
         ancestors = ancestor_table(self.parents, ids.device)
         rope = BlockRope.of(*model.rotary(positions[:1]))   # rows share positions (the model's RoPE variant)
         h = model.embed_tokens(ids)
