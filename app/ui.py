@@ -76,13 +76,15 @@ def build_ui(backend: Backend) -> gr.Blocks:
                 return [status_html(None, str(exc))] + [gr.skip()] * 5
             if specs is None:
                 return [status_html(health)] + [gr.skip()] * 5
-            names = [m["name"] for m in specs]
+            names = [m["name"] for m in specs if m.get("available", True)]   # what the served model can run
+            off = [f'{m["name"]} ({m["unavailable"]})' for m in specs if not m.get("available", True)]
             chosen = [m for m in DEFAULT_MODES if m in names] or names[:3]
+            hint = f"not offered for this model: {', '.join(off)}" if off else None
             return [status_html(health), specs,
-                    gr.Dropdown(choices=names, value="linear_spec" if "linear_spec" in names else names[0]),
-                    gr.CheckboxGroup(choices=names, value=chosen),
+                    gr.Dropdown(choices=names, value="linear_spec" if "linear_spec" in names else names[0], info=hint),
+                    gr.CheckboxGroup(choices=names, value=chosen, info=hint),
                     gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
-                    gr.Dropdown(choices=[ALL, *names])]
+                    gr.Dropdown(choices=[ALL, *[m["name"] for m in specs]])]
 
         def open_run(run_id: str) -> tuple[Any, Any]:
             return (gr.Tabs(selected="viz"), run_id) if run_id else (gr.skip(), gr.skip())

@@ -1,24 +1,32 @@
 """Benchmark every decoding mode on one fixed held-out prompt set; every ratio comes from this one run.
 
-    specscope bench [--modes ar,block_diffusion,linear_spec] [--per-kind 6] [--repeats 5] [--threads 1]
-                    [--clock wall|cpu] [--variant specfold:ffn_gate=strict] [--no-peer] [--out bench_results]
+    specscope bench [--model smollm2-135m|tiny|DIR] [--modes ar,isd,quadratic] [--prompts 36] [--repeats 5]
+                    [--threads 1] [--clock wall|cpu] [--variant specfold:ffn_gate=strict] [--adapter-off]
+                    [--no-tracing] [--no-peer] [--out bench_results]
 
-Per mode: NFE, TPF, tokens/s, accepted-length histogram, exact-match accuracy on the synthetic tasks,
-token equality with the mode's lossless reference (`ar` by default), tokens/s as a ratio to `ar` and to the
-peer baseline (HF `transformers` `generate`, greedy, eager attention, its default DynamicCache, on the same
-checkpoint and prompts), the tracing-on / tracing-off time ratio (in-process RecordingTracer vs none), the
-median batched verify-forward time against the reference mode's (e.g. SpecFold's folded verify vs spiffy's
-dense one), the share of time per forward kind, and the mode's own metrics (e.g. fold_ratio), read
-generically from its runs. Times (wall clock, or --clock cpu: this process's CPU time) are medians over
-repeats; each repeat times every row and the peer in turn, and within a row each prompt runs untraced and
-traced back to back (the tracing ratio is the median over repeats of the traced / untraced time). Writes
-bench.json and bench.md to --out.
+Prompts: a checkpoint that ships tasks.jsonl (the tiny model) is benched on its held-out tasks; any other model
+on held-out chat prompts (backend/model/chat_prompts.py: templates never trained on by the self-speculation
+adapter), one user message each, through the model's chat template.
+
+Per mode: NFE, TPF, tokens/s, accepted-length histogram, exact-match accuracy on the synthetic tasks, token
+equality with the mode's lossless reference (`ar` by default), tokens/s as a ratio to `ar` and to the peer baseline
+(HF `transformers` `generate`, greedy, eager attention, its default DynamicCache, on the same checkpoint and
+prompts) and, for the default model when llama-cpp-python is installed, to llama.cpp on the GGUF, the tracing-on /
+tracing-off time ratio (in-process RecordingTracer vs none), the median batched verify-forward time against the
+reference mode's (e.g. SpecFold's folded verify vs spiffy's dense one), the share of time per forward kind, and the
+mode's own metrics (e.g. fold_ratio), read generically from its runs. Times (wall clock, or --clock cpu: this
+process's CPU time) are medians over repeats; each repeat times every row and the peer in turn, and within a row
+each prompt runs untraced and traced back to back (the tracing ratio is the median over repeats of the traced /
+untraced time). Writes bench.json and bench.md to --out.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,14 +39,19 @@ from tqdm import tqdm
 
 from backend.engine.engine import Engine, RunResult
 from backend.engine.modes import get_mode, mode_names
-from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from backend.model.chat_prompts import prompt_set
+from backend.model.checkpoint import load_checkpoint
 from backend.model.options import DTYPES
-from backend.model.tasks import Task, checkpoint_tasks, task_set
+from backend.model.source import DEFAULT_MODEL, resolve
+from backend.model.tasks import Task, checkpoint_tasks
 from backend.tracing import NULL_TRACER, RecordingTracer
 
 STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "kv_peak",
             "kv_leaked", "rounds"}
 PEER = "transformers"
+LLAMA_CPP = "llama.cpp"
+BENCH_SEED = 7
+"""The held-out chat prompts' draw (the adapter's held-out figures use seed 0 of the same templates)."""
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 """cpu: this process's CPU time, robust to other processes on a shared machine (use it with --threads 1: with
 more threads it also counts their spinning)."""
@@ -47,10 +60,16 @@ Clock = Callable[[], float]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="", help="comma-separated modes (default: all registered)")
-    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
+    p.add_argument("--model", "--checkpoint", dest="model", default=DEFAULT_MODEL,
+                   help=f"model name or checkpoint folder (default {DEFAULT_MODEL})")
     p.add_argument("--per-kind", type=int, default=6,
-                   help="held-out prompts per task kind: the checkpoint's own (tasks.jsonl) if it ships them, "
-                        "else the declared domain's")
+                   help="held-out prompts per task kind, for a checkpoint that ships tasks.jsonl (the tiny model)")
+    p.add_argument("--prompts", type=int, default=36, help="held-out chat prompts, for any other model")
+    p.add_argument("--adapter-off", action="store_true",
+                   help="also bench every --modes mode that drafts with MASK (not the variants) on the model "
+                        "without its adapter")
+    p.add_argument("--no-tracing", action="store_true",
+                   help="time untraced runs only (no tracing on/off ratio): halves a slow model's bench")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's own)")
@@ -59,20 +78,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="weights, KV and activations of our engine and of the peer alike (the lossless equalities "
                         "are claimed in float32)")
-    p.add_argument("--no-peer", action="store_true", help="skip the transformers generate baseline")
+    p.add_argument("--no-peer", action="store_true",
+                   help="skip the peers (transformers generate; llama.cpp on the GGUF when installed)")
     p.add_argument("--variant", action="append", default=[], metavar="MODE:KEY=VALUE[,KEY=VALUE]",
                    help="also bench MODE with these parameters as a row of its own, e.g. specfold:ffn_gate=strict")
     p.add_argument("--out", default="bench_results")
 
 
-def paired_pass(engine: Engine, mode: str, tasks: list[Task], params: dict,
-                clock: Clock) -> tuple[dict[bool, float], dict[bool, list[RunResult]]]:
+def paired_pass(engine: Engine, mode: str, tasks: list[Task], params: dict, clock: Clock,
+                traced: bool = True) -> tuple[dict[bool, float], dict[bool, list[RunResult]]]:
     """One pass over the prompts, each run untraced and traced back to back (alternating which goes first), so
-    the on/off ratio compares runs made moments apart. Returns the seconds and results by tracing on/off."""
+    the on/off ratio compares runs made moments apart (traced=False: untraced only). Returns the seconds and
+    results by tracing on/off."""
     spent: dict[bool, float] = {False: 0.0, True: 0.0}
     results: dict[bool, list[RunResult]] = {False: [], True: []}
     for i, task in enumerate(tasks):
-        for tracing in ((False, True) if i % 2 == 0 else (True, False)):
+        for tracing in ((False, True) if i % 2 == 0 else (True, False)) if traced else (False,):
             t0 = clock()
             res = engine.generate(task.prompt, mode, params, tracer=RecordingTracer() if tracing else NULL_TRACER)
             spent[tracing] += clock() - t0
@@ -123,6 +144,7 @@ class ModeBench:
     tasks: list[Task]
     params: dict
     clock: Clock
+    traced: bool = True
     times: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})
     outputs: dict[bool, list[RunResult]] = field(default_factory=dict)
     forward_ms: dict[str, list[float]] = field(default_factory=dict)
@@ -134,11 +156,13 @@ class ModeBench:
         rt = self.engine.rt
         rt.forward = ForwardClock(rt.forward, self.clock, self.forward_ms)  # type: ignore[method-assign]
         try:
-            spent, self.outputs = paired_pass(self.engine, self.mode, self.tasks, self.params, self.clock)
+            spent, self.outputs = paired_pass(self.engine, self.mode, self.tasks, self.params, self.clock,
+                                              self.traced)
         finally:
             del rt.forward                                   # the class's own method again
         for tracing, seconds in spent.items():
-            self.times[tracing].append(seconds)
+            if tracing in self.outputs and self.outputs[tracing]:
+                self.times[tracing].append(seconds)
 
     def row(self) -> dict[str, Any]:
         tasks, runs, verify = self.tasks, self.outputs[False], self.forward_ms.get("verify")
@@ -153,6 +177,7 @@ class ModeBench:
             correct[t.kind] += r.text.strip() == t.answer
         kinds = sorted({t.kind for t in tasks})
         per_kind = {k: correct[k] / sum(t.kind == k for t in tasks) for k in kinds}
+        checked = any(t.answer for t in tasks)   # chat prompts have no reference answer
         t_off = statistics.median(self.times[False])
         extra = mode_metrics(runs)
         return {
@@ -160,10 +185,11 @@ class ModeBench:
             "tpf": tokens / nfe if nfe else None, "time_s": t_off, "tok_per_s": tokens / t_off,
             "accept_len_mean": sum(int(k) * v for k, v in hist.items()) / rounds if rounds else None,
             "accept_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-            "accuracy": {**per_kind, "average": sum(per_kind.values()) / len(per_kind)},
+            "accuracy": {**per_kind, "average": sum(per_kind.values()) / len(per_kind)} if checked else None,
             "tracing_ratio": statistics.median(on / off for on, off in zip(self.times[True], self.times[False],
-                                                                             strict=True)),
-            "tracing_identical": [r.output_ids for r in self.outputs[True]] == [r.output_ids for r in runs],
+                                                                             strict=True)) if self.traced else None,
+            "tracing_identical": [r.output_ids for r in self.outputs[True]] == [r.output_ids for r in runs]
+            if self.traced else None,
             "kv_leaked": sum(r.metrics["kv_leaked"] for r in runs),
             "kv_peak": max(r.metrics["kv_peak"] for r in runs),
             "mode_metrics": extra,
@@ -184,31 +210,21 @@ def mode_metrics(runs: list[RunResult]) -> dict[str, float]:
     return {k: sum(vs) if all(isinstance(v, int) for v in vs) else sum(vs) / len(vs) for k, vs in values.items()}
 
 
+Generate = Callable[[list[int], int], list[int]]
+"""A peer's greedy generation: prompt ids, max new tokens -> new ids (it may run past EOS; cut here)."""
+
+
 @dataclass
 class PeerBench:
-    """The peer baseline: HF transformers `generate` (greedy, eager attention, its default DynamicCache) on
-    the same checkpoint and chat-encoded prompts; tokens counted as ours (up to, without, EOS)."""
-    model: Any
-    prompts: list[torch.Tensor]
+    """A peer engine on the same model and chat-encoded prompts; tokens counted as ours (up to, without, EOS)."""
+    name: str
+    generate: Generate
+    prompts: list[list[int]]
     eos: int | None
     max_new_tokens: int
     clock: Clock
     times: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
-
-    @classmethod
-    def load(cls, folder: Path, engine: Engine, tasks: list[Task], max_new_tokens: int, clock: Clock,
-             dtype: torch.dtype) -> PeerBench:
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
-        prompts = [torch.tensor([engine.encode_prompt(t.prompt, raw=False)]) for t in tasks]
-        return cls(model.eval(), prompts, engine.rt.eos_id, max_new_tokens, clock)
-
-    def generate(self, ids: torch.Tensor, max_new_tokens: int) -> list[int]:
-        with torch.inference_mode():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                      do_sample=False, eos_token_id=self.eos, pad_token_id=self.eos)
-        return out[0, ids.shape[1]:].tolist()
 
     def warm_up(self) -> None:
         self.generate(self.prompts[0], 4)
@@ -222,8 +238,40 @@ class PeerBench:
     def row(self) -> dict[str, Any]:
         spent = statistics.median(self.times)
         tokens = sum(len(o) for o in self.outputs)
-        return {"mode": PEER, "tokens": tokens, "time_s": spent, "tok_per_s": tokens / spent,
+        return {"mode": self.name, "tokens": tokens, "time_s": spent, "tok_per_s": tokens / spent,
                 "outputs": self.outputs}
+
+
+def transformers_peer(folder: Path, dtype: torch.dtype, eos: int | None) -> Generate:
+    """HF transformers `generate`: greedy, eager attention, its default DynamicCache."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager").eval()
+
+    def generate(ids: list[int], max_new_tokens: int) -> list[int]:
+        x = torch.tensor([ids])
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                 do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        return out[0, x.shape[1]:].tolist()
+    return generate
+
+
+def llama_cpp_peer(gguf: Path, eos: int | None, threads: int) -> Generate | None:
+    """llama.cpp (llama-cpp-python, `pip install .[peers]`) on the GGUF itself, greedy; None when not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=threads, verbose=False)
+
+    def generate(ids: list[int], max_new_tokens: int) -> list[int]:
+        out: list[int] = []
+        for tok in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
+            out.append(int(tok))
+            if tok == eos or len(out) >= max_new_tokens:
+                break
+        return out
+    return generate
 
 
 def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> None:
@@ -268,14 +316,17 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
         lines.append(
             f"| {label} | {r['nfe']} | {r['tpf']:.2f} | {r['tok_per_s']:.0f} | "
             f"{fmt(r.get('speedup_vs_ar'), '.2f', '×')} | {fmt(r.get('vs_peer'), '.2f', '×')} | "
-            f"{r['accept_len_mean'] or 0:.2f} | {100 * r['accuracy']['average']:.0f} % | "
-            f"{same_txt} | "
-            f"{r['tracing_ratio']:.2f} | {verify} | {r['kv_peak']} |")
+            f"{r['accept_len_mean'] or 0:.2f} | "
+            f"{fmt(r['accuracy'] and 100 * r['accuracy']['average'], '.0f', ' %')} | {same_txt} | "
+            f"{fmt(r['tracing_ratio'], '.2f')} | {verify} | {r['kv_peak']} |")
     split = [f"- {label}: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in r["time_split"].items())
              for label, r in rows.items()]
     extras = [f"- {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["mode_metrics"].items()))
               for label, r in rows.items() if r["mode_metrics"]]
-    intro = (f"Prompts: {meta['prompts']} held-out tasks, max_new_tokens {meta['max_new_tokens']}, greedy, "
+    intro = (f"`specscope bench` at commit {meta['commit']} on {meta['cpu']} ({meta['cores']} cores), "
+             f"{meta['date']}.\n\n"
+             f"Prompts: {meta['prompts']} held-out {meta['prompt_kind']}, max_new_tokens {meta['max_new_tokens']}, "
+             f"greedy, "
              f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']}, "
              f"{meta['threads']} torch thread(s), {meta['dtype']}. Ratios are tokens/s ratios from this one run; "
              f"verify ms: median per verify forward.\n\n")
@@ -287,37 +338,89 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
     return text
 
 
+def provenance() -> dict[str, Any]:
+    """What a figure cites: the commit, the machine (CPU model, cores) and the date."""
+    def command(*argv: str) -> str:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip()
+        except OSError:
+            return ""
+    cpu = next((line.split(":", 1)[1].strip() for line in command("lscpu").splitlines()
+                if line.startswith("Model name")), platform.processor())
+    dirty = bool(command("git", "status", "--porcelain", "--untracked-files=no"))
+    return {"commit": command("git", "rev-parse", "--short", "HEAD") + ("+dirty" if dirty else ""), "cpu": cpu,
+            "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
+def bench_prompts(folder: Path, args: argparse.Namespace) -> tuple[list[Task], str]:
+    """The checkpoint's own held-out tasks (with answers) if it ships them, else held-out chat prompts."""
+    tasks = checkpoint_tasks(folder, args.per_kind)
+    if tasks is not None:
+        return tasks, "tasks"
+    rows = prompt_set(args.prompts, seed=BENCH_SEED, held_out=True)
+    return [Task(r["category"], r["messages"][0]["content"], "") for r in rows], "chat prompts"
+
+
+def llama_cpp_lines(rows: dict[str, dict[str, Any]], llama: dict[str, Any] | None, meta: dict[str, Any]) -> str:
+    """The llama.cpp peer's line, and each row's tokens/s against it (`not installed` when it is not)."""
+    if llama is None:
+        return ("\nllama.cpp: not measured (install it with `pip install .[peers]`, see the README's build "
+                "flags).\n")
+    ratios = ", ".join(f"{label} {r['vs_llama_cpp']:.2f}×" for label, r in rows.items())
+    return (f"\nllama.cpp (llama-cpp-python, the Q4_1 GGUF itself, greedy, {meta['threads']} thread(s)): "
+            f"{llama['tok_per_s']:.1f} tok/s. Each row's tokens/s against it: {ratios}.\n")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     modes = [m for m in args.modes.split(",") if m] or mode_names()
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
-    loaded = load_checkpoint(args.checkpoint, dtype)
-    engine = Engine(loaded, num_slots=8192)
-    tasks = checkpoint_tasks(args.checkpoint, args.per_kind) or task_set("heldout", args.per_kind)
+    source = resolve(args.model)
+    engine = Engine(load_checkpoint(source.folder, dtype, adapter=source.adapter, name=source.name), num_slots=8192)
+    tasks, prompt_kind = bench_prompts(source.folder, args)
     params = {"max_new_tokens": args.max_new_tokens}
     runs: list[tuple[str, str, dict[str, Any]]] = [(m, m, {}) for m in modes]
     runs += [(spec, *parse_variant(spec)) for spec in args.variant]
     clock = CLOCKS[args.clock]
+    traced = not args.no_tracing
     benches: dict[str, ModeBench | PeerBench] = {
-        label: ModeBench(engine, mode, tasks, {**params, **extra}, clock) for label, mode, extra in runs}
+        label: ModeBench(engine, mode, tasks, {**params, **extra}, clock, traced) for label, mode, extra in runs}
+    if args.adapter_off and engine.rt.loaded.adapter_scope is not None:
+        bare = Engine(load_checkpoint(source.folder, dtype, adapter=False, name=source.name), num_slots=8192)
+        benches.update({f"{label} (adapter off)": ModeBench(bare, mode, tasks, {**params, **extra}, clock, traced)
+                        for label, mode, extra in runs[:len(modes)] if get_mode(mode).needs_mask})
+    prompts = [engine.encode_prompt(t.prompt, raw=False) for t in tasks]
+    peers: list[tuple[str, Generate | None]] = []
     if not args.no_peer:
-        benches[PEER] = PeerBench.load(Path(args.checkpoint), engine, tasks, args.max_new_tokens, clock, dtype)
+        peers.append((PEER, transformers_peer(source.folder, dtype, engine.rt.eos_id)))
+        if source.gguf is not None:
+            peers.append((LLAMA_CPP, llama_cpp_peer(source.gguf, engine.rt.eos_id, torch.get_num_threads())))
+    for name, generate in peers:
+        if generate is not None:
+            benches[name] = PeerBench(name, generate, prompts, engine.rt.eos_id, args.max_new_tokens, clock)
     for b in benches.values():
         b.warm_up()
     for _ in tqdm(range(args.repeats), desc="repeats"):  # every row once per repeat: drift hits all alike
         for b in benches.values():
             b.timed_pass()
     peer = benches.pop(PEER).row() if PEER in benches else None
+    llama = benches.pop(LLAMA_CPP).row() if LLAMA_CPP in benches else None
     rows = {label: b.row() for label, b in benches.items()}
     compare_to_references(rows, peer)
-    meta = {"prompts": len(tasks), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+    if llama is not None:
+        for row in rows.values():
+            row["vs_llama_cpp"] = row["tok_per_s"] / llama["tok_per_s"]
+    meta = {**provenance(), "prompts": len(tasks), "prompt_kind": prompt_kind, "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats,
             "model": engine.model_name, "threads": torch.get_num_threads(), "clock": args.clock, "dtype": args.dtype}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer}, indent=1))
-    (out / "bench.md").write_text(markdown(rows, peer, meta))
-    print(markdown(rows, peer, meta))
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer, "llama_cpp": llama},
+                                               indent=1))
+    text = markdown(rows, peer, meta) + llama_cpp_lines(rows, llama, meta)
+    (out / "bench.md").write_text(text)
+    print(text)
     return rows
 
 

@@ -1,6 +1,6 @@
 """Calibrate Spiffy's draft graph on the model's own block_diffusion trajectories.
 
-    python -m backend.calibrate [--checkpoint DIR] [--out DIR] [--per-kind 10] [--branches 7]
+    python -m backend.calibrate [--model tiny|smollm2-135m|DIR] [--out DIR] [--per-kind 10] [--branches 7]
 
 Runs block_diffusion (greedy, default parameters) on the calibration prompts (`task_set("calibration")`,
 every task family x per-kind; disjoint from the held-out split by construction) and records every denoise step: the
@@ -9,7 +9,7 @@ successor is the unmask pattern the real trajectory took, as (position rank, voc
 step's logits. The graph then grows greedily, one node (parent, pos_rank, vocab_rank) at a time: the node
 that most increases the forwards Spiffy saves when replaying the recorded trajectories with the same
 expansion and cache rule as the mode (a hit = a state whose logits a verify forward already produced).
-Writes draft_graph.json to --out (default: the checkpoint folder).
+Writes draft_graph.json to --out (default: the adapter folder of a model with one, else the checkpoint folder).
 """
 from __future__ import annotations
 
@@ -29,8 +29,12 @@ from backend.engine.engine import Engine
 from backend.engine.modes.block_diffusion import BlockDiffusion
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
-from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from backend.model.chat_prompts import CATEGORIES, prompt_set
+from backend.model.checkpoint import load_checkpoint
+from backend.model.source import resolve
 from backend.model.tasks import task_set
+
+CALIBRATION_SEED = 11
 
 
 @dataclass(frozen=True)
@@ -159,20 +163,34 @@ def calibrate(engine: Engine, prompts: list[str], branches: int, max_pos_rank: i
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
-    p.add_argument("--out", default=None, help=f"folder for {GRAPH_FILE} (default: the checkpoint folder)")
-    p.add_argument("--per-kind", type=int, default=10, help="calibration prompts per task family")
+    p.add_argument("--model", "--checkpoint", dest="model", default="tiny",
+                   help="model name or checkpoint folder (default: tiny)")
+    p.add_argument("--out", default=None, help=f"folder for {GRAPH_FILE} (default: the model's adapter folder if it "
+                                               "has one, else the checkpoint folder)")
+    p.add_argument("--per-kind", type=int, default=10,
+                   help="calibration prompts per task family (the tiny model); other models take this many chat "
+                        "prompts per category of the training templates")
     p.add_argument("--branches", type=int, default=7, help="graph nodes (draft branches)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-pos-rank", type=int, default=6, help="position ranks searched")
     p.add_argument("--max-vocab-rank", type=int, default=3, help="vocabulary ranks searched")
 
 
+def calibration_prompts(name: str, per_kind: int) -> list[str]:
+    """The tiny model's calibration split, else chat prompts of the training templates (never the held-out ones
+    the bench uses)."""
+    if name == "tiny":
+        return [t.prompt for t in task_set("calibration", per_kind)]
+    rows = prompt_set(per_kind * len(CATEGORIES), seed=CALIBRATION_SEED, held_out=False)
+    return [r["messages"][0]["content"] for r in rows]
+
+
 def run(args: argparse.Namespace) -> DraftGraph:
-    engine = Engine(load_checkpoint(args.checkpoint), num_slots=4096)
-    prompts = [t.prompt for t in task_set("calibration", args.per_kind)]
+    source = resolve(args.model)
+    engine = Engine(load_checkpoint(source.folder, adapter=source.adapter, name=source.name), num_slots=8192)
+    prompts = calibration_prompts(source.name, args.per_kind)
     graph = calibrate(engine, prompts, args.branches, args.max_pos_rank, args.max_vocab_rank, args.max_new_tokens)
-    path = Path(args.out or args.checkpoint) / GRAPH_FILE
+    path = Path(args.out or engine.rt.loaded.adapter_dir or source.folder) / GRAPH_FILE
     graph.save(path)
     cal = graph.calibration
     print(f"{path}: {len(graph.nodes)} nodes from {cal['prompts']} prompts, {cal['steps']} denoise steps; "

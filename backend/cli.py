@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from backend.engine.messages import Prompt, check_messages, last_user
 from backend.engine.params import ParamError
 from backend.store import Store, StoreError, StoreWriter, Tee, export_json, export_perfetto
 from backend.store.db import DEFAULT_URL
@@ -78,8 +79,9 @@ def load_engine(args: argparse.Namespace) -> Engine:
         raise CLIError(str(e)) from None
 
 
-def folder_options(args: argparse.Namespace, folder: Path) -> argparse.Namespace:
-    """The same model options for another checkpoint folder (its own shipped adapter, unless --adapter none)."""
+def folder_options(args: argparse.Namespace, folder: str | Path) -> argparse.Namespace:
+    """The same model options for another model, a name or a checkpoint folder (its own shipped adapter, unless
+    --adapter none)."""
     return argparse.Namespace(**{**vars(args), "model": str(folder),
                                  "adapter": "none" if args.adapter == "none" else None})
 
@@ -90,7 +92,7 @@ def first_model(models_dir: str) -> str | None:
     return next((e.path for e in scan(models_dir) if e.loadable), None)
 
 
-def run_traced(engine: Engine, writer: StoreWriter | None, prompt: str, mode: str, params: dict[str, Any],
+def run_traced(engine: Engine, writer: StoreWriter | None, prompt: Prompt, mode: str, params: dict[str, Any],
                *listeners: Callable[[Event], None]) -> RunResult:
     """One traced run, stored as it goes (and fully stored on return); Ctrl-C cancels it cleanly (stored as
     cancelled) and re-raises."""
@@ -130,7 +132,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 # -- subcommands -----------------------------------------------------------------------------------------------------
 
-def serve_build(args: argparse.Namespace, folder: Path | None) -> Engine:
+def serve_build(args: argparse.Namespace, folder: str | Path | None) -> Engine:
     """The engine process's builder: the model options for `folder` (the started model when None)."""
     return build_engine(args if folder is None else folder_options(args, folder))
 
@@ -171,7 +173,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def conversation(args: argparse.Namespace) -> Prompt:
+    """The prompt or conversation the options give (exactly one of prompt / --messages), --system first."""
+    if (args.prompt is None) == (args.messages is None):
+        raise CLIError("give a prompt or --messages (one of them)")
+    if args.messages is None:
+        if args.system is None:
+            return args.prompt
+        messages: Any = [{"role": "user", "content": args.prompt}]
+    else:
+        text = args.messages
+        if text == "-":
+            text = sys.stdin.read()
+        elif not text.lstrip().startswith("[") and Path(text).is_file():
+            text = Path(text).read_text()
+        try:
+            messages = json.loads(text)
+        except ValueError as e:
+            raise CLIError(f"--messages is not a JSON list of messages ({e})") from None
+    if args.system is not None:
+        messages = [{"role": "system", "content": args.system}, *messages]
+    return check_messages(messages)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    prompt = conversation(args)
     params = parse_params(args.param, args.max_new_tokens)
     engine = load_engine(args)
     store = None if args.no_store else Store(args.db)
@@ -182,7 +208,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         with StoreWriter(store) if store else nullcontext() as writer:
-            res = run_traced(engine, writer, args.prompt, args.mode, params, show)
+            res = run_traced(engine, writer, prompt, args.mode, params, show)
     finally:
         if store:
             store.close()
@@ -202,6 +228,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     unused = sorted(set(params) - set().union(*declared.values()))
     if unused:
         raise CLIError(f"no mode among {modes} takes parameter(s) {unused}")
+    prompt = conversation(args)
     reference = args.reference or modes[0]
     if reference not in modes:
         raise CLIError(f"--reference {reference} is not among --modes")
@@ -211,8 +238,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         results = {}
         for mode in tqdm(modes, desc="compare", unit="mode", file=sys.stderr):
             mode_params = {k: v for k, v in params.items() if k in declared[mode]}
-            results[mode] = run_traced(engine, writer, args.prompt, mode, mode_params)
-        comparison_id = store.create_comparison(args.label or " vs ".join(modes), args.prompt,
+            results[mode] = run_traced(engine, writer, prompt, mode, mode_params)
+        comparison_id = store.create_comparison(args.label or " vs ".join(modes),
+                                                prompt if isinstance(prompt, str) else last_user(prompt),
                                                 [r.run_id for r in results.values()])
     ref_ids = results[reference].output_ids
     rows = [[mode, r.metrics["nfe"], fmt(r.metrics["tpf"]), fmt(r.metrics["tok_per_s"], ".1f"),
@@ -283,7 +311,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                             "covering 64 running requests is required)")
     model.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own)")
     gen = argparse.ArgumentParser(add_help=False)
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", nargs="?", help="the user's message (or, with --param raw=true, the raw text)")
+    gen.add_argument("--messages", metavar="JSON|FILE|-",
+                     help="a conversation instead of a prompt: a JSON list of {role, content} (system / user / "
+                          "assistant, ending with user), inline, in a file, or '-' for stdin")
+    gen.add_argument("--system", help="a system message put before the prompt (or the --messages)")
     gen.add_argument("--param", action="append", default=[], metavar="K=V", help="decoding parameter (repeatable)")
     gen.add_argument("--max-new-tokens", type=int)
 

@@ -127,11 +127,11 @@ class RecordingTracer:
     Rounds and kv events are taken as they happen (their time now) and made into event dicts in batches: at the
     first round `hold_s` after the last batch (or the tracer's start), before any other event, and on `flush()` or
     a read of `events`. Made one at a time between two decode steps, an event ran from caches the step's weights
-    had just evicted; made in a batch it costs about a third less (docs/notes/perf.md, stop 16). Sinks see events
-    in order, a batch at most every hold_s (a run's first round too: its t_ms still says when it was made); a
-    round made within hold_s of the last batch waits for the next round (as the engine process's messages did
-    before). What a round or kv event holds is the caller's own: nothing changes it once handed over
-    (tests/test_engine.py checks every mode)."""
+    had just evicted; made in a batch it costs about a third less (measured by pairing traced and untraced ar runs
+    with HOLD_S = 0 against the default; docs/performance.md). Sinks see events in order, a batch at most every
+    hold_s (a run's first round too: its t_ms still says when it was made); a round made within hold_s of the
+    last batch waits for the next round (as the engine process's messages do). What a round or kv event holds is
+    the caller's own: nothing changes it once handed over (tests/test_engine.py checks every mode)."""
     enabled = True
 
     def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None,

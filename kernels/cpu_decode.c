@@ -95,7 +95,8 @@ static inline void vstore(float *p, vec a) { *p = a; }
 /* Weight rows are requested PREFETCH_AHEAD elements ahead of their loads, into L1 (locality 3) unless
    cpu_decode.py asks for the non-temporal hint (locality 0, 256 ahead) on AMD CPUs: on an EPYC it measured ~8 %
    faster than no prefetch. On a Sapphire Rapids Xeon that hint made a token 2.2x slower (1550 vs 690 us), and t0
-   at 1024 elements was the best there, 6 % ahead of no explicit prefetch (docs/notes/perf.md, stop 15). */
+   at 1024 elements was the best there, 6 % ahead of no explicit prefetch (per-token time of `specscope bench
+   --modes ar --no-peer`, one build against the other; docs/performance.md). */
 #ifndef PREFETCH_LOCALITY
 #define PREFETCH_LOCALITY 3
 #endif

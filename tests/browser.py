@@ -1,6 +1,8 @@
 """Playwright with the system Chromium, shared by the browser tests (`pytest_plugins = ["browser"]`): a module's
-browser, its pages' console errors, and new pages that record them. Modules mark themselves with `NEEDS_BROWSER`,
-so they skip (with the reason) where Chromium or Playwright is missing."""
+browser, its pages' console errors, new pages that record them, and the UI steps several modules take (chat in a
+mode, pick from a dropdown, a screenshot). Modules mark themselves `pytestmark = [pytest.mark.browser,
+*NEEDS_BROWSER]`, so `-m "not browser"` leaves them out and they skip (with the reason) where Chromium or
+Playwright is missing."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disa
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).parent / "artifacts"
 TIMEOUT_MS = 30_000
+PROMPT = "Reverse: q w e r t y u i"   # eight answer tokens: ar makes a run of several rounds
 NEEDS_BROWSER = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(),
                        reason=f"system Chromium not found at {CHROMIUM} (apt-get install chromium)"),
@@ -49,3 +52,33 @@ def new_page(browser: Any, errors: list[str] | None = None) -> Any:
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
     return page
+
+
+def shot(page: Any, name: str) -> None:
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def set_number(page: Any, selector: str, value: int) -> None:
+    box = page.locator(f"{selector} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+    page.wait_for_timeout(300)
+
+
+def choose(page: Any, dropdown: str, option: str) -> None:
+    page.click(f"{dropdown} input")
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def chat(page: Any, mode: str) -> None:
+    """Send PROMPT in `mode` (12 new tokens) and wait for its answer's stats."""
+    choose(page, "#chat-mode", mode)
+    page.wait_for_function("m => document.querySelector('#chat-mode input').value === m", arg=mode)
+    page.wait_for_selector(f"text={mode}:")  # that mode's parameters have rendered
+    set_number(page, "#param-max_new_tokens", 12)
+    answers = page.locator("#chat-bot .bot").count()
+    page.fill("#chat-input textarea", PROMPT)
+    page.press("#chat-input textarea", "Enter")
+    page.wait_for_function("n => document.querySelectorAll('#chat-bot .bot').length > n", arg=answers)
+    page.wait_for_selector(f"#chat-bot .bot:last-of-type >> text=/{mode}\\s*· TPF/")

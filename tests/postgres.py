@@ -1,7 +1,9 @@
 """A throwaway PostgreSQL server for tests: a cluster in a temp dir on a free loopback port, owned by an unprivileged
 user, removed afterwards. Without the server binaries the tests that need it skip (they must run where CI=true).
 
-Use the fixtures in a test module with `pytest_plugins = ["postgres"]`.
+Use the fixtures in a test module with `pytest_plugins = ["postgres"]`. Whatever needs the server is marked
+`postgres` (`-m "not postgres"` leaves it out): store_url's and STORES' "postgresql" parameter carries the mark, and a
+module that only runs on PostgreSQL sets `pytestmark = pytest.mark.postgres`.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import pytest
 from live_server import free_port
 
 INSTALL = "install the PostgreSQL server to run them: apt-get install postgresql (Debian/Ubuntu)"
+STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+"""Parameters of a fixture that opens a store on each backend (request.param is "sqlite" or "postgresql")."""
 
 
 def find_bin() -> Path | None:
@@ -99,7 +103,7 @@ def pg_cluster() -> Iterator[Cluster]:
         shutil.rmtree(cluster.root, ignore_errors=True)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=STORES)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty store database: a SQLite file, then a fresh database on the test PostgreSQL server."""
     if request.param == "sqlite":

@@ -14,7 +14,7 @@ def test_parse_variant_types_values():
 def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
-    args = p.parse_args(["--modes", "ar,spiffy,specfold", "--per-kind", "1", "--repeats", "1",
+    args = p.parse_args(["--model", "tiny", "--modes", "ar,spiffy,specfold", "--per-kind", "1", "--repeats", "1",
                          "--max-new-tokens", "8", "--clock", "cpu", "--variant", "specfold:ffn_gate=strict,delta=0",
                          "--out", str(tmp_path)])
     rows = bench.run(args)

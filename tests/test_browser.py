@@ -11,13 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import ARTIFACTS, NEEDS_BROWSER, new_page
+from browser import ARTIFACTS, NEEDS_BROWSER, PROMPT, chat, choose, new_page, set_number, shot
 from fastapi import FastAPI
 from live_server import free_port, serving
 
 pytest_plugins = ["browser"]  # the browser and errors fixtures
-pytestmark = NEEDS_BROWSER
-PROMPT = "Reverse: q w e r t y u i"   # eight answer tokens: ar makes a run of several rounds
+pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
 XSS = "<script>window.__xss = 1</script>"
 
 
@@ -87,35 +86,6 @@ def page(browser, server, errors) -> Iterator:
     page.wait_for_selector("#ss-up")
     yield page
     page.close()
-
-
-def shot(page, name: str) -> None:
-    page.wait_for_timeout(300)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def set_number(page, selector: str, value: int) -> None:
-    box = page.locator(f"{selector} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
-    page.wait_for_timeout(300)
-
-
-def choose(page, dropdown: str, option: str) -> None:
-    page.click(f"{dropdown} input")
-    page.get_by_role("option", name=option, exact=True).click()
-
-
-def chat(page, mode: str) -> None:
-    choose(page, "#chat-mode", mode)
-    page.wait_for_function("m => document.querySelector('#chat-mode input').value === m", arg=mode)
-    page.wait_for_selector(f"text={mode}:")  # that mode's parameters have rendered
-    set_number(page, "#param-max_new_tokens", 12)
-    answers = page.locator("#chat-bot .bot").count()
-    page.fill("#chat-input textarea", PROMPT)
-    page.press("#chat-input textarea", "Enter")
-    page.wait_for_function("n => document.querySelectorAll('#chat-bot .bot').length > n", arg=answers)
-    page.wait_for_selector(f"#chat-bot .bot:last-of-type >> text=/{mode}\\s*· TPF/")
 
 
 def round_label(page) -> str:

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import NEEDS_BROWSER, new_page
+from browser import NEEDS_BROWSER, chat, choose, new_page, shot
 from hf_tiny import save_hf
 from serve_process import Served
-from test_browser import chat, choose, shot
 
 from backend.model.checkpoint import DEFAULT_CHECKPOINT
 
 pytest_plugins = ["browser"]  # the browser fixture
-pytestmark = NEEDS_BROWSER
+pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
 
 RUNS = {"rand-a": "ar", "rand-b": "block_diffusion", "shipped": "linear_spec"}   # served first: rand-a
 
@@ -58,7 +57,8 @@ def page(browser, server) -> Iterator:
 def test_switch_models_run_each_and_list_which_model_ran(page, server) -> None:
     page.wait_for_selector("#model-current >> text=rand-a")
     page.click("#model-pick input")
-    assert sorted(t.replace("✓", "").strip() for t in page.get_by_role("option").all_inner_texts()) == sorted(RUNS)
+    listed = sorted(t.replace("✓", "").strip() for t in page.get_by_role("option").all_inner_texts())
+    assert listed == sorted([*RUNS, "smollm2-135m", "tiny"])   # the folders, then the models known by name
     page.keyboard.press("Escape")
     run_ids = {}
     for name, mode in RUNS.items():

@@ -9,12 +9,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from browser import ARTIFACTS, NEEDS_BROWSER, TIMEOUT_MS, new_page
+from browser import ARTIFACTS, NEEDS_BROWSER, TIMEOUT_MS, new_page, shot
 from live_server import free_port, serving
-from test_browser import shot
 
 pytest_plugins = ["browser"]  # the browser and errors fixtures
-pytestmark = NEEDS_BROWSER
+pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
 
 CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
 SMALL = {"block_size": 16, "branches": 3}  # short blocks, few branches: quick to record, still with cache hits

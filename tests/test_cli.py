@@ -18,7 +18,7 @@ PROMPT = "What is 12 + 30?"
 @pytest.fixture
 def db(tmp_path: Path, monkeypatch, loaded) -> str:
     """A store URL in tmp_path; the CLI gets the already loaded model instead of reading it again."""
-    monkeypatch.setattr("backend.model.checkpoint.load_checkpoint", lambda *args, **kwargs: loaded)
+    monkeypatch.setattr("backend.model.options.load_checkpoint", lambda *args, **kwargs: loaded)
     return f"sqlite:///{tmp_path / 'cli.db'}"
 
 
@@ -58,6 +58,33 @@ def test_run_no_store_and_bad_input(capsys, db):
     assert code == 2 and "key=value" in err
     code, _, err = run_cli(capsys, "run", PROMPT, "--mode", "ar", "--param", "temperature=-2", "--db", db)
     assert code == 2 and "temperature" in err
+
+
+def test_run_takes_a_conversation(capsys, db, tmp_path, loaded):
+    """--messages (inline JSON, a file) and --system become the chat-templated prompt; the stored run_start holds
+    the conversation; bad conversations are refused with a clear message."""
+    from backend.engine.engine import Engine
+    conv = [{"role": "user", "content": "Copy: a b"}, {"role": "assistant", "content": "a b"},
+            {"role": "user", "content": PROMPT}]
+    (tmp_path / "conv.json").write_text(json.dumps(conv))
+    inline, _ = generate_conversation(capsys, db, "--messages", json.dumps(conv), "--system", "Be brief.")
+    from_file, _ = generate_conversation(capsys, db, "--messages", str(tmp_path / "conv.json"), "--system",
+                                         "Be brief.")
+    with Store(db) as store:
+        starts = [store.events(r)[0] for r in (inline, from_file)]
+    want = [{"role": "system", "content": "Be brief."}, *conv]
+    assert starts[0]["messages"] == starts[1]["messages"] == want and starts[0]["prompt"] == PROMPT
+    assert starts[0]["prompt_ids"] == Engine(loaded, num_slots=256).encode_prompt(want, raw=False)
+    for argv, says in ((["--messages", "[1, 2]"], "messages[0]"), (["--messages", "not json"], "not a JSON list"),
+                       ([PROMPT, "--messages", json.dumps(conv)], "one of them"), ([], "one of them")):
+        code, _, err = run_cli(capsys, "run", *argv, "--mode", "ar", "--db", db)
+        assert code == 2 and says in err, err
+
+
+def generate_conversation(capsys, db: str, *argv: str) -> tuple[str, str]:
+    code, out, err = run_cli(capsys, "run", *argv, "--mode", "ar", "--max-new-tokens", "6", "--db", db)
+    assert code == 0, err
+    return re.search(r"^run (r_\w+)", out, re.MULTILINE).group(1), out
 
 
 def test_runs_ls_show_rm(capsys, db):

@@ -2,6 +2,8 @@
 import threading
 
 import pytest
+from support.modes import every_mode
+from support.traces import replay_kv
 
 from backend.engine.engine import Engine
 from backend.engine.modes import mode_names
@@ -12,32 +14,12 @@ from backend.tracing import RecordingTracer
 MODES = mode_names()
 
 
-def replay_kv(events):
-    """Rebuild slot ownership from a run's kv events; returns (held slots, committed slots) at the end."""
-    held, committed = set(), []
-    for e in events:
-        if e["type"] != "kv":
-            continue
-        if e["op"] == "alloc":
-            assert not held & set(e["slots"]), "slot allocated twice"
-            held |= set(e["slots"])
-        elif e["op"] in ("write", "refresh"):
-            assert set(e["slots"]) <= held, "write to a slot the run does not hold"
-        elif e["op"] == "commit":
-            committed += e["slots"]
-        elif e["op"] == "free":
-            assert set(e["slots"]) <= held
-            held -= set(e["slots"])
-            committed = [s for s in committed if s not in e["slots"]]
-    return held, committed
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_kv_lifecycle_in_trace_and_pool(engine, heldout_prompts, mode):
+@pytest.mark.parametrize("mode", every_mode(slow={"block_diffusion", "spiffy", "specfold"}))
+def test_kv_lifecycle_in_trace_and_pool(shared_engine, heldout_prompts, mode):
     """Every round was checked by the engine (check_invariants); the trace tells the same story."""
     for prompt in heldout_prompts[::6]:
         tracer = RecordingTracer()
-        res = engine.generate(prompt, mode, {"max_new_tokens": 40}, tracer=tracer)
+        res = shared_engine.generate(prompt, mode, {"max_new_tokens": 40}, tracer=tracer)
         assert res.status == "done" and res.metrics["kv_leaked"] == 0
         held, committed = replay_kv(tracer.events)
         assert not held and not committed
@@ -46,14 +28,14 @@ def test_kv_lifecycle_in_trace_and_pool(engine, heldout_prompts, mode):
         rounds = [e for e in tracer.events if e["type"] == "round"]
         assert sum(len(r["committed"]) for r in rounds) >= len(res.output_ids)
         assert sum(r["nfe"] for r in rounds) == res.metrics["nfe"]
-    assert engine.rt.pool.used == 0
+    assert shared_engine.rt.pool.used == 0
 
 
-def test_committed_kv_matches_committed_tokens_every_round(engine, heldout_prompts):
+def test_committed_kv_matches_committed_tokens_every_round(shared_engine, heldout_prompts):
     """Replaying kv events up to each round: committed slots == tokens with KV (emitted minus the seed)."""
     for mode in MODES:
         tracer = RecordingTracer()
-        engine.generate(heldout_prompts[3], mode, {"max_new_tokens": 48}, tracer=tracer)
+        shared_engine.generate(heldout_prompts[3], mode, {"max_new_tokens": 48}, tracer=tracer)
         prompt_len = len(tracer.events[0]["prompt_ids"])
         emitted, done = 0, []
         for i, e in enumerate(tracer.events):
@@ -64,21 +46,22 @@ def test_committed_kv_matches_committed_tokens_every_round(engine, heldout_promp
         assert set(done[:-1]) <= {0, 1}, (mode, done)
 
 
-def test_runs_ending_at_eos_mid_block_free_everything(engine, heldout_prompts):
+@pytest.mark.slow
+def test_runs_ending_at_eos_mid_block_free_everything(shared_engine, heldout_prompts):
     ends = []
     for prompt in heldout_prompts[:12]:
-        res = engine.generate(prompt, "block_diffusion", {"max_new_tokens": 64, "block_size": 32})
+        res = shared_engine.generate(prompt, "block_diffusion", {"max_new_tokens": 64, "block_size": 32})
         ends.append(len(res.output_ids) < 64)
         assert res.metrics["kv_leaked"] == 0
     assert any(ends), "no run stopped at EOS before max_new_tokens"
-    assert engine.rt.pool.used == 0
+    assert shared_engine.rt.pool.used == 0
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_cancel_between_rounds_frees_the_pool(engine, mode):
+def test_cancel_between_rounds_frees_the_pool(shared_engine, mode):
     events, cancel = [], threading.Event()
     code = "import os\n\n\ndef main(argv):\n    "              # raw code: a long answer, no early EOS
-    for e in engine.stream(code, mode, {"max_new_tokens": 200, "raw": True}, cancel=cancel):
+    for e in shared_engine.stream(code, mode, {"max_new_tokens": 200, "raw": True}, cancel=cancel):
         events.append(e)
         if e["type"] == "round" and e["round"] == 2:
             cancel.set()
@@ -86,24 +69,24 @@ def test_cancel_between_rounds_frees_the_pool(engine, mode):
     frees = [e for e in events if e["type"] == "kv" and e["op"] == "free"]
     assert frees and frees[-1]["reason"] == "cancelled"
     assert replay_kv(events) == (set(), [])
-    assert engine.rt.pool.used == 0
+    assert shared_engine.rt.pool.used == 0
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_tracing_does_not_change_tokens(engine, heldout_prompts, mode):
+def test_tracing_does_not_change_tokens(shared_engine, heldout_prompts, mode):
     for prompt in heldout_prompts[:4]:
-        off = engine.generate(prompt, mode, {"max_new_tokens": 32})
-        on = engine.generate(prompt, mode, {"max_new_tokens": 32}, tracer=RecordingTracer())
+        off = shared_engine.generate(prompt, mode, {"max_new_tokens": 32})
+        on = shared_engine.generate(prompt, mode, {"max_new_tokens": 32}, tracer=RecordingTracer())
         assert off.output_ids == on.output_ids
 
 
-def test_a_tracer_that_does_not_keep_hands_on_the_same_events(engine, heldout_prompts):
+def test_a_tracer_that_does_not_keep_hands_on_the_same_events(shared_engine, heldout_prompts):
     """keep=False (the server's and the engine process's tracers): the sink sees every event, densely numbered,
     as a keeping tracer records them; nothing is held in the tracer, and it knows when the run has ended."""
     kept, seen = RecordingTracer(), []
     loose = RecordingTracer(sink=seen.append, keep=False)
     for tracer in (kept, loose):
-        engine.generate(heldout_prompts[0], "ar", {"max_new_tokens": 24}, tracer=tracer)
+        shared_engine.generate(heldout_prompts[0], "ar", {"max_new_tokens": 24}, tracer=tracer)
     assert loose.events == [] and loose.ended and loose.seq == len(seen)
     assert [e["seq"] for e in seen] == list(range(len(seen)))
     drop = ("run_id", "t_ms", "phases", "metrics", "slots")   # the pool hands the second run other slots
@@ -128,14 +111,14 @@ def test_events_held_for_a_whole_run_equal_events_made_at_once(loaded, heldout_p
     assert held == at_once
 
 
-def test_concurrent_requests_in_mixed_modes_match_solo_runs(engine, heldout_prompts):
+def test_concurrent_requests_in_mixed_modes_match_solo_runs(shared_engine, heldout_prompts):
     jobs = [(heldout_prompts[i], m) for i, m in enumerate(["ar", "block_diffusion", "linear_spec", "ar"])]
     params = {"max_new_tokens": 40}
-    solo = [engine.generate(p, m, params).output_ids for p, m in jobs]
-    reqs = [engine.new_request(p, m, params) for p, m in jobs]
-    together = engine.run(reqs)
+    solo = [shared_engine.generate(p, m, params).output_ids for p, m in jobs]
+    reqs = [shared_engine.new_request(p, m, params) for p, m in jobs]
+    together = shared_engine.run(reqs)
     assert [r.output_ids for r in together] == solo
-    assert engine.rt.pool.used == 0
+    assert shared_engine.rt.pool.used == 0
 
 
 def test_block_size_tiers_follow_running_count(loaded, heldout_prompts):
@@ -183,10 +166,10 @@ def test_tier_strings_parse_and_validate():
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_sampling_is_seeded(engine, heldout_prompts, mode):
+def test_sampling_is_seeded(shared_engine, heldout_prompts, mode):
     p = {"max_new_tokens": 24, "temperature": 0.8, "seed": 7}
-    a = engine.generate(heldout_prompts[1], mode, p)
-    b = engine.generate(heldout_prompts[1], mode, p)
+    a = shared_engine.generate(heldout_prompts[1], mode, p)
+    b = shared_engine.generate(heldout_prompts[1], mode, p)
     assert a.status == "done" and a.output_ids == b.output_ids
 
 
@@ -204,15 +187,15 @@ def test_sampling_is_seeded(engine, heldout_prompts, mode):
     ("specfold", {"backend": "cuda"}, "backend must be one of \\['torch', 'triton'\\]"),
     ("specfold", {"backend": 1}, "backend"),
 ])
-def test_bad_parameters_name_the_parameter(engine, mode, params, needle):
+def test_bad_parameters_name_the_parameter(shared_engine, mode, params, needle):
     with pytest.raises(ParamError, match=needle):
-        engine.generate("What is 1 + 2?", mode, params)
-    assert engine.rt.pool.used == 0 and not engine.scheduler.has_work
+        shared_engine.generate("What is 1 + 2?", mode, params)
+    assert shared_engine.rt.pool.used == 0 and not shared_engine.scheduler.has_work
 
 
-def test_bad_prompts(engine):
+def test_bad_prompts(shared_engine):
     with pytest.raises(ParamError, match="prompt is empty"):
-        engine.generate("   ", "ar")
+        shared_engine.generate("   ", "ar")
     with pytest.raises(ParamError, match="context"):
-        engine.generate("word " * 2000, "ar")
-    assert engine.rt.pool.used == 0
+        shared_engine.generate("word " * 2000, "ar")
+    assert shared_engine.rt.pool.used == 0

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from live_server import serving
+from postgres import STORES
 from websockets.sync.client import connect
 
 from backend.engine.engine import Engine
@@ -35,7 +36,7 @@ ids = st.text(max_size=80) | st.just("r_\x00") | st.from_regex(r"[rc]_[0-9a-f]{1
 numbers = st.integers(min_value=-2**40, max_value=2**40).map(str) | st.text(max_size=12)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=STORES)
 def served(request, loaded, tmp_path_factory) -> Iterator[tuple[httpx.Client, Engine, str, int]]:
     """(REST client, engine, a stored run's id, port) of one real uvicorn server, on SQLite, then PostgreSQL."""
     url = (f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'fuzz.db'}" if request.param == "sqlite"

@@ -1,8 +1,7 @@
 """The packed float32 CPU folded verify (kernels/packed_forward.py) against the float64 reference and dense."""
 import pytest
 import torch
-from test_specfold import BRANCH_CASES, CHAIN, TREE, random_branches, reference_attention
-from test_spiffy import engine_with_graph, graph_json
+from support.branches import BRANCH_CASES, CHAIN, TREE, random_branches, reference_attention
 
 from backend.engine.modes.spiffy import DenseVerify
 from backend.model.config import ModelConfig
@@ -23,11 +22,6 @@ from kernels.packed_forward import (
     packed_qkv,
 )
 from kernels.reference import resolve_sources
-
-
-@pytest.fixture(scope="module")
-def spiffy_engine(loaded, tmp_path_factory):
-    return engine_with_graph(loaded, tmp_path_factory.mktemp("graph"), graph_json())
 
 
 @pytest.mark.parametrize("parents", [CHAIN, TREE])
@@ -154,6 +148,7 @@ def test_fused_cpu_attention_state_equals_plain_ops():
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ffn_gate", ["paper", "strict"])
 def test_packed_forward_equals_float64_reference_on_the_shipped_model(spiffy_engine, heldout_prompts, monkeypatch,
                                                                       ffn_gate):

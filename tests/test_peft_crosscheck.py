@@ -108,3 +108,32 @@ def test_mask_scoped_adapter_keeps_isd_lossless(pair):
         assert any(p["lora"] for p in phases) and not all(p["lora"] for p in phases)
         differs += everywhere.generate(prompt, "isd", params | {"n": 3}).output_ids != ar
     assert differs > 0
+
+
+def test_trainable_mask_row_matches_peft(tmp_path):
+    """An adapter that also trains the MASK token's embedding row (peft's trainable_token_indices, as the
+    self-speculation adapter ships): our loader applies the row as peft does, with the adapter on at MASK
+    positions; the same row written by our save_adapter loads back to the same logits."""
+    from backend.model.adapters import save_adapter
+    mask = 7
+    hf = save_hf(Qwen3Config(**(TINY | {"vocab_size": 2048}), head_dim=16, tie_word_embeddings=True), tmp_path)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, trainable_token_indices={"embed_tokens": [mask]})
+    pm = peft.get_peft_model(hf, cfg)
+    randomize_lora(pm, 0.2, 5)
+    delta = next(p for n, p in pm.named_parameters() if "trainable_tokens_delta" in n)
+    with torch.no_grad():
+        delta.copy_(torch.randn_like(delta))
+    pm.save_pretrained(tmp_path / "selfspec")
+    ours = load_checkpoint(tmp_path, adapter=tmp_path / "selfspec")
+    x = ids(seed=19) % 2048
+    x[:, 5:9] = mask
+    with torch.no_grad():
+        want = pm.eval()(input_ids=x).logits
+    got = ours.model(x, _positions(2, 0, SEQ), lora=True)
+    keep = torch.arange(2048) != mask     # the tied head's MASK logit: never picked by any mode
+    assert (got[..., keep] - want[..., keep]).abs().max().item() < 1e-4
+    save_adapter(ours.model, tmp_path / "ours", tokens={"embed_tokens": {mask: ours.model.embed_tokens.weight[mask]}})
+    again = load_checkpoint(tmp_path, adapter=tmp_path / "ours")
+    assert torch.equal(again.model(x, _positions(2, 0, SEQ), lora=True), got)
+    assert not torch.equal(load_checkpoint(tmp_path, adapter=False).model.embed_tokens.weight[mask],
+                           ours.model.embed_tokens.weight[mask])

@@ -1,56 +1,36 @@
-"""Spiffy: lossless vs block_diffusion with fewer forwards, KV lifecycle, trace, draft-graph files, calibration."""
+"""Spiffy: fewer forwards than block_diffusion, KV lifecycle, trace, draft-graph files, calibration. Its token
+equality with block_diffusion on the held-out prompts is tests/test_modes.py's (every lossless mode's)."""
 import argparse
-import dataclasses
 import json
 
 import pytest
-from test_engine import replay_kv
+from support.spiffy import engine_with_graph, graph_json
+from support.traces import replay_kv
 
 from backend import calibrate
 from backend.engine.draft_graph import GRAPH_FILE, GraphError, load_graph
-from backend.engine.engine import Engine
+from backend.engine.modes.spiffy import graph_nodes
 from backend.engine.params import ParamError
 from backend.model.checkpoint import DEFAULT_CHECKPOINT
 from backend.model.domain import FAMILIES
 from backend.tracing import RecordingTracer
 
 GEN = {"max_new_tokens": 32}
-# A typical calibrated shape: top-1 chains from the main state and its siblings (rank 2 position, 2nd token).
-NODES = [(-1, 0, 0), (0, 0, 0), (-1, 1, 0), (1, 0, 0), (-1, 0, 1), (2, 0, 0), (-1, 2, 0)]
 
 
-def graph_json(**overrides):
-    g = {"version": 1, "branches": len(NODES),
-         "nodes": [{"id": i, "parent": p, "pos_rank": r, "vocab_rank": v, "hit_rate": 0.5}
-                   for i, (p, r, v) in enumerate(NODES)],
-         "calibration": {"prompts": 0, "steps": 0, "block_size": 32, "threshold": 0.9}}
-    g.update(overrides)
-    return g
-
-
-def engine_with_graph(loaded, folder, graph=None):
-    if graph is not None:
-        (folder / GRAPH_FILE).write_text(graph if isinstance(graph, str) else json.dumps(graph))
-    return Engine(dataclasses.replace(loaded, folder=folder), num_slots=4096, check_invariants=True)
-
-
-@pytest.fixture(scope="module")
-def spiffy_engine(loaded, tmp_path_factory):
-    return engine_with_graph(loaded, tmp_path_factory.mktemp("graph"), graph_json())
-
-
-def test_spiffy_is_token_identical_to_block_diffusion_with_fewer_forwards(spiffy_engine, heldout_prompts):
-    assert len(heldout_prompts) >= 30
+@pytest.mark.slow
+def test_spiffy_spends_block_diffusions_forwards_less_those_it_saved(heldout_runs):
+    """On the held-out runs whose tokens test_modes finds equal (the same runs, kept for the session): every
+    spiffy run's forwards plus those its draft cache saved are block_diffusion's, and fewer in all."""
+    assert len(heldout_runs.prompts) >= 30
     nfe = {"block_diffusion": 0, "spiffy": 0}
-    for prompt in heldout_prompts:
-        bd = spiffy_engine.generate(prompt, "block_diffusion", GEN)
-        sp = spiffy_engine.generate(prompt, "spiffy", GEN)
-        assert sp.status == "done" and sp.output_ids == bd.output_ids, prompt
-        assert sp.metrics["nfe"] + sp.metrics["forwards_saved"] == bd.metrics["nfe"]
+    bds, sps = heldout_runs("block_diffusion", GEN), heldout_runs("spiffy", GEN)
+    for prompt, bd, sp in zip(heldout_runs.prompts, bds, sps, strict=True):
+        assert sp.status == bd.status == "done"
+        assert sp.metrics["nfe"] + sp.metrics["forwards_saved"] == bd.metrics["nfe"], prompt
         nfe["block_diffusion"] += bd.metrics["nfe"]
         nfe["spiffy"] += sp.metrics["nfe"]
     assert nfe["spiffy"] < nfe["block_diffusion"], nfe
-    assert spiffy_engine.rt.pool.used == 0
 
 
 def test_concurrent_requests_with_other_branch_counts_keep_their_own_rounds(spiffy_engine, heldout_prompts):
@@ -165,14 +145,17 @@ def test_malformed_graph_refuses_spiffy(loaded, tmp_path):
         big.generate("What is 1 + 2?", "spiffy")
 
 
-def test_the_shipped_graph_is_valid_and_used_by_default(engine, heldout_prompts):
+def test_the_shipped_graph_is_valid_and_used_by_default(shared_engine):
+    """The shipped checkpoint's graph loads, and an engine on that checkpoint drafts from it (test_modes runs
+    spiffy on it: equal to block_diffusion, with forwards saved)."""
     graph = load_graph(DEFAULT_CHECKPOINT / GRAPH_FILE)
     assert graph.nodes and {"prompts", "steps", "block_size", "threshold"} <= set(graph.calibration)
-    prompt = heldout_prompts[1]
-    sp = engine.generate(prompt, "spiffy", GEN)
-    assert sp.status == "done" and sp.output_ids == engine.generate(prompt, "block_diffusion", GEN).output_ids
+    rt = shared_engine.rt
+    assert rt.loaded.card_path(GRAPH_FILE).resolve() == (DEFAULT_CHECKPOINT / GRAPH_FILE).resolve()
+    assert graph_nodes(rt, 16, "spiffy") == graph.nodes[:16]
 
 
+@pytest.mark.slow
 def test_calibration_writes_a_valid_graph_spiffy_can_use(loaded, tmp_path, heldout_prompts):
     p = argparse.ArgumentParser()
     calibrate.add_arguments(p)

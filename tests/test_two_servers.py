@@ -7,9 +7,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from serve_process import TOKEN, generate, receive, serving
 
 pytest_plugins = ["postgres"]  # the pg_cluster fixture
+pytestmark = pytest.mark.postgres
 PROMPT = "What is 12 + 30?"
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +25,19 @@ def card_html(answer: Card) -> str:
                    for f in card.get("families", []))
     outside = "".join(f"<li>{html.escape(x)}</li>" for x in card.get("out_of_domain", []))
     style = card.get("answer_style")
+    adapter = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(shown(v))}</td></tr>"
+                      for k, v in (card.get("adapter") or {}).items())
     return (f'<div class="ss-card" id="ss-card"><p><b>{name}</b>: {html.escape(card.get("summary", ""))}</p>'
             f'<table class="ss-table"><thead><tr><th>family</th><th>what it knows</th></tr></thead>'
             f'<tbody>{rows}</tbody></table>'
             + (f"<p><b>answers</b>: {html.escape(style)}</p>" if style else "")
+            + (f'<p><b>self-speculation adapter</b></p><table class="ss-table"><tbody>{adapter}</tbody></table>'
+               if adapter else "")
             + f"<p><b>out of its domain</b></p><ul>{outside}</ul></div>")
+
+
+def shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
 
 
 def example_samples(answer: Card) -> list[list[str]]:

@@ -86,12 +86,13 @@ def build_chat(backend: Backend) -> ChatTab:
     stopping: set[str] = set()  # sessions whose running answer was stopped: the run is cancelled, its end shown
     modes = gr.State([])
     chosen = gr.State({})  # mode -> {param: value} the user changed
+    conversation = gr.State([])  # the messages said so far, as the model reads them (raw text, no markup)
     with gr.Row():
         with gr.Column(scale=3):
-            chatbot = gr.Chatbot(label="chat (every message is one independent run)", height=430,
+            chatbot = gr.Chatbot(label="chat (each answer is one run, on the whole conversation so far)", height=430,
                                  elem_id="chat-bot", buttons=["copy"], render_markdown=False)
-            prompt = gr.Textbox(label="message", placeholder="Ask something, e.g. What is 12 + 30?  (Enter sends)",
-                                elem_id="chat-input", lines=1, max_lines=6)
+            prompt = gr.Textbox(label="message", elem_id="chat-input", lines=1, max_lines=6,
+                                placeholder="Ask something, e.g. What is the capital of Japan?  (Enter sends)")
             examples = example_picker(prompt, "chat-examples")
             with gr.Row():
                 send = gr.Button("Send", variant="primary", elem_id="chat-send")
@@ -127,14 +128,17 @@ def build_chat(backend: Backend) -> ChatTab:
                 run_id = gr.Textbox(label="last run", interactive=False, elem_id="chat-run", scale=3)
                 open_button = gr.Button("Open in visualizer", elem_id="chat-open", scale=1)
 
-    async def respond(message: str, history: History, name: str, specs: list[Spec], values: dict,
-                      request: gr.Request) -> AsyncIterator[tuple[History, str, str, str]]:
+    async def respond(message: str, history: History, said: list[dict[str, str]], name: str, specs: list[Spec],
+                      values: dict, request: gr.Request) -> AsyncIterator[tuple[Any, ...]]:
+        """Run the conversation so far plus `message`; the answer streams into the chat. The message box is
+        cleared once, when the run starts, so what the user types meanwhile is kept."""
         if not message.strip() or not name:
-            yield history, message, gr.skip(), gr.skip()
+            yield history, message, gr.skip(), gr.skip(), gr.skip()
             return
+        said = [*said, {"role": "user", "content": message}]
         history = [*history, {"role": "user", "content": pre_html(message)},
                    {"role": "assistant", "content": "…"}]
-        yield history, "", gr.skip(), gr.skip()
+        yield history, "", gr.skip(), gr.skip(), gr.skip()
         client = backend.client(request)
         trace = RunTrace(run_id="")
         piece: Piece | None = None
@@ -142,7 +146,7 @@ def build_chat(backend: Backend) -> ChatTab:
         stopping.discard(session)
         shown = 0.0
         try:
-            async for event in client.generate(message, name, mode_params(specs, name, values),
+            async for event in client.generate(said, name, mode_params(specs, name, values),
                                                stop=lambda: session in stopping):
                 trace.run_id = trace.run_id or str(event.get("run_id", ""))
                 trace.add(event)
@@ -155,15 +159,16 @@ def build_chat(backend: Backend) -> ChatTab:
                     piece = await asyncio.to_thread(backend.piece, client, trace)
                 grid = token_grid_html(trace.rounds[-1], piece, trace.context(len(trace.rounds) - 1)) \
                     if trace.rounds else gr.skip()
-                yield history, "", grid, trace.run_id
+                answered = [*said, {"role": "assistant", "content": trace.text}] if final and trace.text else gr.skip()
+                yield history, gr.skip(), grid, trace.run_id, answered
         except (BackendUnavailable, BackendError) as exc:
             history[-1] = {"role": "assistant", "content": f"⚠ <b>{esc(exc)}</b>"}
-            yield history, "", gr.skip(), trace.run_id
+            yield history, gr.skip(), gr.skip(), trace.run_id, gr.skip()
         finally:
             stopping.discard(session)
 
-    inputs = [prompt, chatbot, mode, modes, chosen]
-    outputs = [chatbot, prompt, live, run_id]
+    inputs = [prompt, chatbot, conversation, mode, modes, chosen]
+    outputs = [chatbot, prompt, live, run_id, conversation]
     prompt.submit(respond, inputs, outputs)
     send.click(respond, inputs, outputs)
 
@@ -171,7 +176,7 @@ def build_chat(backend: Backend) -> ChatTab:
         stopping.add(request.session_hash or "")
 
     stop.click(request_stop, None, None, queue=False)
-    clear.click(lambda: ([], ""), None, [chatbot, run_id], queue=False)
+    clear.click(lambda: ([], "", []), None, [chatbot, run_id, conversation], queue=False)
 
     def pick_run(evt: gr.SelectData) -> str:
         found = RUN_ID.search(str(evt.value))

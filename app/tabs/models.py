@@ -28,7 +28,7 @@ def model_info_html(listing: dict[str, Any]) -> str:
 def picker_update(listing: dict[str, Any]) -> gr.Dropdown:
     """The loadable folders (and the served model, even when it is not one of them); fixed without a catalog."""
     names = [m["name"] for m in listing.get("models", []) if m.get("loadable")]
-    current = str(listing.get("current"))
+    current = str(listing.get("current")).split("+")[0]   # the served model, without its adapter
     return gr.Dropdown(choices=names if current in names else [current, *names], value=current,
                        interactive=bool(names))
 

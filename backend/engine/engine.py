@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from backend.engine.messages import Prompt, check_messages, last_user
 from backend.engine.modes import get_mode, param_specs
 from backend.engine.params import ParamError, validate
 from backend.engine.request import Request
@@ -52,17 +53,27 @@ class Engine:
     def model_name(self) -> str:
         return self.rt.loaded.name
 
-    def encode_prompt(self, prompt: str, raw: bool) -> list[int]:
+    def render(self, prompt: Prompt, raw: bool) -> str:
+        """The text the model reads: a conversation (or a one-line prompt, as one user message) through the
+        model's chat template; a raw prompt as it is."""
         tok = self.rt.tokenizer
-        if not raw and tok.chat_template:
-            prompt = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        return tok(prompt, add_special_tokens=False)["input_ids"]
+        if isinstance(prompt, str) and (raw or not tok.chat_template):
+            return prompt
+        messages = check_messages(prompt)
+        if not tok.chat_template:
+            raise ParamError("this model has no chat template; send a raw prompt instead of messages")
+        if raw:
+            raise ParamError("raw=true takes a prompt string, not messages")
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def new_request(self, prompt: str, mode: str, params: dict[str, Any] | None = None,
+    def encode_prompt(self, prompt: Prompt, raw: bool) -> list[int]:
+        return self.rt.tokenizer(self.render(prompt, raw), add_special_tokens=False)["input_ids"]
+
+    def new_request(self, prompt: Prompt, mode: str, params: dict[str, Any] | None = None,
                     tracer: Tracer = NULL_TRACER, cancel: threading.Event | None = None) -> Request:
-        """A validated request (ParamError names the bad parameter); emits run_start when tracing."""
-        if not isinstance(prompt, str) or not prompt.strip():
+        """A validated request (ParamError names the bad parameter); emits run_start when tracing. `prompt` is a
+        string or a conversation: a list of {"role": system / user / assistant, "content": str}."""
+        if isinstance(prompt, str) and not prompt.strip():
             raise ParamError("prompt is empty")
         m = get_mode(mode)
         checked = validate(param_specs(m), params)
@@ -87,7 +98,9 @@ class Engine:
             tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
                                       "model_hash": self.rt.loaded.weights_hash,
                                       "block_size_tiers": [list(t) for t in tiers],
-                                      "prompt": prompt, "prompt_ids": ids,
+                                      "prompt": prompt if isinstance(prompt, str) else last_user(prompt),
+                                      **({} if isinstance(prompt, str) else {"messages": prompt}),
+                                      "prompt_ids": ids,
                                       "pieces": self.pieces(ids)})
         return req
 
@@ -103,11 +116,11 @@ class Engine:
             self.scheduler.step()
         return [self.result(r) for r in reqs]
 
-    def generate(self, prompt: str, mode: str, params: dict[str, Any] | None = None,
+    def generate(self, prompt: Prompt, mode: str, params: dict[str, Any] | None = None,
                  tracer: Tracer = NULL_TRACER, cancel: threading.Event | None = None) -> RunResult:
         return self.run([self.new_request(prompt, mode, params, tracer, cancel)])[0]
 
-    def stream(self, prompt: str, mode: str, params: dict[str, Any] | None = None,
+    def stream(self, prompt: Prompt, mode: str, params: dict[str, Any] | None = None,
                cancel: threading.Event | None = None) -> Iterator[dict[str, Any]]:
         """Trace events of one run as the tracer makes them (between rounds, a batch every ~50 ms or more)."""
         pending: list[dict[str, Any]] = []

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, cast
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
@@ -22,6 +23,8 @@ from backend.model.transformer import LoRALinear, Transformer
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
+TOKENS_KEY = re.compile(rf"{re.escape(PEFT_PREFIX)}(.+)\.token_adapter\.trainable_tokens_delta")
+"""PEFT's trainable token rows (`trainable_token_indices`): the new values of chosen embedding rows."""
 UNSUPPORTED = {"use_dora": "DoRA", "lora_bias": "LoRA bias", "modules_to_save": "extra trained modules",
                "fan_in_fan_out": "fan-in-fan-out weights", "layer_replication": "layer replication"}
 
@@ -58,15 +61,21 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return cfg
 
 
-def _read_weights(folder: Path, family: Family) -> dict[str, dict[str, Any]]:
-    """{our module path: {"lora_A": tensor, "lora_B": tensor, "peft_name": checkpoint module path}}."""
+def _read_weights(folder: Path, family: Family) -> tuple[dict[str, dict[str, Any]], dict[str, Tensor]]:
+    """({our module path: {"lora_A": tensor, "lora_B": tensor, "peft_name": checkpoint module path}},
+    {our embedding path: trainable token rows})."""
     path = folder / WEIGHTS_FILE
     if not path.exists():
         raise CheckpointError(f"{folder}: missing {WEIGHTS_FILE}")
     modules: dict[str, dict[str, Any]] = {}
+    rows: dict[str, Tensor] = {}
     try:
         with safe_open(str(path), framework="pt") as sf:
             for key in sf.keys():
+                tokens = TOKENS_KEY.fullmatch(key)
+                if tokens is not None:
+                    rows[family.our_key(tokens[1])] = sf.get_tensor(key)
+                    continue
                 m = re.fullmatch(rf"{re.escape(PEFT_PREFIX)}(.+)\.(lora_A|lora_B)(?:\.default)?\.weight", key)
                 if m is None:
                     raise CheckpointError(f"{path}: not a LoRA weight (expected ...lora_A/lora_B.weight): {key}")
@@ -76,7 +85,27 @@ def _read_weights(folder: Path, family: Family) -> dict[str, dict[str, Any]]:
         raise
     except Exception as e:  # safetensors raises several types for a corrupt file
         raise CheckpointError(f"{path}: cannot read safetensors ({e})") from None
-    return modules
+    return modules, rows
+
+
+def _token_rows(cfg: dict[str, Any], rows: dict[str, Tensor], model: Transformer,
+                folder: Path) -> list[tuple[Tensor, list[int], Tensor]]:
+    """(embedding weight, row ids, new rows) for each trainable-token entry, checked against the model."""
+    indices = cfg.get("trainable_token_indices") or {}
+    if isinstance(indices, list):
+        indices = {"embed_tokens": indices}
+    out = []
+    for name, values in rows.items():
+        ids = next((v for k, v in indices.items() if name.endswith(k)), None)
+        if ids is None or name != "embed_tokens":
+            raise CheckpointError(f"{folder}: trainable tokens for {name} without matching trainable_token_indices "
+                                  "on embed_tokens")
+        weight = model.embed_tokens.weight
+        if tuple(values.shape) != (len(ids), weight.shape[1]) or max(ids) >= weight.shape[0]:
+            raise CheckpointError(f"{folder}: trainable token rows of shape {tuple(values.shape)} do not fit "
+                                  f"{len(ids)} ids of an embedding {tuple(weight.shape)}")
+        out.append((weight, list(ids), values))
+    return out
 
 
 def _pattern(patterns: dict[str, Any], name: str, default: Any) -> Any:
@@ -91,9 +120,10 @@ def load_adapter(model: Transformer, folder: str | Path, family: Family = BY_NAM
     """Attach a PEFT LoRA adapter to model (validated completely before the model is touched)."""
     folder = Path(folder)
     cfg = _read_config(folder)
-    weights = _read_weights(folder, family)
+    weights, rows = _read_weights(folder, family)
     if not weights:
         raise CheckpointError(f"{folder / WEIGHTS_FILE}: holds no LoRA weights")
+    token_rows = _token_rows(cfg, rows, model, folder)
     layers = dict(model.named_modules())
     for name, entry in weights.items():
         module = layers.get(name)
@@ -115,10 +145,14 @@ def load_adapter(model: Transformer, folder: str | Path, family: Family = BY_NAM
         w = module.weight
         module.lora_A.data = entry["lora_A"].to(w.device, w.dtype)
         module.lora_B.data = entry["lora_B"].to(w.device, w.dtype)
+    for weight, ids, values in token_rows:   # a tied LM head shares the rows, as PEFT ties them
+        weight.data[ids] = values.to(weight.device, weight.dtype)
 
 
-def save_adapter(model: Transformer, folder: str | Path, base_model: str | None = None) -> None:
-    """Write model's adapters as PEFT would for the equivalent HF model (family qwen3-style `model.` names)."""
+def save_adapter(model: Transformer, folder: str | Path, base_model: str | None = None,
+                 tokens: dict[str, dict[int, Tensor]] | None = None) -> None:
+    """Write model's adapters as PEFT would for the equivalent HF model (family qwen3-style `model.` names);
+    `tokens` ({"embed_tokens": {id: row}}) adds trainable token rows (PEFT's trainable_token_indices)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     adapters = {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear) and m.lora_A is not None}
@@ -137,5 +171,10 @@ def save_adapter(model: Transformer, folder: str | Path, base_model: str | None 
               "rank_pattern": {re.escape(n): r for n, r in ranks.items() if r != rank},
               "alpha_pattern": {re.escape(n): a for n, a in alphas.items() if a != alpha},
               "task_type": "CAUSAL_LM", "inference_mode": True}
+    for name, by_id in (tokens or {}).items():
+        ids = sorted(by_id)
+        tensors[f"{PEFT_PREFIX}model.{name}.token_adapter.trainable_tokens_delta"] = \
+            torch.stack([by_id[i].detach() for i in ids]).contiguous()
+        config.setdefault("trainable_token_indices", {})[name] = ids
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=1))

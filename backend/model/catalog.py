@@ -17,6 +17,7 @@ from backend.model.adapters import find_adapter
 from backend.model.checkpoint import read_config, weight_files
 from backend.model.config import CheckpointError, ModelConfig
 from backend.model.families import family_of
+from backend.model.source import DEFAULT_MODEL, DONE_MARK, SMOLLM_ADAPTER, TINY, converted_folder, find_gguf
 
 
 @dataclass
@@ -30,6 +31,9 @@ class CatalogEntry:
     shards: int = 0
     adapter: str | None = None
     error: str | None = None
+    builtin: bool = False               # a model known by name (tiny, smollm2-135m), not a models-directory folder
+    mask_token: bool | None = None      # whether the modes that draft with MASK can run on it
+    note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,12 +67,34 @@ def describe(folder: Path) -> CatalogEntry:
         entry.shards = len(files)
         adapter = find_adapter(folder)
         entry.adapter = adapter.name if adapter else None
+        entry.mask_token = any(i is not None for i in (d.get("mask_token_id"), family and family.mask_token_id))
         entry.loadable = True
     except CheckpointError as e:
         entry.error = str(e)
     except (OSError, ValueError, json.JSONDecodeError) as e:  # unreadable headers
         entry.error = f"{folder}: {e}"
     return entry
+
+
+def builtin() -> list[CatalogEntry]:
+    """The models known by name: the default chat model (described once converted) and the tiny test model."""
+    try:
+        gguf = find_gguf()
+    except CheckpointError as e:
+        smollm = CatalogEntry(DEFAULT_MODEL, DEFAULT_MODEL, loadable=False, error=str(e))
+    else:
+        folder = converted_folder(gguf)
+        if (folder / DONE_MARK).exists():
+            smollm = describe(folder)
+        else:
+            smollm = CatalogEntry(DEFAULT_MODEL, str(gguf), loadable=True, family="llama", mask_token=True,
+                                  note="converted from the GGUF on first use (~1 min)")
+        smollm.adapter = SMOLLM_ADAPTER.name if (SMOLLM_ADAPTER / "adapter_config.json").exists() else None
+    tiny = describe(TINY)
+    for entry in (smollm, tiny):
+        entry.builtin = True
+    smollm.name, tiny.name = DEFAULT_MODEL, "tiny"
+    return [smollm, tiny]
 
 
 def scan(models_dir: str | Path) -> list[CatalogEntry]:

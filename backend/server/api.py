@@ -18,7 +18,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from backend.engine.modes import describe_modes
-from backend.model.card import CARD_FILE
 from backend.server.service import EngineService
 from backend.store import (
     DocumentError,
@@ -81,15 +80,16 @@ def api_router(store: Store, engine: EngineService, settle: Callable[[], object]
 
     @router.get("/modes")
     def modes() -> list[Row]:
-        return describe_modes()
+        """Every registered mode, and whether the served model can run it (`available`, else `unavailable`
+        says why)."""
+        return describe_modes(mask_token=engine.model.mask_token)
 
     @router.get("/model_card")
     def model_card() -> Row:
         """The served checkpoint's model card (model_card.json beside its weights: task families with example
         prompts, what is out of its domain); card None when it ships none."""
         model = engine.model
-        path = None if model.folder is None else model.folder / CARD_FILE
-        card = json.loads(path.read_text()) if path is not None and path.is_file() else None
+        card = json.loads(model.card.read_text()) if model.card is not None else None
         return {"model": model.name, "card": card}
 
     @router.get("/vocab")

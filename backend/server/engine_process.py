@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.engine.engine import Engine
+from backend.engine.messages import Prompt
 from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.server.service import Run, ServedModel, engine_stats, served_model
 from backend.server.worker import Busy, Worker, end_failed_run
@@ -36,7 +37,7 @@ from backend.tracing import RecordingTracer
 
 log = logging.getLogger(__name__)
 Event = dict[str, Any]
-Build = Callable[[Path | None], Engine]   # None: the model the server was started with
+Build = Callable[[str | Path | None], Engine]   # None: the model the server was started with
 
 
 def portable(exc: BaseException) -> BaseException:
@@ -52,8 +53,9 @@ FLUSH_S = 0.05
 """A message goes at most every FLUSH_S: each run's tracer hands on its events in batches at least ~50 ms apart
 (`RecordingTracer.hold_s`), and the batches of concurrent runs that end within FLUSH_S of the last message go with
 the next one. Each message costs the engine thread more than its pickling: a message per round (~1400 a second
-for a fused ar token of ~0.7 ms) slowed the engine by 12-15 % (docs/notes/perf.md, stop 13), and a message every
-20 ms still cost 128-token runs ~1 % more than one every 50 ms (stop 17). run_end and errors go at once."""
+for a fused ar token of ~0.7 ms) slowed the engine by 12-15 %, and a message every 20 ms still cost 128-token runs
+~1 % more than one every 50 ms (`python -m backend.server.throughput --repeat 8` with each FLUSH_S;
+docs/performance.md). run_end and errors go at once."""
 
 
 # ---- the engine process ----
@@ -101,7 +103,7 @@ class EngineSide:
         self.out = out
         self.cancels: dict[int, threading.Event] = {}
 
-    def submit(self, sid: int, run_id: str, prompt: str, mode: str, params: dict[str, Any]) -> None:
+    def submit(self, sid: int, run_id: str, prompt: Prompt, mode: str, params: dict[str, Any]) -> None:
         cancel = self.cancels[sid] = threading.Event()
 
         def sink(event: Event) -> None:
@@ -130,7 +132,7 @@ class EngineSide:
         else:
             threading.Thread(target=self._reply, args=(token, lambda: self._switch(arg)), daemon=True).start()
 
-    def _switch(self, folder: Path) -> ServedModel:
+    def _switch(self, folder: str | Path) -> ServedModel:
         engine = self.build(folder)
         model = served_model(engine)
         self.worker.replace_engine(engine).result()
@@ -236,7 +238,7 @@ class EngineProcess:
         if self._proc.is_alive():
             self._proc.kill()
 
-    def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
+    def submit(self, prompt: Prompt, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
         if len(self._runs) >= self.max_queued:
             raise Busy(f"the server has {len(self._runs)} runs queued or running, its limit; try again when one "
                        f"has ended")
@@ -249,7 +251,7 @@ class EngineProcess:
             raise
         return Run(link.admitted, lambda: self._send_quietly(("cancel", sid)))
 
-    def switch(self, folder: Path) -> ServedModel:
+    def switch(self, folder: str | Path) -> ServedModel:
         self._model = self._call("switch", folder, timeout=None)
         return self._model
 

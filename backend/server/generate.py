@@ -110,7 +110,7 @@ class GenerateSession:
             return
         tracer = Tee(self.writer, LoopHandoff(asyncio.get_running_loop(), self._deliver)).tracer()
         try:
-            run = self.engine.submit(msg.prompt, msg.mode, msg.params, tracer)
+            run = self.engine.submit(msg.conversation, msg.mode, msg.params, tracer)
             self.cancel = run.cancel
             await asyncio.wrap_future(run.admitted)
         except ParamError as e:

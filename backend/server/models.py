@@ -1,7 +1,8 @@
 """`/api/models`: the models directory (`serve --models DIR`) and switching the one served model.
 
 The host asks the engine service, off the event loop, to load the chosen folder and serve it once running runs
-have been cancelled. Without a models directory the catalog is empty and only the current model is listed.
+have been cancelled. The catalog lists the models known by name (the default chat model, tiny) and, with a
+models directory, its folders.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 
-from backend.model.catalog import CatalogEntry, scan
+from backend.model.catalog import CatalogEntry, builtin, scan
 from backend.model.config import CheckpointError
 from backend.server.service import EngineService
 
@@ -31,18 +32,21 @@ class ModelHost:
                 "models": [e.to_json() for e in self.catalog()]}
 
     def catalog(self) -> list[CatalogEntry]:
-        return scan(self.models_dir) if self.models_dir is not None else []
+        """The models known by name, then the models directory's folders."""
+        return builtin() + (scan(self.models_dir) if self.models_dir is not None else [])
 
     def switch(self, name: str) -> dict[str, Any]:
-        """Load models_dir/name and serve it; KeyError for an unknown name, CheckpointError if it cannot load."""
+        """Serve a listed model (a built-in by name, else models_dir/name); KeyError for an unknown name,
+        CheckpointError if it cannot load."""
         entry = next((e for e in self.catalog() if e.name == name), None)
         if entry is None:
             raise KeyError(name)
         if not entry.loadable:
             raise CheckpointError(entry.error or f"{name} cannot be loaded")
         with self._lock:
-            if self.engine.model.folder != Path(entry.path):
-                self.engine.switch(Path(entry.path))
+            served = self.engine.model
+            if served.name.split("+")[0] != entry.name or (not entry.builtin and served.folder != Path(entry.path)):
+                self.engine.switch(entry.name if entry.builtin else Path(entry.path))
         return self.describe()
 
 

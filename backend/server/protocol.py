@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from backend.engine.messages import Prompt
 from backend.tracing import SCHEMA_VERSION
 
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -45,13 +46,36 @@ def parse_frames(query: dict[str, str]) -> bool:
     return frames == "batch"
 
 
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
 class Generate(BaseModel):
-    """{"type": "generate", "prompt": str, "mode": str, "params": {...}}; the engine checks params in detail."""
+    """{"type": "generate", "prompt": str | "messages": [{role, content}, ...], "mode": str, "params": {...}}:
+    a prompt, or a conversation that the model's chat template renders; the engine checks params in detail."""
     model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["generate"]
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=256)
     mode: str = Field(min_length=1, max_length=64)
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def one_prompt(self) -> Generate:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send exactly one of prompt (a string) or messages (a conversation)")
+        if self.messages is not None and self.messages[-1].role != "user":
+            raise ValueError("messages: the last message must be from the user")
+        return self
+
+    @property
+    def conversation(self) -> Prompt:
+        """What the engine takes: the prompt string, or the messages as plain dicts."""
+        if self.messages is None:
+            return cast(str, self.prompt)
+        return [m.model_dump() for m in self.messages]
 
     @field_validator("params")
     @classmethod

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.engine.engine import Engine
+from backend.engine.messages import Prompt
+from backend.model.card import CARD_FILE
 from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.server.worker import Worker
 from backend.tracing import RecordingTracer
@@ -27,6 +29,8 @@ class ServedModel:
     family: str
     weights_hash: str
     pieces: list[str]   # display text of every token id (/api/vocab)
+    mask_token: bool = False      # whether the modes that draft with MASK can run
+    card: Path | None = None      # its model_card.json, if it ships one
 
 
 def vocab_pieces(engine: Engine) -> list[str]:
@@ -38,7 +42,8 @@ def vocab_pieces(engine: Engine) -> list[str]:
 def served_model(engine: Engine) -> ServedModel:
     """Read before the engine is handed to a worker thread: the tokenizer is not shared between threads."""
     loaded = engine.rt.loaded
-    return ServedModel(loaded.name, loaded.folder, loaded.family, loaded.weights_hash, vocab_pieces(engine))
+    return ServedModel(loaded.name, loaded.folder, loaded.family, loaded.weights_hash, vocab_pieces(engine),
+                       loaded.mask_token_id is not None, loaded.card_path(CARD_FILE))
 
 
 @dataclass
@@ -60,11 +65,11 @@ class EngineService(Protocol):
     def stop(self, timeout: float = 60.0) -> None:
         """Cancel every run (each ends as a cancelled run), then stop serving."""
 
-    def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
+    def submit(self, prompt: Prompt, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
         """Queue a generation whose events go to `tracer.sink`, numbered under `tracer.run_id`; Busy when
         `max_queued` runs are already queued or running."""
 
-    def switch(self, folder: Path) -> ServedModel:
+    def switch(self, folder: str | Path) -> ServedModel:
         """Load `folder` and serve it once the current model's runs are cancelled; CheckpointError or ParamError
         when it cannot load (the current model stays)."""
 
@@ -83,7 +88,7 @@ def engine_stats(worker: Worker) -> dict[str, Any]:
 class LocalEngine:
     """An Engine served by a worker thread of this process; `build` loads a checkpoint folder for `switch`."""
 
-    def __init__(self, engine: Engine, build: Callable[[Path], Engine] | None = None,
+    def __init__(self, engine: Engine, build: Callable[[str | Path], Engine] | None = None,
                  max_queued: int = MAX_QUEUED_RUNS):
         self.worker = Worker(engine, max_queued)
         self.max_queued = max_queued
@@ -100,7 +105,7 @@ class LocalEngine:
     def stop(self, timeout: float = 60.0) -> None:
         self.worker.stop(timeout)
 
-    def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
+    def submit(self, prompt: Prompt, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
         cancel = threading.Event()
         admitted: Future[None] = Future()
         def settle(request: Future[Any]) -> None:
@@ -110,7 +115,7 @@ class LocalEngine:
         self.worker.submit(prompt, mode, params, tracer, cancel).add_done_callback(settle)
         return Run(admitted, cancel.set)
 
-    def switch(self, folder: Path) -> ServedModel:
+    def switch(self, folder: str | Path) -> ServedModel:
         if self.build is None:
             raise RuntimeError("this server was given no way to load another model")
         engine = self.build(folder)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.engine.engine import Engine, freeze_long_lived
+from backend.engine.messages import Prompt
 from backend.engine.request import Request
 from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.tracing import RecordingTracer, Tracer
@@ -27,7 +28,7 @@ class Busy(Exception):
 
 @dataclass
 class Submission:
-    prompt: str
+    prompt: Prompt
     mode: str
     params: dict[str, Any]
     tracer: Tracer
@@ -68,7 +69,7 @@ class Worker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, prompt: str, mode: str, params: dict[str, Any], tracer: Tracer,
+    def submit(self, prompt: Prompt, mode: str, params: dict[str, Any], tracer: Tracer,
                cancel: threading.Event) -> Future[Request]:
         """Queue a generation; the future holds the admitted request, or the ParamError that refused it. Busy when
         `max_queued` runs are already queued or running."""

@@ -34,11 +34,14 @@ def param_specs(mode: Mode) -> tuple[Param, ...]:
     return COMMON_PARAMS + mode.params
 
 
-def describe_modes() -> list[dict]:
-    """Registry + parameter schema, as served by GET /api/modes."""
+def describe_modes(mask_token: bool = True) -> list[dict]:
+    """Registry + parameter schema, as served by GET /api/modes, with whether a model with (or without) a mask
+    token can run each mode."""
     _load_all()
     return [{"name": name, "summary": cls.summary, "nfe": cls.nfe_note, "explain": cls.explain,
-             "lossless_vs": cls.lossless_vs,
+             "lossless_vs": cls.lossless_vs, "lossless_params": cls.lossless_params,
+             "available": mask_token or not cls.needs_mask,
+             "unavailable": None if mask_token or not cls.needs_mask else "the model has no mask token",
              "params": [p.schema() for p in param_specs(cls())]} for name, cls in sorted(REGISTRY.items())]
 
 

@@ -8,7 +8,7 @@ are cached under its exact state and the main row's are used. The logits of a st
 (prefix, state), so the output equals block_diffusion's token for token, up to the last bits of batched
 against single-row arithmetic. The cache keeps only states the block can still reach and is cleared at block
 end (the refresh changes the prefix). A block's first state has no freshest logits and is denoised alone.
-The graph is `draft_graph.json` in the checkpoint folder (`specscope calibrate`).
+The graph is `draft_graph.json` beside the weights or the adapter it was calibrated with (`specscope calibrate`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from backend.engine.blocks import BLOCK_PARAMS, BlockState, candidates
-from backend.engine.draft_graph import GRAPH_FILE, GraphError, Node, Ranking, State, expand, load_graph
+from backend.engine.draft_graph import CALIBRATE_HINT, GRAPH_FILE, GraphError, Node, Ranking, State, expand, load_graph
 from backend.engine.modes import register
 from backend.engine.modes.block_diffusion import BlockDiffusion
 from backend.engine.params import Param, ParamError
@@ -149,10 +149,12 @@ class DraftCache:
 
 def graph_nodes(rt: Runtime, branches: int, mode: str) -> tuple[Node, ...]:
     """The first `branches` nodes of the checkpoint's draft graph; ParamError saying how to calibrate."""
-    if rt.loaded.folder is None:
-        raise ParamError(f"{mode} needs a draft graph, but this model was not loaded from a folder")
+    path = rt.loaded.card_path(GRAPH_FILE)   # beside the weights, else with the adapter it was calibrated on
+    if path is None:
+        raise ParamError(f"{mode} needs a calibrated draft graph ({GRAPH_FILE} beside the weights or the adapter): "
+                         f"{CALIBRATE_HINT}")
     try:
-        graph = load_graph(rt.loaded.folder / GRAPH_FILE)
+        graph = load_graph(path)
     except GraphError as e:
         raise ParamError(f"{mode} needs a calibrated draft graph: {e}") from None
     vocab = rt.model.cfg.vocab_size

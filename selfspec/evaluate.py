@@ -1,0 +1,65 @@
+"""Held-out figures of the adapter, teacher-forced on the model's own greedy answers (fast, one forward a
+batch): for seeds every few answer positions, how many leading drafts match the model's greedy tokens.
+
+- `block{B}`: tokens per linear_spec round of a [seed, M x (B-1)] block draft (leading matches + the bonus);
+- `causal{K}`: tokens per round of K causal MASK specs after the clean prefix (quadratic with k = K, isd's
+  all-accept round with N = K + 1): leading matches + the bonus.
+
+The engine's own figures on real runs (TPF, tok/s) are the bench's; these steer training and checkpointing.
+"""
+from __future__ import annotations
+
+import torch
+
+from backend.model.transformer import PagedKV, Transformer
+from selfspec.batch import chunk_logits, pack
+from selfspec.layouts import Chunk, block_chunk, causal_chunk
+
+LAYOUTS = (("block", 8), ("causal", 4))
+
+
+def leading(pred: list[int], truth: list[int]) -> int:
+    n = 0
+    while n < len(truth) and pred[n] == truth[n]:
+        n += 1
+    return n
+
+
+def heldout_figures(model: Transformer, rows: list[dict], mask_id: int, device: str, sequences: int = 16,
+                    stride: int = 9, batch: int = 4) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    totals = {f"{k}{n}": [0, 0] for k, n in LAYOUTS}
+    pad = model.cfg.eos_token_id or 0
+    for start in range(0, min(sequences, len(rows)), batch):
+        group = rows[start:start + batch]
+        for kind, n in LAYOUTS:
+            chunks: list[list[Chunk]] = []
+            for r in group:
+                x, lo = r["seq"], r["prompt_len"] - 1
+                seeds = range(lo, len(x) - n - 1, stride)
+                make = (lambda s, x=x, n=n: block_chunk(x, s, n, mask_id)) if kind == "block" else \
+                    (lambda s, x=x, n=n: causal_chunk(x, s, n, mask_id))
+                chunks.append([make(s) for s in seeds])
+            p = pack([r["seq"] for r in group], chunks, mask_id, pad)
+            b, width = p.clean_ids.shape
+            with torch.no_grad():
+                cache = PagedKV.empty(model.cfg, b * width, torch.float32, device)
+                logits = chunk_logits(model, p.to(device), cache)
+            logits[..., mask_id] = float("-inf")
+            pred = logits.argmax(-1).cpu()
+            for i, spans in enumerate(p.kinds):
+                for _, row, size in spans:
+                    t = p.targets[i, row:row + size].tolist()
+                    g = pred[i, row:row + size].tolist()
+                    if kind == "block":          # rows 0..B-2 draft positions 1..B-1
+                        got = leading(g[:size - 1], t[:size - 1])
+                    else:                        # mask rows 1..K
+                        got = leading(g[1:], t[1:])
+                    totals[f"{kind}{n}"][0] += got + 1
+                    totals[f"{kind}{n}"][1] += 1
+    model.train(was_training)
+    figures = {k: round(s / max(c, 1), 3) for k, (s, c) in totals.items()}
+    figures["score"] = round(figures["block8"] + figures["causal4"], 3)
+    return figures
+

@@ -1,0 +1,210 @@
+"""Train the self-speculation adapter: a LoRA on every projection, on at MASK positions only (the gated LoRA of
+"Your LLM Knows the Future"; I-DLM's R-ISD scope), plus the MASK token's embedding, on the base model's own
+greedy answers in every mode's draft layout (selfspec/layouts.py). Ordinary tokens never see the adapter, so
+the model's next-token outputs, and every lossless claim, stay exact.
+
+    python -m selfspec.train --workdir train_runs/selfspec/run --data train_runs/selfspec/train.jsonl \\
+        --heldout train_runs/selfspec/heldout.jsonl --steps 800 --export backend/model/checkpoints/smollm2-135m-selfspec
+
+Resumable: <workdir>/state.pt holds the adapter, the optimizer and the step, saved every --save-every steps;
+each step's batch is a pure function of (seed, step). Losses go to <workdir>/curves.jsonl and held-out figures
+to <workdir>/heldout.jsonl; --export writes the PEFT folder whenever the held-out figures improve. The same
+command runs on CUDA when a GPU is present.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backend.model.adapters import save_adapter
+from backend.model.checkpoint import ADAPTER_META, load_model
+from backend.model.source import resolve
+from backend.model.transformer import LoRALinear, PagedKV, Transformer
+from selfspec.batch import Packed, chunk_logits, pack
+from selfspec.evaluate import heldout_figures
+from selfspec.layouts import IGNORE, Mix, chunks_for
+
+GENERATION_CAP = 128
+"""selfspec.generate's default max_new_tokens: a shorter answer stopped by itself."""
+
+
+class MaskRow(nn.Module):
+    """The token embedding with the MASK row trainable (a copy; the base table stays frozen)."""
+
+    def __init__(self, base: nn.Embedding, mask_id: int):
+        super().__init__()
+        self.base = base
+        self.mask_id = mask_id
+        self.row = nn.Parameter(base.weight[mask_id].detach().clone())
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight     # the tied LM head: MASK is never picked, so its logit row is left as it is
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.where((ids == self.mask_id)[..., None], self.row.to(self.base.weight.dtype), self.base(ids))
+
+
+def read_rows(path: Path, max_len: int, eos_id: int | None) -> list[dict[str, Any]]:
+    """Prompt + answer sequences; an answer that ended before the generation cap ends with the stop token (the
+    engine's outputs leave it out), so drafts learn where answers end."""
+    rows = []
+    for line in path.open():
+        r = json.loads(line)
+        ended = r.get("stopped", len(r["answer_ids"]) < GENERATION_CAP) and eos_id is not None
+        seq = (r["prompt_ids"] + r["answer_ids"] + ([eos_id] if ended else []))[:max_len]
+        if len(seq) > len(r["prompt_ids"]) + 1:
+            rows.append({"seq": seq, "prompt_len": len(r["prompt_ids"]), "category": r["category"]})
+    return rows
+
+
+def prepare_model(folder: Path, rank: int, alpha: float, device: str) -> tuple[Transformer, MaskRow]:
+    model = load_model(folder, torch.float32, device, adapter=False)
+    for module in model.modules():
+        if isinstance(module, LoRALinear):
+            module.add_adapter(rank, alpha)
+    model.requires_grad_(False)
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            p.requires_grad_(True)
+    mask_id = model.cfg.mask_token_id
+    if mask_id is None:
+        raise SystemExit(f"{folder}: the model declares no mask_token_id")
+    embed = MaskRow(model.embed_tokens, mask_id)
+    model.embed_tokens = embed   # type: ignore[assignment]
+    return model, embed
+
+
+def trainable(model: Transformer) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def batch_for(rows: list[dict], step: int, seed: int, size: int, mask_id: int, pad_id: int, mix: Mix) -> Packed:
+    rng = random.Random(seed * 1_000_003 + step)
+    picked = rng.sample(rows, size)
+    chunks = [chunks_for(r["seq"], r["prompt_len"], mask_id, mix, rng) for r in picked]
+    return pack([r["seq"] for r in picked], chunks, mask_id, pad_id)
+
+
+def losses(model: Transformer, p: Packed, device: str) -> dict[str, torch.Tensor]:
+    """Mean cross-entropy per layout kind over its trained rows."""
+    b, width = p.clean_ids.shape
+    cache = PagedKV.empty(model.cfg, b * width, torch.float32, device)
+    logits = chunk_logits(model, p.to(device), cache)
+    kind_of = torch.zeros_like(p.targets)
+    names = ("block", "causal", "partial")
+    for i, spans in enumerate(p.kinds):
+        for kind, row, n in spans:
+            kind_of[i, row:row + n] = names.index(kind)
+    out = {}
+    targets = p.targets.to(device)
+    for k, name in enumerate(names):
+        sel = (kind_of.to(device) == k) & (targets != IGNORE)
+        if sel.any():
+            out[name] = F.cross_entropy(logits[sel].float(), targets[sel])
+    return out
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int = 20) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup)))))
+
+
+def export(model: Transformer, embed: MaskRow, folder: Path, figures: dict, args: argparse.Namespace) -> None:
+    save_adapter(model, folder, base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+                 tokens={"embed_tokens": {embed.mask_id: embed.row.detach()}})
+    (folder / ADAPTER_META).write_text(json.dumps({"adapter_scope": "mask"}))
+    recipe = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    (folder / "training.json").write_text(json.dumps({"recipe": recipe, "heldout": figures}, indent=1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--heldout", type=Path, required=True)
+    p.add_argument("--model", default=None)
+    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--batch", type=int, default=4, help="sequences per step")
+    p.add_argument("--max-len", type=int, default=384)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--alpha", type=float, default=32.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=20)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--export", type=Path, default=None)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args()
+    torch.manual_seed(args.seed)
+    folder = resolve(args.model).folder
+    model, embed = prepare_model(folder, args.rank, args.alpha, args.device)
+    pad_id = model.cfg.eos_token_id or 0
+    params = trainable(model)
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    rows, held = read_rows(args.data, args.max_len, pad_id), read_rows(args.heldout, args.max_len, pad_id)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    state_path, step, best = args.workdir / "state.pt", 0, -1.0
+    if state_path.exists():
+        state = torch.load(state_path, map_location=args.device)
+        for prm, saved in zip(params, state["params"], strict=True):
+            prm.data.copy_(saved)
+        opt.load_state_dict(state["opt"])
+        step, best = state["step"], state["best"]
+        print(f"resumed at step {step} (best held-out {best:.3f})", flush=True)
+    print(f"{len(rows)} training sequences, {len(held)} held out; {sum(x.numel() for x in params)} trainable",
+          flush=True)
+    mix = Mix()
+    if step == 0:    # the untrained adapter's figures: the baseline the model card compares with
+        figures = heldout_figures(model, held, embed.mask_id, args.device)
+        with (args.workdir / "heldout.jsonl").open("a") as f:
+            f.write(json.dumps({"step": 0, **figures}) + "\n")
+        print("heldout", json.dumps(figures), flush=True)
+    model.train()
+    t0 = time.perf_counter()
+    while step < args.steps:
+        batch = batch_for(rows, step, args.seed, args.batch, embed.mask_id, pad_id, mix)
+        parts = losses(model, batch, args.device)
+        loss = sum(parts.values()) / len(parts)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        row = {"step": step, "loss": float(loss), **{k: round(float(v), 4) for k, v in parts.items()},
+               "rows": int((batch.targets != IGNORE).sum()), "s": round(time.perf_counter() - t0, 1)}
+        with (args.workdir / "curves.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+        if step % args.eval_every == 0 or step == args.steps:
+            figures = heldout_figures(model, held, embed.mask_id, args.device)
+            with (args.workdir / "heldout.jsonl").open("a") as f:
+                f.write(json.dumps({"step": step, **figures}) + "\n")
+            print("heldout", json.dumps(figures), flush=True)
+            score = figures["score"]
+            if score > best:
+                best = score
+                if args.export:
+                    export(model, embed, args.export, {"step": step, **figures}, args)
+                    print(f"exported to {args.export}", flush=True)
+        if step % args.save_every == 0 or step == args.steps:
+            tmp = state_path.with_suffix(".tmp")
+            torch.save({"params": [x.detach() for x in params], "opt": opt.state_dict(), "step": step,
+                        "best": best}, tmp)
+            tmp.replace(state_path)
+
+
+if __name__ == "__main__":
+    main()

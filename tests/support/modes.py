@@ -1,0 +1,15 @@
+"""Every registered mode as a test parameter, with chosen ones marked slow."""
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import pytest
+
+from backend.engine.modes import mode_names
+
+
+def every_mode(slow: Collection[str] = ()) -> list:
+    """mode_names() as parameters; those in `slow` carry pytest.mark.slow (a new mode is picked up, unmarked)."""
+    unknown = set(slow) - set(mode_names())
+    assert not unknown, f"no such modes: {sorted(unknown)}"
+    return [pytest.param(m, marks=pytest.mark.slow) if m in slow else m for m in mode_names()]

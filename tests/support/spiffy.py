@@ -1,0 +1,31 @@
+"""A draft graph for spiffy / specfold tests, written into a checkpoint folder of the shipped model; the
+`spiffy_engine` fixture (tests/conftest.py) is an engine on it."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from backend.engine.draft_graph import GRAPH_FILE
+from backend.engine.engine import Engine
+from backend.model.checkpoint import LoadedModel
+
+# A typical calibrated shape: top-1 chains from the main state and its siblings (rank 2 position, 2nd token).
+NODES = [(-1, 0, 0), (0, 0, 0), (-1, 1, 0), (1, 0, 0), (-1, 0, 1), (2, 0, 0), (-1, 2, 0)]
+
+
+def graph_json(**overrides: Any) -> dict[str, Any]:
+    g: dict[str, Any] = {"version": 1, "branches": len(NODES),
+                         "nodes": [{"id": i, "parent": p, "pos_rank": r, "vocab_rank": v, "hit_rate": 0.5}
+                                   for i, (p, r, v) in enumerate(NODES)],
+                         "calibration": {"prompts": 0, "steps": 0, "block_size": 32, "threshold": 0.9}}
+    g.update(overrides)
+    return g
+
+
+def engine_with_graph(loaded: LoadedModel, folder: Path, graph: dict[str, Any] | str | None = None) -> Engine:
+    """An engine on `loaded` whose checkpoint folder is `folder`, holding `graph` (JSON text or an object) if given."""
+    if graph is not None:
+        (folder / GRAPH_FILE).write_text(graph if isinstance(graph, str) else json.dumps(graph))
+    return Engine(dataclasses.replace(loaded, folder=folder), num_slots=4096, check_invariants=True)

@@ -1,0 +1,123 @@
+"""The self-speculation adapter's pipeline on the tiny model: the training layouts are the modes' own attention
+layouts (checked against the engine's forwards), the prompt set's held-out split, a short resumable training run,
+and its exported adapter: MASK-scoped, so ar is unchanged and the lossless modes stay equal to it."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.engine.engine import Engine
+from backend.model.chat_prompts import HELD_OUT, TEMPLATES, prompt_set
+from backend.model.checkpoint import load_checkpoint
+from backend.model.source import TINY
+from backend.model.transformer import KVContext, PagedKV
+from selfspec.batch import chunk_logits, pack
+from selfspec.layouts import IGNORE, Mix, block_chunk, causal_chunk, chunks_for, partial_chunk
+from selfspec.train import prepare_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_layout_targets_are_the_tokens_each_row_drafts():
+    x, m = list(range(100, 120)), 0
+    b = block_chunk(x, 5, 4, m)
+    assert b.ids == [105, m, m, m] and b.targets == [106, 107, 108, IGNORE] and b.positions == [5, 6, 7, 8]
+    c = causal_chunk(x, 5, 3, m)
+    assert c.ids == [105, m, m, m] and c.targets == [IGNORE, 107, 108, 109]
+    p = partial_chunk(x, 5, 8, m, 0.5, random.Random(0))
+    for i, t in enumerate(p.targets):   # trained exactly where the next position is masked
+        assert (t != IGNORE) == (i + 1 < 8 and p.ids[i + 1] == m) and (t == IGNORE or t == x[5 + i + 1])
+    assert all(tok == x[5 + i] for i, tok in enumerate(p.ids) if tok != m)
+    near_end = block_chunk(x, 17, 4, m)
+    assert near_end.targets == [118, 119, IGNORE, IGNORE]
+    assert all(c.seed >= 9 for c in chunks_for(x, 10, m, Mix(), random.Random(1)))   # seeds in the answer
+
+
+def test_held_out_templates_cover_every_category_and_stay_apart():
+    categories = {t.category for t in TEMPLATES}
+    assert {t.category for t in TEMPLATES if t.tid in HELD_OUT} == categories
+    assert 0.15 <= len(HELD_OUT) / len(TEMPLATES) <= 0.3
+    train, held = prompt_set(300, 0, held_out=False), prompt_set(60, 0, held_out=True)
+    assert not {r["template"] for r in train} & {r["template"] for r in held}
+    assert {r["template"] for r in held} <= HELD_OUT
+    assert len({(r["template"], r["messages"][0]["content"]) for r in train}) == 300   # no prompt twice
+    assert prompt_set(50, 3) == prompt_set(50, 3)
+
+
+@pytest.fixture(scope="module")
+def trainee():
+    model, embed = prepare_model(TINY, rank=4, alpha=8.0, device="cpu")
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.02)
+    embed.row.data.normal_(0, 0.5)
+    return model.eval(), embed
+
+
+@pytest.mark.parametrize("kind", ["block", "causal"])
+def test_packed_chunks_equal_the_engines_forwards(trainee, kind):
+    """Each chunk row of the packed training forward gives the logits the mode's own forward gives: the prefix
+    written causally into KV slots, then the chunk read-only in `block` (linear_spec's draft) or `causal`
+    (isd's MASK specs) attention, the adapter on at MASK."""
+    model, embed = trainee
+    mask = embed.mask_id
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (23, 17)]
+    make = block_chunk if kind == "block" else causal_chunk
+    chunks = [[make(seqs[0], 6, 5, mask), make(seqs[0], 14, 4, mask)], [make(seqs[1], 9, 6, mask)]]
+    p = pack(seqs, chunks, mask, pad_id=1)
+    with torch.no_grad():
+        got = chunk_logits(model, p, PagedKV.empty(model.cfg, 2 * p.clean_ids.shape[1], torch.float32, "cpu"))
+    for i, (seq, cs) in enumerate(zip(seqs, chunks, strict=True)):
+        for (_, row, n), c in zip(p.kinds[i], cs, strict=True):
+            cache = PagedKV.empty(model.cfg, 64, torch.float32, "cpu")
+            slots = torch.arange(c.seed)[None]
+            with torch.no_grad():
+                model(torch.tensor([seq[:c.seed]]), torch.arange(c.seed)[None],
+                      kv=KVContext(cache, torch.zeros(1, 0, dtype=torch.long), None, slots))
+                ids = torch.tensor([c.ids])
+                want = model(ids, torch.tensor([c.positions]), attn=kind, kv=KVContext(cache, slots),
+                             lora=ids == mask)
+            assert (got[i, row:row + n] - want[0]).abs().max().item() < 1e-4
+
+
+def test_training_resumes_exports_and_keeps_ar_exact(tmp_path):
+    """Two steps, then two more from the saved state; the exported adapter is MASK-scoped with a trained MASK
+    row: ar's tokens equal the bare model's, and isd and quadratic equal ar."""
+    base = load_checkpoint(TINY)
+    engine = Engine(base, num_slots=2048)
+    rows = []
+    for r in prompt_set(8, 0, held_out=False):
+        req = engine.new_request(r["messages"], "ar", {"max_new_tokens": 12})
+        rows.append({"prompt_ids": req.prompt_ids, "answer_ids": engine.run([req])[0].output_ids,
+                     "category": r["category"]})
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    work, export = tmp_path / "run", tmp_path / "adapter"
+    common = [sys.executable, "-m", "selfspec.train", "--model", "tiny", "--workdir", str(work), "--data", str(data),
+              "--heldout", str(data), "--batch", "2", "--rank", "4", "--eval-every", "2", "--save-every", "2",
+              "--export", str(export)]
+    for steps in ("2", "4"):
+        subprocess.run([*common, "--steps", steps], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    curves = [json.loads(line) for line in (work / "curves.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in curves] == [1, 2, 3, 4] and all(c["loss"] > 0 for c in curves)
+    figures = [json.loads(line) for line in (work / "heldout.jsonl").read_text().splitlines()]
+    assert [f["step"] for f in figures] == [0, 2, 4] and all(f["block8"] >= 1 for f in figures)
+    adapted = load_checkpoint(TINY, adapter=export)
+    assert adapted.adapter_scope == "mask" and adapted.model.has_lora
+    assert not torch.equal(adapted.model.embed_tokens.weight[adapted.mask_token_id],
+                           base.model.embed_tokens.weight[base.mask_token_id])
+    ours = Engine(adapted, num_slots=2048, check_invariants=True)
+    for prompt in ("What is 12 + 30?", "Sort: 5 3 9 1", "Copy: a b c"):
+        ar = engine.generate(prompt, "ar", {"max_new_tokens": 16}).output_ids
+        assert ours.generate(prompt, "ar", {"max_new_tokens": 16}).output_ids == ar
+        for mode in ("isd", "quadratic", "linear_spec"):
+            assert ours.generate(prompt, mode, {"max_new_tokens": 16}).output_ids == ar, (mode, prompt)
