@@ -15,9 +15,10 @@ def _parse(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
-def test_defaults_load_the_shipped_model_with_an_auto_sized_pool():
+def test_defaults_load_the_default_model_with_an_auto_sized_pool():
     loaded, slots = load_from_args(_parse("--device", "cpu"))
-    assert loaded.name == "tiny" and next(loaded.model.parameters()).dtype == torch.float32
+    assert loaded.name.startswith("smollm2-135m") and loaded.adapter_scope == "mask"
+    assert next(loaded.model.parameters()).dtype == torch.float32
     cfg = loaded.model.cfg
     assert slots == auto_slots(cfg, torch.float32, "cpu", at_most=64 * cfg.max_position_embeddings) >= 1024
     assert slots <= 64 * cfg.max_position_embeddings      # never more than 64 full contexts at once

@@ -59,9 +59,11 @@ def test_app_switches_the_served_model(tmp_path, loaded):
     store = Store(f"sqlite:///{tmp_path / 'runs.db'}")
     plain = create_app(engine, store, ui=False)
     with TestClient(plain) as client:
-        assert client.get("/api/models").json() == {"current": "tiny", "weights_hash": loaded.weights_hash,
-                                                    "family": loaded.family, "models": []}
-        assert client.post("/api/models/tiny").status_code == 404
+        listing = client.get("/api/models").json()
+        assert (listing["current"], listing["weights_hash"]) == ("tiny", loaded.weights_hash)
+        assert [m["name"] for m in listing["models"]] == ["smollm2-135m", "tiny"]   # the models known by name
+        assert all(m["builtin"] for m in listing["models"])
+        assert client.post("/api/models/nope").status_code == 404
     app = create_app(engine, store, ui=False, models_dir=tmp_path / "models",
                      build=lambda path: Engine(load_checkpoint(path), num_slots=256))
     with TestClient(app) as client:
