@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from backend.engine.blocks import longest_match
 from backend.model.transformer import PagedKV, Transformer
 from selfspec.batch import chunk_logits, pack
 from selfspec.layouts import Chunk, block_chunk, causal_chunk
 
 LAYOUTS = (("block", 8), ("causal", 4))
-
-
-def leading(pred: list[int], truth: list[int]) -> int:
-    n = 0
-    while n < len(truth) and pred[n] == truth[n]:
-        n += 1
-    return n
 
 
 def heldout_figures(model: Transformer, rows: list[dict], mask_id: int, device: str, sequences: int = 16,
@@ -34,13 +28,10 @@ def heldout_figures(model: Transformer, rows: list[dict], mask_id: int, device: 
     for start in range(0, min(sequences, len(rows)), batch):
         group = rows[start:start + batch]
         for kind, n in LAYOUTS:
-            chunks: list[list[Chunk]] = []
-            for r in group:
-                x, lo = r["seq"], r["prompt_len"] - 1
-                seeds = range(lo, len(x) - n - 1, stride)
-                make = (lambda s, x=x, n=n: block_chunk(x, s, n, mask_id)) if kind == "block" else \
-                    (lambda s, x=x, n=n: causal_chunk(x, s, n, mask_id))
-                chunks.append([make(s) for s in seeds])
+            make = block_chunk if kind == "block" else causal_chunk
+            chunks: list[list[Chunk]] = [
+                [make(r["seq"], s, n, mask_id) for s in range(r["prompt_len"] - 1, len(r["seq"]) - n - 1, stride)]
+                for r in group]
             p = pack([r["seq"] for r in group], chunks, mask_id, pad)
             b, width = p.clean_ids.shape
             with torch.no_grad():
@@ -53,9 +44,9 @@ def heldout_figures(model: Transformer, rows: list[dict], mask_id: int, device: 
                     t = p.targets[i, row:row + size].tolist()
                     g = pred[i, row:row + size].tolist()
                     if kind == "block":          # rows 0..B-2 draft positions 1..B-1
-                        got = leading(g[:size - 1], t[:size - 1])
+                        got = longest_match(g[:size - 1], t[:size - 1])
                     else:                        # mask rows 1..K
-                        got = leading(g[1:], t[1:])
+                        got = longest_match(g[1:], t[1:])
                     totals[f"{kind}{n}"][0] += got + 1
                     totals[f"{kind}{n}"][1] += 1
     model.train(was_training)

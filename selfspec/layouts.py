@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass
 
 IGNORE = -100
+KINDS = ("block", "causal", "partial")
 
 
 @dataclass

@@ -31,7 +31,7 @@ from backend.model.source import resolve
 from backend.model.transformer import LoRALinear, PagedKV, Transformer
 from selfspec.batch import Packed, chunk_logits, pack
 from selfspec.evaluate import heldout_figures
-from selfspec.layouts import IGNORE, Mix, chunks_for
+from selfspec.layouts import IGNORE, KINDS, Mix, chunks_for
 
 GENERATION_CAP = 128
 """selfspec.generate's default max_new_tokens: a shorter answer stopped by itself."""
@@ -97,20 +97,18 @@ def batch_for(rows: list[dict], step: int, seed: int, size: int, mask_id: int, p
 
 def losses(model: Transformer, p: Packed, device: str) -> dict[str, torch.Tensor]:
     """Mean cross-entropy per layout kind over its trained rows."""
+    p = p.to(device)
     b, width = p.clean_ids.shape
-    cache = PagedKV.empty(model.cfg, b * width, torch.float32, device)
-    logits = chunk_logits(model, p.to(device), cache)
+    logits = chunk_logits(model, p, PagedKV.empty(model.cfg, b * width, torch.float32, device))
     kind_of = torch.zeros_like(p.targets)
-    names = ("block", "causal", "partial")
     for i, spans in enumerate(p.kinds):
         for kind, row, n in spans:
-            kind_of[i, row:row + n] = names.index(kind)
+            kind_of[i, row:row + n] = KINDS.index(kind)
     out = {}
-    targets = p.targets.to(device)
-    for k, name in enumerate(names):
-        sel = (kind_of.to(device) == k) & (targets != IGNORE)
+    for k, name in enumerate(KINDS):
+        sel = (kind_of == k) & (p.targets != IGNORE)
         if sel.any():
-            out[name] = F.cross_entropy(logits[sel].float(), targets[sel])
+            out[name] = F.cross_entropy(logits[sel].float(), p.targets[sel])
     return out
 
 

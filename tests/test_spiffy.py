@@ -151,7 +151,7 @@ def test_the_shipped_graph_is_valid_and_used_by_default(shared_engine):
     graph = load_graph(DEFAULT_CHECKPOINT / GRAPH_FILE)
     assert graph.nodes and {"prompts", "steps", "block_size", "threshold"} <= set(graph.calibration)
     rt = shared_engine.rt
-    assert rt.loaded.card_path(GRAPH_FILE).resolve() == (DEFAULT_CHECKPOINT / GRAPH_FILE).resolve()
+    assert rt.loaded.shipped_file(GRAPH_FILE).resolve() == (DEFAULT_CHECKPOINT / GRAPH_FILE).resolve()
     assert graph_nodes(rt, 16, "spiffy") == graph.nodes[:16]
 
 

@@ -17,7 +17,7 @@ from backend.model.adapters import find_adapter
 from backend.model.checkpoint import read_config, weight_files
 from backend.model.config import CheckpointError, ModelConfig
 from backend.model.families import family_of
-from backend.model.source import DEFAULT_MODEL, DONE_MARK, SMOLLM_ADAPTER, TINY, converted_folder, find_gguf
+from backend.model.source import DEFAULT_MODEL, DONE_MARK, TINY, converted_folder, find_gguf, shipped_adapter
 
 
 @dataclass
@@ -89,11 +89,12 @@ def builtin() -> list[CatalogEntry]:
         else:
             smollm = CatalogEntry(DEFAULT_MODEL, str(gguf), loadable=True, family="llama", mask_token=True,
                                   note="converted from the GGUF on first use (~1 min)")
-        smollm.adapter = SMOLLM_ADAPTER.name if (SMOLLM_ADAPTER / "adapter_config.json").exists() else None
+        adapter = shipped_adapter()
+        smollm.adapter = adapter.name if adapter else None
     tiny = describe(TINY)
     for entry in (smollm, tiny):
         entry.builtin = True
-    smollm.name, tiny.name = DEFAULT_MODEL, "tiny"
+    smollm.name = DEFAULT_MODEL   # the converted folder's own name is smollm2-135m-instruct
     return [smollm, tiny]
 
 

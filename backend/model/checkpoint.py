@@ -46,7 +46,7 @@ class LoadedModel:
     stop_token_ids: list[int] = field(default_factory=list)
     adapter_dir: Path | None = None
 
-    def card_path(self, name: str) -> Path | None:
+    def shipped_file(self, name: str) -> Path | None:
         """A file shipped with the model (its card, a draft graph): beside the weights, else in the adapter's
         folder."""
         for where in (self.folder, self.adapter_dir):

@@ -9,6 +9,7 @@ temporary folder beside the target and renames it into place, so a half-written 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -55,13 +56,17 @@ def resolve(spec: str | Path | None) -> ModelSource:
     if name == "tiny":
         return ModelSource("tiny", TINY)
     if name in (DEFAULT_MODEL, SMOLLM_FOLDER):
-        adapter = SMOLLM_ADAPTER if (SMOLLM_ADAPTER / "adapter_config.json").exists() else None
         gguf = find_gguf()
-        return ModelSource(DEFAULT_MODEL, smollm_folder(gguf), adapter, gguf)
+        return ModelSource(DEFAULT_MODEL, smollm_folder(gguf), shipped_adapter(), gguf)
     folder = Path(name)
     if not folder.is_dir():
         raise CheckpointError(f"model {name!r}: not a checkpoint folder, nor one of 'tiny', '{DEFAULT_MODEL}'")
     return ModelSource(folder.name, folder)
+
+
+def shipped_adapter() -> Path | None:
+    """The default model's self-speculation adapter, when the checkout ships it."""
+    return SMOLLM_ADAPTER if (SMOLLM_ADAPTER / "adapter_config.json").exists() else None
 
 
 def find_gguf() -> Path:
@@ -77,6 +82,14 @@ def find_gguf() -> Path:
 
 
 def file_digest(path: Path) -> str:
+    """16 hex digits of the file's SHA-256, hashed once per (path, size, mtime) in a process: every resolve and
+    every model listing asks for the GGUF's."""
+    st = path.stat()
+    return _digest(path.resolve(), st.st_size, st.st_mtime_ns)
+
+
+@functools.cache
+def _digest(path: Path, size: int, mtime_ns: int) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()[:16]
 

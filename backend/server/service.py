@@ -43,7 +43,7 @@ def served_model(engine: Engine) -> ServedModel:
     """Read before the engine is handed to a worker thread: the tokenizer is not shared between threads."""
     loaded = engine.rt.loaded
     return ServedModel(loaded.name, loaded.folder, loaded.family, loaded.weights_hash, vocab_pieces(engine),
-                       loaded.mask_token_id is not None, loaded.card_path(CARD_FILE))
+                       loaded.mask_token_id is not None, loaded.shipped_file(CARD_FILE))
 
 
 @dataclass

@@ -149,7 +149,7 @@ class DraftCache:
 
 def graph_nodes(rt: Runtime, branches: int, mode: str) -> tuple[Node, ...]:
     """The first `branches` nodes of the checkpoint's draft graph; ParamError saying how to calibrate."""
-    path = rt.loaded.card_path(GRAPH_FILE)   # beside the weights, else with the adapter it was calibrated on
+    path = rt.loaded.shipped_file(GRAPH_FILE)   # beside the weights, else with the adapter it was calibrated on
     if path is None:
         raise ParamError(f"{mode} needs a calibrated draft graph ({GRAPH_FILE} beside the weights or the adapter): "
                          f"{CALIBRATE_HINT}")
