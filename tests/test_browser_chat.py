@@ -1,5 +1,5 @@
 """A multi-turn conversation in Chromium on the real default model (`specscope serve` with no --model): the second
-answer depends on the first turn, so the chat sends the whole conversation; the message box keeps what the user
+answer depends on the first turn ("And of Japan?" alone names no city), so the chat sends the whole conversation; the message box keeps what the user
 types while an answer streams; only the modes the model can run are offered."""
 from __future__ import annotations
 
@@ -41,18 +41,18 @@ def test_multi_turn_chat_on_the_default_model(browser, server) -> None:
     choose(page, "#chat-mode", "quadratic")
     page.wait_for_selector("text=quadratic:")
     set_number(page, "#param-max_new_tokens", 24)
-    first = say(page, "My name is Ada and I like tea.", 1)
-    page.fill("#chat-input textarea", "What is my name?")
+    first = say(page, "What is the capital of France?", 1)
+    page.fill("#chat-input textarea", "And of Japan?")
     page.press("#chat-input textarea", "Enter")
     page.fill("#chat-input textarea", "typed while it streams")   # kept: redraws never clear the box
     page.wait_for_function("() => document.querySelectorAll('#chat-bot .bot').length >= 2")
     second = page.locator("#chat-bot .bot").nth(1)
     second.locator("text=/· TPF/").wait_for(timeout=120_000)
     assert page.input_value("#chat-input textarea") == "typed while it streams"
-    assert "Ada" in second.inner_text() and first
-    shot(page, "chat")
+    assert "Paris" in first and "Tokyo" in second.inner_text()
+    shot(page, "chat_real_model")
     runs = httpx.get(f"{server}/api/runs", params={"limit": 5}).json()
     latest = httpx.get(f"{server}/api/runs/{runs[0]['run_id']}/export").json()["events"][0]
     assert [m["role"] for m in latest["messages"]] == ["user", "assistant", "user"]
-    assert latest["messages"][0]["content"] == "My name is Ada and I like tea."
+    assert latest["messages"][0]["content"] == "What is the capital of France?"
     page.close()

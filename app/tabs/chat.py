@@ -82,6 +82,13 @@ def answer(trace: RunTrace, done: bool) -> str:
     return f"{body}{run_stats_html(trace)}" if done else body
 
 
+CLEAR_ON_SEND = """(message, ...rest) => {
+  const box = document.querySelector('#chat-input textarea');
+  if (box && message.trim()) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
+  return [message, ...rest];
+}"""  # runs in the browser before respond: the box empties at once, never later over what the user typed next
+
+
 def build_chat(backend: Backend) -> ChatTab:
     stopping: set[str] = set()  # sessions whose running answer was stopped: the run is cancelled, its end shown
     modes = gr.State([])
@@ -130,15 +137,21 @@ def build_chat(backend: Backend) -> ChatTab:
 
     async def respond(message: str, history: History, said: list[dict[str, str]], name: str, specs: list[Spec],
                       values: dict, request: gr.Request) -> AsyncIterator[tuple[Any, ...]]:
-        """Run the conversation so far plus `message`; the answer streams into the chat. The message box is
-        cleared once, when the run starts, so what the user types meanwhile is kept."""
-        if not message.strip() or not name:
-            yield history, message, gr.skip(), gr.skip(), gr.skip()
+        """Run the conversation so far plus `message`; the answer streams into the chat. A raw run (`raw` checked)
+        continues the message alone, as text, and stays out of the conversation. The browser clears the message
+        box as it sends (CLEAR_ON_SEND), so nothing here writes it and what the user types meanwhile is kept."""
+        if not message.strip():
             return
-        said = [*said, {"role": "user", "content": message}]
+        if not name:
+            yield [*history, {"role": "user", "content": pre_html(message)},
+                   {"role": "assistant", "content": "⚠ <b>choose a decoding mode first</b>"}], *[gr.skip()] * 3
+            return
+        params = mode_params(specs, name, values)
+        turn = {"role": "user", "content": message}
+        asked: str | list[dict[str, str]] = message if params.get("raw") else [*said, turn]
         history = [*history, {"role": "user", "content": pre_html(message)},
                    {"role": "assistant", "content": "…"}]
-        yield history, "", gr.skip(), gr.skip(), gr.skip()
+        yield history, gr.skip(), gr.skip(), gr.skip()
         client = backend.client(request)
         trace = RunTrace(run_id="")
         piece: Piece | None = None
@@ -146,7 +159,7 @@ def build_chat(backend: Backend) -> ChatTab:
         stopping.discard(session)
         shown = 0.0
         try:
-            async for event in client.generate(said, name, mode_params(specs, name, values),
+            async for event in client.generate(asked, name, params,
                                                stop=lambda: session in stopping):
                 trace.run_id = trace.run_id or str(event.get("run_id", ""))
                 trace.add(event)
@@ -159,18 +172,19 @@ def build_chat(backend: Backend) -> ChatTab:
                     piece = await asyncio.to_thread(backend.piece, client, trace)
                 grid = token_grid_html(trace.rounds[-1], piece, trace.context(len(trace.rounds) - 1)) \
                     if trace.rounds else gr.skip()
-                answered = [*said, {"role": "assistant", "content": trace.text}] if final and trace.text else gr.skip()
-                yield history, gr.skip(), grid, trace.run_id, answered
+                answered = [*asked, {"role": "assistant", "content": trace.text}] \
+                    if final and trace.text and isinstance(asked, list) else gr.skip()
+                yield history, grid, trace.run_id, answered
         except (BackendUnavailable, BackendError) as exc:
             history[-1] = {"role": "assistant", "content": f"⚠ <b>{esc(exc)}</b>"}
-            yield history, gr.skip(), gr.skip(), trace.run_id, gr.skip()
+            yield history, gr.skip(), trace.run_id, gr.skip()
         finally:
             stopping.discard(session)
 
     inputs = [prompt, chatbot, conversation, mode, modes, chosen]
-    outputs = [chatbot, prompt, live, run_id, conversation]
-    prompt.submit(respond, inputs, outputs)
-    send.click(respond, inputs, outputs)
+    outputs = [chatbot, live, run_id, conversation]
+    prompt.submit(respond, inputs, outputs, js=CLEAR_ON_SEND)
+    send.click(respond, inputs, outputs, js=CLEAR_ON_SEND)
 
     def request_stop(request: gr.Request) -> None:
         stopping.add(request.session_hash or "")

@@ -25,6 +25,7 @@ draw();
 watch('value', draw);
 """
 FOLLOW_EVERY_S = 0.4     # at most one document per this many seconds while following
+FOLLOW_COST_SHARE = 0.2  # and building documents takes at most this share of the time (a long run redraws less often)
 FOLLOW_RETRY_S = 0.5     # wait before asking for more events of a run still recording
 FOLLOW_LIMIT_S = 1800.0  # stop following a run that has not ended after this long
 MAX_SESSIONS = 1024      # sessions whose shown run is remembered
@@ -53,6 +54,10 @@ async def follow_events(client: Client, trace: RunTrace) -> AsyncIterator[RunTra
             yield trace
         if trace.status == "running":
             await asyncio.sleep(FOLLOW_RETRY_S)
+
+
+def document_of(trace: RunTrace, piece: Any, explain: Any) -> str:
+    return document_json(viz_document(trace, piece, explain=explain))
 
 
 def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
@@ -94,13 +99,16 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
             trace = await asyncio.to_thread(backend.trace, client, run_id)
             piece = await asyncio.to_thread(backend.piece, client, trace)
             explain = await asyncio.to_thread(backend.explain, client, trace.mode)
-            shown = time.monotonic()
+            shown, every = time.monotonic(), FOLLOW_EVERY_S
             async for now in follow_events(client, trace):
                 if watching.get(session) != run_id:
                     return
-                if time.monotonic() - shown >= FOLLOW_EVERY_S:
+                if time.monotonic() - shown >= every:
+                    started = time.monotonic()
+                    doc = await asyncio.to_thread(document_of, now, piece, explain)
                     shown = time.monotonic()
-                    yield document_json(viz_document(now, piece, explain=explain))
+                    every = max(FOLLOW_EVERY_S, (shown - started) / FOLLOW_COST_SHARE)
+                    yield doc
             backend.forget(client, run_id)
             final = await asyncio.to_thread(backend.trace, client, run_id)  # with its KV intervals
             if watching.get(session) == run_id:
