@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from backend.engine.messages import Prompt, check_messages, last_user
 from backend.engine.params import ParamError
-from backend.store import Store, StoreError, StoreWriter, Tee, export_json, export_perfetto
+from backend.store import LEASE_TIMEOUT_S, Store, StoreError, StoreWriter, Tee, export_json, export_perfetto
 from backend.store.db import DEFAULT_URL
 
 if TYPE_CHECKING:
@@ -162,7 +162,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         store = Store(args.db, server=f"{socket.gethostname()}:{args.port}")
         app = create_app(engine, store, token=args.token, ui=not args.no_ui,
-                         backend_url=args.backend or f"ws://127.0.0.1:{args.port}", models_dir=args.models)
+                         backend_url=args.backend or f"ws://127.0.0.1:{args.port}", models_dir=args.models,
+                         lease_timeout_s=args.lease_timeout)
         try:
             uvicorn.run(app, host=args.host, port=args.port, ws_max_size=4 * MAX_MESSAGE_BYTES,
                         ws_per_message_deflate=False)  # small JSON events: compressing each cost the engine time
@@ -334,6 +335,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                                                    "loadable folder)")
     p.add_argument("--max-queued", type=int, help="runs queued or running at once before new ones get a busy "
                                                   "error (default: MAX_QUEUED_RUNS in backend/server/protocol.py)")
+    p.add_argument("--lease-timeout", type=float, default=LEASE_TIMEOUT_S, metavar="S",
+                   help="this server renews a lease in the store every S/5 seconds; the running runs of a server "
+                        "whose lease is older than S seconds are marked interrupted (default %(default)s)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("run", parents=[gen, db, model], help="generate once, streaming text; store the run")

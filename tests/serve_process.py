@@ -77,12 +77,21 @@ class Served:
 
 
 @contextmanager
-def serving(db: str, log: Path, port: int | None = None) -> Iterator[Served]:
-    server = Served(db, log, port)
+def serving(db: str, log: Path, port: int | None = None, options: Sequence[str] = OPTIONS) -> Iterator[Served]:
+    server = Served(db, log, port, options)
     try:
         yield server
     finally:
         server.stop()
+
+
+def wait_status(server: Served, run_id: str, status: str, timeout: float) -> float:
+    """Seconds until the server's REST shows the run with `status`; fails after `timeout`."""
+    start = time.monotonic()
+    while server.get(f"/api/runs/{run_id}")["status"] != status:
+        assert time.monotonic() - start < timeout, f"{run_id} not {status} after {timeout} s"
+        time.sleep(0.1)
+    return time.monotonic() - start
 
 
 def receive(ws: Any, until: str = "run_end") -> list[Event]:

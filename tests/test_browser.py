@@ -381,6 +381,19 @@ def test_runs_filter_export_delete(page) -> None:
     assert doomed not in page.locator("#runs-table").inner_text()
 
 
+def test_runs_made_through_the_openai_api_show_in_the_runs_tab(page, server) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=server["url"] + "v1", api_key="none", max_retries=0)
+    ids = [client.chat.completions.create(model="tiny:isd", max_tokens=6, messages=[{"role": "user", "content": p}])
+           .model_extra["specscope"]["run_id"] for p in ("Reverse: a b c", "Reverse: d e f", "Reverse: g h i")]
+    page.get_by_role("tab", name="Chat").click()
+    page.get_by_role("tab", name="Runs").click()
+    choose(page, "#runs-mode", "isd")
+    page.wait_for_function("ids => ids.every(i => document.querySelector('#runs-table').innerText.includes(i))",
+                           arg=ids)
+
+
 def open_in_visualizer(page, run_id: str) -> None:
     page.get_by_role("tab", name="Visualizer").click()
     box = page.locator("#viz-run input")

@@ -1,6 +1,6 @@
 """A multi-turn conversation in Chromium on the real default model (`specscope serve` with no --model): the second
-answer depends on the first turn ("And of Japan?" alone names no city), so the chat sends the whole conversation; the message box keeps what the user
-types while an answer streams; only the modes the model can run are offered."""
+answer depends on the first turn ("And of Japan?" alone names no city), so the chat sends the whole conversation;
+the message box keeps what the user types while an answer streams; only the modes the model can run are offered."""
 from __future__ import annotations
 
 from collections.abc import Iterator

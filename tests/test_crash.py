@@ -1,12 +1,13 @@
-"""kill -9 of `specscope serve` mid-run, on SQLite and on PostgreSQL: after a restart the run is interrupted with
-every event stored before the crash, the other runs are untouched, and the token never reached the logs."""
+"""kill -9 of `specscope serve` mid-run, on SQLite and on PostgreSQL: once its lease expires the run is interrupted
+with every event stored before the crash, marked by a restart on another port or by another live server (which
+never marks a live peer's runs), the other runs are untouched, and the token never reached the logs."""
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
 
-from serve_process import TOKEN, generate, receive, serving
+from serve_process import OPTIONS, TOKEN, generate, receive, serving, wait_status
 from websockets.exceptions import ConnectionClosed
 
 from backend.store import Store
@@ -15,6 +16,9 @@ pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
 CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
 SETTLE_S = 2.0  # far above the StoreWriter's bound (interval_s = 0.05 plus one batch write)
 LONG_RUN = "block_diffusion"  # 900 tokens of it take ~9 s on one core (ar's fused decode: ~1.5 s, too short)
+LEASE_S = 2.0
+LEASED = (*OPTIONS, "--lease-timeout", str(LEASE_S))
+MARKED_WITHIN_S = 2 * LEASE_S + 3   # the timeout, a renewal beat (timeout / 5), a store write and REST polling
 
 
 def snapshot(store_url: str, run_id: str) -> tuple[dict, list[dict]]:
@@ -24,7 +28,7 @@ def snapshot(store_url: str, run_id: str) -> tuple[dict, list[dict]]:
 
 def test_kill_9_mid_run_leaves_an_interrupted_run_with_its_stored_events(store_url: str, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    with serving(store_url, log) as server:
+    with serving(store_url, log, options=LEASED) as server:
         finished = generate(server, "What is 12 + 30?", max_new_tokens=8)
         server.get(f"/api/runs/{finished[0]['run_id']}")   # a REST read waits until the server has stored the run
         before = snapshot(store_url, finished[0]["run_id"])
@@ -48,9 +52,11 @@ def test_kill_9_mid_run_leaves_an_interrupted_run_with_its_stored_events(store_u
     run_id = streamed[0]["run_id"]
     assert streamed[-1]["type"] != "run_end", "the run finished before the kill; make it longer"
 
-    with serving(store_url, log, port=server.port) as restarted:
+    with serving(store_url, log, options=LEASED) as restarted:   # on another port: a new instance
+        assert restarted.port != server.port
+        wait_status(restarted, run_id, "interrupted", MARKED_WITHIN_S)
         run = restarted.get(f"/api/runs/{run_id}")
-        assert run["status"] == "interrupted" and run["server"].endswith(f":{server.port}")
+        assert run["server"].endswith(f":{server.port}")
         _, stored = snapshot(store_url, run_id)
         # the store and the client saw the same emitted sequence, each a prefix of it (a round's kv events reach
         # the client with their round event, so the store may hold a few the client never got), nothing lost
@@ -61,14 +67,52 @@ def test_kill_9_mid_run_leaves_an_interrupted_run_with_its_stored_events(store_u
         assert run["n_rounds"] == sum(e["type"] == "round" for e in stored)
         assert restarted.get(f"/api/runs/{finished[0]['run_id']}") == before[0]
         assert snapshot(store_url, finished[0]["run_id"]) == before
-        with restarted.ws(f"/ws/replay/{run_id}?speed=0") as ws:  # replays the stored part, then closes
+        with restarted.ws(f"/ws/replay/{run_id}?speed=0") as ws:  # the stored part, why it ended, then closes
             replayed = []
             try:
                 while True:
                     replayed.append(json.loads(ws.recv(timeout=30)))
             except ConnectionClosed:
                 pass
-        assert replayed == stored
+        assert replayed[:-1] == stored
+        assert (replayed[-1]["type"], replayed[-1]["code"], replayed[-1]["run_id"]) == ("error", "interrupted", run_id)
     text = log.read_text()
     assert "/ws/generate" in text and "token=***" in text  # uvicorn logged the requests, redacted
     assert TOKEN not in text
+
+
+def long_run(ws) -> str:
+    ws.send(json.dumps({"type": "generate", "prompt": CODE, "mode": LONG_RUN,
+                        "params": {"max_new_tokens": 900, "raw": True}}))
+    return receive(ws, "run_start")[0]["run_id"]
+
+
+def read_for(sockets: list, seconds: float) -> list[dict]:
+    """Keep reading every socket for `seconds` (a client that stops reading has rounds dropped)."""
+    got, until = [], time.monotonic() + seconds
+    while time.monotonic() < until:
+        for ws in sockets:
+            try:
+                got.append(json.loads(ws.recv(timeout=0.02)))
+            except TimeoutError:
+                pass
+    return got
+
+
+def test_a_live_server_marks_a_killed_peers_run_and_never_a_live_ones(store_url: str, tmp_path: Path) -> None:
+    with serving(store_url, tmp_path / "a.log", options=LEASED) as a, \
+            serving(store_url, tmp_path / "b.log", options=LEASED) as b:
+        with a.ws("/ws/generate") as on_a, b.ws("/ws/generate") as on_b:
+            a_run, b_run = long_run(on_a), long_run(on_b)
+            with b.ws(f"/ws/replay/{a_run}?speed=0") as follower:
+                seen = read_for([on_a, on_b, follower], 1.5 * LEASE_S)   # past the timeout: both leases renewed
+                assert not any(e["type"] == "run_end" for e in seen), "a run ended early; make it longer"
+                assert [b.get(f"/api/runs/{r}")["status"] for r in (a_run, b_run)] == ["running", "running"]
+                a.kill()
+                assert wait_status(b, a_run, "interrupted", MARKED_WITHIN_S) <= MARKED_WITHIN_S
+                while (event := json.loads(follower.recv(timeout=30)))["type"] != "error":
+                    assert event["type"] != "run_end"
+                assert (event["code"], event["run_id"]) == ("interrupted", a_run)
+            assert b.get(f"/api/runs/{b_run}")["status"] == "running"   # b's own run goes on
+            on_b.send(json.dumps({"type": "cancel"}))
+            assert receive(on_b)[-1]["status"] == "cancelled"

@@ -257,8 +257,8 @@ def test_replay_follows_a_run_that_is_still_recording(client, gate, store):
 
 
 def test_replay_of_a_run_that_stops_recording_without_run_end_closes(client, store, store_url):
-    """A server that crashed mid-run: the follower gets the stored events and is closed once a restart has marked
-    the run interrupted."""
+    """A server that crashed mid-run: the follower gets the stored events, then an `interrupted` error once a
+    restart on the same host:port has marked the run, and is closed."""
     crashed = RecordingTracer(sink=(dead := Store(store_url, server="elsewhere:1")).record)
     crashed.emit("run_start", {"mode": "ar", "params": {}, "model": "tiny", "prompt": PROMPT, "prompt_ids": [1],
                                "pieces": ["W"]})
@@ -269,9 +269,56 @@ def test_replay_of_a_run_that_stops_recording_without_run_end_closes(client, sto
         restarted = Store(store_url, server="elsewhere:1")
         assert restarted.mark_interrupted() == [crashed.run_id]
         restarted.close()
+        notice = follower.receive_json()
+        assert (notice["type"], notice["code"], notice["run_id"]) == ("error", "interrupted", crashed.run_id)
+        assert "elsewhere:1" in notice["message"]
         with pytest.raises(WebSocketDisconnect):
             follower.receive_json()
     dead.engine.dispose()
+
+
+def start_run(store: Store, prompt: str = PROMPT) -> str:
+    """A run that `store`'s server began (run_start stored) and never ended."""
+    tracer = RecordingTracer(sink=store.record)
+    tracer.emit("run_start", {"mode": "ar", "params": {}, "model": "tiny", "prompt": prompt, "prompt_ids": [1],
+                              "pieces": ["W"]})
+    store.flush()
+    return tracer.run_id
+
+
+def test_leases_mark_the_runs_of_a_server_whose_lease_expired_and_only_those(store_url):
+    """Two live servers renew their leases and never mark each other's runs; once one stops renewing, the other
+    marks its running runs interrupted (kept, derived), once."""
+    with Store(store_url, server="a:1") as a, Store(store_url, server="b:2") as b:
+        a.renew_lease()
+        b.renew_lease()
+        on_a, on_b = start_run(a), start_run(b)
+        assert a.mark_interrupted(0.5) == [] and b.mark_interrupted(0.5) == []
+        time.sleep(0.6)
+        a.renew_lease()                                  # a lives on; b stopped renewing
+        assert b.get_run(on_a)["status"] == "running"
+        assert a.mark_interrupted(0.5) == [on_b] and b.mark_interrupted(0.5) == []
+        assert a.mark_interrupted(0.5) == []             # marked once
+        assert [a.get_run(r)["status"] for r in (on_a, on_b)] == ["running", "interrupted"]
+        a.drop_lease()                                   # a clean shutdown gives its lease up at once
+        b.renew_lease()
+        assert b.mark_interrupted(60) == [on_a]
+
+
+def test_a_live_follower_of_a_dead_servers_run_gets_interrupted_within_the_lease_timeout(engine, store_url):
+    timeout = 1.0
+    with Store(store_url, server="dead:1") as dead:
+        dead.renew_lease()
+        run_id = start_run(dead)
+        with Store(store_url, server="live:2") as store, \
+                TestClient(create_app(engine, store, ui=False, lease_timeout_s=timeout)) as c, \
+                c.websocket_connect(f"/ws/replay/{run_id}?speed=0") as follower:
+            assert follower.receive_json()["type"] == "run_start"
+            started = time.monotonic()
+            notice = follower.receive_json()
+            assert time.monotonic() - started < 2 * timeout + 1
+            assert (notice["code"], notice["run_id"]) == ("interrupted", run_id)
+            assert c.get(f"/api/runs/{run_id}").json()["status"] == "interrupted"
 
 
 # -- bad input, busy, cancel, disconnect ---------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 from backend.engine.messages import Prompt, check_messages, last_user
 from backend.engine.modes import get_mode, param_specs
-from backend.engine.params import ParamError, validate
+from backend.engine.params import ParamError, PromptTooLong, validate
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
 from backend.engine.scheduler import Scheduler, Tiers
@@ -83,7 +83,7 @@ class Engine:
         ids = self.encode_prompt(prompt, checked["raw"])
         ctx = self.rt.context
         if len(ids) >= ctx:
-            raise ParamError(f"prompt is {len(ids)} tokens; the model's context is {ctx}")
+            raise PromptTooLong(f"prompt is {len(ids)} tokens; the model's context is {ctx}")
         room = ctx - len(ids) - m.extra_positions(self.scheduler.sizing_params(checked))
         if checked["max_new_tokens"] > room:
             raise ParamError(f"max_new_tokens {checked['max_new_tokens']} does not fit: prompt {len(ids)} "

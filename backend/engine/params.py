@@ -9,6 +9,10 @@ class ParamError(ValueError):
     """A bad request parameter; the message names the parameter."""
 
 
+class PromptTooLong(ParamError):
+    """A prompt that does not fit the model's context."""
+
+
 @dataclass(frozen=True)
 class Param:
     name: str

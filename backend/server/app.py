@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,15 +19,17 @@ from backend.server.auth import TokenMiddleware
 from backend.server.generate import GenerateSession
 from backend.server.logs import redact_tokens
 from backend.server.models import ModelHost, models_router
+from backend.server.openai_api import BodyLimit, OpenAIError, error_response, is_v1, openai_router
 from backend.server.protocol import MAX_QUEUED_RUNS, ProtocolError, parse_frames
 from backend.server.replay import replay
 from backend.server.service import EngineService, LocalEngine
-from backend.store import Store, StoreWriter
+from backend.store import LEASE_TIMEOUT_S, Store, StoreWriter
 from backend.tracing import sanitize, to_json
 
 NO_UI_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>specscope</title></head><body>
 <h1>specscope backend</h1><p>The web UI is not installed or is turned off.
-REST lives under <a href="/api/health">/api</a> (see <a href="/docs">/docs</a>),
+REST lives under <a href="/api/health">/api</a> (see <a href="/docs">/docs</a>), an OpenAI-compatible API under
+<code>/v1</code> (chat/completions, completions, models),
 websockets under <code>/ws/generate</code> and <code>/ws/replay/{run_id}</code>.</p>
 </body></html>"""
 
@@ -38,19 +41,50 @@ def ui_installed() -> bool:
         return False
 
 
-async def invalid_request(_: Request, exc: Exception) -> JSONResponse:
-    """FastAPI's 422, with the echoed input made strict JSON (a body holding Infinity made the default one a 500)."""
+async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422, with the echoed input made strict JSON (a body holding Infinity made the default one a 500);
+    under /v1, OpenAI's 400 naming the bad fields."""
     assert isinstance(exc, RequestValidationError)
+    if is_v1(request):
+        errors = exc.errors()
+        where = ".".join(str(p) for p in errors[0]["loc"][1:]) if errors else None
+        message = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in errors)
+        return error_response(400, message or "invalid request", param=where or None)
     return JSONResponse({"detail": sanitize(jsonable_encoder(exc.errors()))}, status_code=422)
+
+
+async def openai_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OpenAIError)
+    return exc.response()
+
+
+log = logging.getLogger(__name__)
+
+
+async def keep_lease(store: Store, timeout_s: float) -> None:
+    """Renew this server's lease a few times per timeout, and mark the runs of servers whose lease expired. A store
+    that stops answering is retried at the next beat (the lease may lapse meanwhile, as it should)."""
+    while True:
+        await asyncio.sleep(timeout_s / 5)
+        try:
+            await asyncio.to_thread(store.renew_lease)
+            marked = await asyncio.to_thread(store.mark_interrupted, timeout_s)
+            if marked:
+                log.warning("marked %d runs of expired servers interrupted: %s", len(marked), ", ".join(marked))
+        except Exception:
+            log.exception("could not renew the server lease")
 
 
 def create_app(engine: Engine | EngineService, store: Store, token: str | None = None, ui: bool = True,
                backend_url: str | None = None, max_queued: int = MAX_QUEUED_RUNS,
-               models_dir: str | Path | None = None, build: Callable[[Path], Engine] | None = None) -> FastAPI:
+               models_dir: str | Path | None = None, build: Callable[[Path], Engine] | None = None,
+               lease_timeout_s: float = LEASE_TIMEOUT_S) -> FastAPI:
     """The server. An Engine is served from a worker thread of this process (`LocalEngine`, with `max_queued` and
     `build`); `specscope serve` passes an `EngineProcess` instead. The engine service and the store writer start
     and stop with the app's lifespan, and startup marks runs a crash of this server left 'running' as
-    interrupted. With a token, every route (REST, websockets, UI) needs it, and it is kept out of uvicorn's logs.
+    interrupted. A store made with a server identity (`Store(server=...)`) also holds a lease, renewed while the
+    app runs: runs of servers whose lease is older than `lease_timeout_s` are marked interrupted. With a token,
+    every route (REST, websockets, UI) needs it, and it is kept out of uvicorn's logs.
     `models_dir` lets /api/models switch the served model (the service loads the folder); without it
     /api/models lists only the served one."""
     service = LocalEngine(engine, build, max_queued) if isinstance(engine, Engine) else engine
@@ -60,21 +94,31 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         redact_tokens()
+        leasing = store.instance is not None
+        if leasing:
+            await asyncio.to_thread(store.renew_lease)
         await asyncio.to_thread(store.mark_interrupted)
         writer.start()
         await asyncio.to_thread(service.start)
+        lease = asyncio.create_task(keep_lease(store, lease_timeout_s)) if leasing else None
         try:
             yield
         finally:
             await asyncio.to_thread(service.stop)
             await asyncio.to_thread(writer.close)
+            if lease is not None:
+                lease.cancel()
+                await asyncio.to_thread(store.drop_lease)
 
     app = FastAPI(title="specscope", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(OpenAIError, openai_error)
+    app.add_middleware(BodyLimit)
     if token:
         app.add_middleware(TokenMiddleware, token=token)
     app.include_router(api_router(store, service, writer.flush))
     app.include_router(models_router(host))
+    app.include_router(openai_router(service, writer))
 
     @app.websocket("/ws/generate")
     async def ws_generate(ws: WebSocket) -> None:

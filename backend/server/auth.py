@@ -65,7 +65,11 @@ class TokenMiddleware:
     @staticmethod
     async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            response = JSONResponse({"detail": "missing or wrong token"}, 401, headers={"WWW-Authenticate": "Bearer"})
+            body: dict = {"detail": "missing or wrong token"}
+            if scope["path"].startswith("/v1/"):   # OpenAI's error shape
+                body = {"error": {"message": "missing or wrong token (the server's --token, as the API key)",
+                                  "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+            response = JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})
             return await response(scope, receive, send)
         ws = WebSocket(scope, receive, send)
         await ws.accept()

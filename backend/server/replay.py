@@ -11,7 +11,7 @@ import anyio
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected, WebSocketState
 
-from backend.server.protocol import ProtocolError, parse_replay_options
+from backend.server.protocol import ProtocolError, error_event, parse_replay_options
 from backend.store import Store
 from backend.tracing import to_json
 
@@ -37,7 +37,7 @@ class Pacer:
 
 async def follow(ws: WebSocket, store: Store, run_id: str, since_seq: int, pacer: Pacer) -> None:
     """Send stored events from since_seq on; while the run is still recording, wait for more, until its run_end
-    is sent or it stops recording without one (interrupted by a crash)."""
+    is sent or it stops recording without one (interrupted: then an `interrupted` error event ends the stream)."""
     next_seq = since_seq
     while True:
         events: list[dict[str, Any]] = await asyncio.to_thread(store.events, run_id, next_seq, PAGE)
@@ -52,9 +52,18 @@ async def follow(ws: WebSocket, store: Store, run_id: str, since_seq: int, pacer
         run = await asyncio.to_thread(store.get_run, run_id)
         if run is None or run["status"] != "running":  # deleted, or ended: a last look for its final events
             if not await asyncio.to_thread(store.events, run_id, next_seq, 1):
+                if run is not None and run["status"] == "interrupted":
+                    await ws.send_text(to_json(interrupted(run)))
                 return
             continue
         await asyncio.sleep(POLL_S)
+
+
+def interrupted(run: dict[str, Any]) -> dict[str, Any]:
+    """The end of a run that has no run_end: an error event (no seq: it was never emitted) that says why."""
+    where = f" (server {run['server']})" if run.get("server") else ""
+    return {**error_event("interrupted", f"run {run['run_id']} was interrupted: its server{where} stopped "
+                                         f"without ending it"), "run_id": run["run_id"]}
 
 
 async def replay(ws: WebSocket, store: Store, run_id: str, settle: Callable[[], object]) -> None:

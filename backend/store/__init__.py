@@ -9,9 +9,10 @@ from backend.store.errors import (
     UnknownRunError,
 )
 from backend.store.export import export_json, export_perfetto, import_json
-from backend.store.store import Store
+from backend.store.store import LEASE_TIMEOUT_S, Store
 from backend.store.tee import Tee
 from backend.store.writer import StoreWriter
 
-__all__ = ["DocumentError", "DuplicateSeqError", "RunExistsError", "SeqGapError", "Store", "StoreError", "StoreWriter",
-           "Tee", "TraceError", "UnknownRunError", "export_json", "export_perfetto", "import_json"]
+__all__ = ["LEASE_TIMEOUT_S", "DocumentError", "DuplicateSeqError", "RunExistsError", "SeqGapError", "Store",
+           "StoreError", "StoreWriter", "Tee", "TraceError", "UnknownRunError", "export_json", "export_perfetto",
+           "import_json"]

@@ -48,12 +48,23 @@ class Run(Base):
     n_tokens: Mapped[int] = mapped_column(Integer, default=0)
     server: Mapped[str | None] = mapped_column(String(256), index=True)   # host:port of the server that ran it
     model_hash: Mapped[str | None] = mapped_column(String(128))          # run_start's model_hash, when given
+    instance: Mapped[str | None] = mapped_column(String(64), index=True)  # the server instance (its lease) that ran it
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "created_at": utc(self.created_at).isoformat(), "mode": self.mode,
                 "model": self.model, "params": self.params, "prompt": self.prompt, "status": self.status,
                 "output": self.output, "metrics": self.metrics, "n_rounds": self.n_rounds,
                 "n_tokens": self.n_tokens, "server": self.server, "model_hash": self.model_hash}
+
+
+class Lease(Base):
+    """A live server instance: it renews `renewed_at` every few seconds; one whose lease is older than the
+    timeout is gone, and any live server marks its running runs interrupted."""
+    __tablename__ = "leases"
+
+    instance: Mapped[str] = mapped_column(String(64), primary_key=True)
+    server: Mapped[str | None] = mapped_column(String(256))   # host:port, for display
+    renewed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class Event(Base):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import CursorResult, Table, delete, insert, or_, select, update
@@ -16,7 +16,7 @@ from backend.store.derive import kv_interval_rows, round_rows, run_summary
 from backend.store.errors import RunExistsError, StoreError, TraceError, UnknownRunError
 from backend.store.events import check_envelope, check_seq, check_stream, from_row, to_row
 from backend.store.migrate import upgrade
-from backend.store.models import Base, Comparison, ComparisonRun, Event, KVInterval, Round, Run, utc
+from backend.store.models import Base, Comparison, ComparisonRun, Event, KVInterval, Lease, Round, Run, utc
 from backend.store.retry import retry_locked
 from backend.tracing import RUN_STATUSES
 
@@ -27,6 +27,9 @@ Row = dict[str, Any]
 def no_nul(row: Row) -> Row:
     """Text columns without NUL characters (PostgreSQL text cannot hold them; the events keep them, escaped)."""
     return {k: v.replace("\x00", "\ufffd") if isinstance(v, str) else v for k, v in row.items()}
+
+
+LEASE_TIMEOUT_S = 15.0   # a server whose lease is older than this is gone: any live server marks its runs interrupted
 
 
 def insert_rows(session: Session, model: type[Base], rows: Sequence[Row]) -> None:
@@ -44,11 +47,12 @@ class Store:
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, batch_size: int = 64, busy_timeout_ms: int = 5000,
-                 server: str | None = None) -> None:
+                 server: str | None = None, instance: str | None = None) -> None:
         self.engine = make_engine(url, busy_timeout_ms)
         retry_locked(lambda: upgrade(self.engine))
         self.batch_size = batch_size
         self.server = server  # host:port stamped on every run this store begins (None outside a server)
+        self.instance = instance or (uuid.uuid4().hex[:16] if server else None)  # this server's lease, on its runs
         self._sessions = sessionmaker(self.engine)
         self._buffer: list[Row] = []
         self._recorded: dict[str, list[Row]] = {}  # runs being recorded -> their events so far: the next seq
@@ -87,7 +91,8 @@ class Store:
         run = {"run_id": run_id, "created_at": datetime.now(UTC), "mode": event.get("mode") or "",
                "model": event.get("model"), "params": event.get("params") or {}, "prompt": event.get("prompt") or "",
                "status": "running", "output": None, "metrics": None, "n_rounds": 0, "n_tokens": 0,
-               "server": self.server, "model_hash": model_hash if isinstance(model_hash, str) else None}
+               "server": self.server, "model_hash": model_hash if isinstance(model_hash, str) else None,
+               "instance": self.instance}
         rows = [to_row(event)]
         with self._lock:
             if run_id in self._recorded:
@@ -143,24 +148,56 @@ class Store:
                 self._recorded.pop(run_id, None)
             return ids
 
-    def mark_interrupted(self) -> list[str]:
-        """Mark runs a crash left 'running' as interrupted; call at startup.
+    def mark_interrupted(self, lease_timeout_s: float | None = None) -> list[str]:
+        """Mark runs whose server is gone as interrupted; returns their ids. Stored events are kept and rounds and
+        KV intervals derived, so the runs can still be inspected. Runs this store is recording are never marked.
 
-        Only this store's own runs (same `server`) and runs made outside any server (`server` NULL) are marked,
-        never those this store is recording: other servers on a shared database keep theirs. Stored events are
-        kept and rounds and KV intervals derived, so the runs can still be inspected.
+        At startup (no timeout): this server's own earlier runs (same host:port: its predecessor died, since this
+        one holds the port) and runs made outside any server. With `lease_timeout_s`: runs of every other instance
+        whose lease is missing or older than that, so a dead server's runs end on a shared database even when it
+        never comes back, and live servers never mark each other's.
         """
         def mark(session: Session) -> list[str]:
-            own = Run.server.is_(None) if self.server is None else or_(Run.server.is_(None), Run.server == self.server)
-            query = select(Run.run_id).where(Run.status == "running", own, Run.run_id.not_in(live))
-            run_ids = list(session.scalars(query))
-            for run_id in run_ids:
-                self._derive(session, run_id, self._load_events(session, run_id))
-            return run_ids
+            if lease_timeout_s is None:
+                gone = Run.server.is_(None) if self.server is None else or_(Run.server.is_(None),
+                                                                             Run.server == self.server)
+            else:
+                cutoff = datetime.now(UTC) - timedelta(seconds=lease_timeout_s)
+                alive = select(Lease.instance).where(Lease.renewed_at >= cutoff)
+                gone = Run.instance.is_not(None) & Run.instance.not_in(alive)
+            if self.instance is not None:
+                gone = gone & or_(Run.instance.is_(None), Run.instance != self.instance)
+            query = select(Run.run_id).where(Run.status == "running", gone, Run.run_id.not_in(live))
+            marked = []
+            for run_id in session.scalars(query).all():   # claimed first: two servers marking at once mark once
+                claim = update(Run).where(Run.run_id == run_id, Run.status == "running").values(status="interrupted")
+                if cast(CursorResult, session.execute(claim)).rowcount:
+                    self._derive(session, run_id, self._load_events(session, run_id))
+                    marked.append(run_id)
+            return marked
 
         with self._lock:
             live = list(self._recorded)
             return self._write(mark)
+
+    def renew_lease(self) -> None:
+        """Say this server instance is alive (now)."""
+        assert self.instance is not None, "a lease belongs to a server's store (Store(server=...))"
+        instance, now = self.instance, datetime.now(UTC)
+
+        def renew(session: Session) -> None:
+            found = session.get(Lease, instance)
+            if found is None:
+                session.add(Lease(instance=instance, server=self.server, renewed_at=now))
+            else:
+                found.renewed_at = now
+        self._write(renew)
+
+    def drop_lease(self) -> None:
+        """A clean shutdown: this instance holds no lease any more (its runs have ended)."""
+        if self.instance is not None:
+            instance = self.instance
+            self._write(lambda session: session.execute(delete(Lease).where(Lease.instance == instance)))
 
     def insert_run(self, run: Row, events: Sequence[Row]) -> None:
         """Store a complete run as exported (run fields kept as given) and derive its rounds and KV intervals."""
