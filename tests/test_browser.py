@@ -358,6 +358,22 @@ def test_phone_compare_table_scrolls_in_its_box(page) -> None:
         page.set_viewport_size({"width": 1280, "height": 900})
 
 
+def test_compare_gives_no_verdict_to_failed_runs_or_unclaimed_settings(page) -> None:
+    """Issue 31.1-2: a variant the server refuses shows its error and no "same output" or lossless verdict; a run at
+    T>0 reads "not claimed (T=…)" with its measured agreement, never a red "≠ ar"."""
+    page.get_by_role("tab", name="Compare").click()
+    page.fill("#cmp-variants textarea", "ar\nspecfold delta=2\nisd temperature=0.8")
+    page.click("#cmp-run")
+    page.wait_for_function("() => document.querySelector('#cmp-table').innerText.includes('not claimed (T=0.8)')",
+                           timeout=120_000)
+    rows = page.eval_on_selector_all("#cmp-table tbody tr", "rs => rs.map(r => r.innerText)")
+    failed = [r for r in rows if "delta" in r and "error" in r]
+    assert failed and all("same output" not in r and "== " not in r and "no verdict" in r for r in failed)
+    hot = next(r for r in rows if "not claimed (T=0.8)" in r)
+    assert "≠" not in hot and "tokens as ar" in hot
+    page.fill("#cmp-variants textarea", "")
+
+
 def test_runs_filter_export_delete(page) -> None:
     page.get_by_role("tab", name="Runs").click()
     page.wait_for_function("() => document.querySelector('#runs-table').innerText.includes('block_diffusion')")

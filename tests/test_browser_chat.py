@@ -11,7 +11,7 @@ from browser import NEEDS_BROWSER, choose, new_page, set_number, shot
 from serve_process import Served
 
 pytest_plugins = ["browser"]
-pytestmark = [pytest.mark.browser, pytest.mark.real_model, pytest.mark.slow, *NEEDS_BROWSER]
+pytestmark = [pytest.mark.browser, pytest.mark.real_model, pytest.mark.slow, pytest.mark.extended, *NEEDS_BROWSER]
 
 
 @pytest.fixture(scope="module")

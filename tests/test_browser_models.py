@@ -16,7 +16,7 @@ from serve_process import Served
 from backend.model.checkpoint import DEFAULT_CHECKPOINT
 
 pytest_plugins = ["browser"]  # the browser fixture
-pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.extended, *NEEDS_BROWSER]
 
 RUNS = {"rand-a": "ar", "rand-b": "block_diffusion", "shipped": "linear_spec"}   # served first: rand-a
 

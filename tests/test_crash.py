@@ -7,12 +7,14 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from serve_process import OPTIONS, TOKEN, generate, receive, serving, wait_status
 from websockets.exceptions import ConnectionClosed
 
 from backend.store import Store
 
 pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
+pytestmark = [pytest.mark.extended, pytest.mark.slow]
 CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
 SETTLE_S = 2.0  # far above the StoreWriter's bound (interval_s = 0.05 plus one batch write)
 LONG_RUN = "block_diffusion"  # 900 tokens of it take ~9 s on one core (ar's fused decode: ~1.5 s, too short)

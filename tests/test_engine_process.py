@@ -122,6 +122,7 @@ def test_switch_loads_in_the_engine_process(served, tmp_path) -> None:
     assert tracer.wait()["status"] == "done" and tracer.arrived[0]["model"] == "other"
 
 
+@pytest.mark.extended
 def test_a_dead_engine_process_ends_its_runs_with_an_error(tmp_path) -> None:
     """Through the app: the client gets error + run_end, the store keeps the run as an error, health says 503."""
     engine = EngineProcess(build)
@@ -147,6 +148,7 @@ def test_a_dead_engine_process_ends_its_runs_with_an_error(tmp_path) -> None:
         assert refused["type"] == "error" and "not running" in refused["message"]
 
 
+@pytest.mark.extended
 def test_a_killed_server_takes_its_engine_process_with_it() -> None:
     script = ("import time; from backend.server.engine_process import EngineProcess; from test_engine_process "
               "import build; e = EngineProcess(build); e.start(); print(e.pid, flush=True); time.sleep(600)")

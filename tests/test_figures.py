@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from app.figures import (
+    Claim,
     acceptance_position_figure,
     accepted_length_figure,
     comparison_figure,
@@ -15,6 +16,7 @@ from app.figures import (
     legend_html,
     metrics_rows,
     metrics_table_html,
+    mode_claims,
     mode_color,
     run_labels,
     run_stats_html,
@@ -245,11 +247,40 @@ def test_metrics_table_badges_and_escaping() -> None:
     assert "reference" in table and "same output as reference" in table and "differs from reference" in table
     assert "&lt;i&gt;mode&lt;/i&gt;" in table and "<i>mode" not in table
     assert ">1.25<" in table and ">50.0<" in table
-    claims = {"linear_spec": "ar", "<i>mode</i>": "ar", "spiffy": "block_diffusion"}
+    claims = {"linear_spec": Claim("ar", {}), "<i>mode</i>": Claim("ar", {}), "spiffy": Claim("block_diffusion", {})}
     table = metrics_table_html([ref, same, other], ref, claims)
-    assert "== ar" in table and "≠ ar" in table
+    assert "== ar" in table and "≠ ar (first 2 of 5 tokens as ar)" in table
     spiffy = RunTrace.from_events(run_events("r_s", "spiffy"))
-    assert "add block_diffusion to check" in metrics_table_html([spiffy], None, claims)
+    assert "add a greedy block_diffusion run of this prompt to check" in metrics_table_html([spiffy], None, claims)
+
+
+def test_a_lossless_verdict_only_where_the_claim_holds() -> None:
+    """Issue 31.1-2: a failed run gets its error and no verdict; T>0 or parameters outside the claim read "not
+    claimed" with the measured agreement; the reference must be a greedy run of the same prompt and length."""
+    claims = mode_claims([{"name": "specfold", "lossless_vs": "spiffy",
+                           "lossless_params": {"delta": 0.0, "ffn_gate": "strict"}},
+                          {"name": "isd", "lossless_vs": "ar", "lossless_params": {}}, {"name": "ar"}])
+    assert claims == {"specfold": Claim("spiffy", {"delta": 0.0, "ffn_gate": "strict"}), "isd": Claim("ar", {})}
+    ar = RunTrace.from_events(run_events("r_ar", "ar"))
+    hot = RunTrace.from_events(run_events("r_hot", "isd", output=[3, 2, 9]))
+    hot.params = {"max_new_tokens": 5, "temperature": 0.8}
+    assert "not claimed (T=0.8) · first 2 of 5 tokens as ar" in metrics_table_html([ar, hot], ar, claims)
+    spiffy = RunTrace.from_events(run_events("r_sp", "spiffy"))
+    fold = RunTrace.from_events(run_events("r_f", "specfold"))
+    fold.params = {"max_new_tokens": 5, "delta": 0.1, "ffn_gate": "paper"}
+    assert "not claimed (delta=0.1, ffn_gate=paper)" in metrics_table_html([spiffy, fold], spiffy, claims)
+    fold.params = {"max_new_tokens": 5, "delta": 0.0, "ffn_gate": "strict"}
+    assert "== spiffy" in metrics_table_html([spiffy, fold], spiffy, claims)
+    longer = RunTrace.from_events(run_events("r_ar8", "ar"))
+    longer.params = {"max_new_tokens": 8}
+    greedy = RunTrace.from_events(run_events("r_isd", "isd"))
+    assert "add a greedy ar run" in metrics_table_html([longer, greedy], longer, claims)
+    failed = RunTrace.from_events([{"type": "error", "code": "bad_params", "message": "delta must be <= 1"}])
+    failed.mode = "specfold"
+    table = metrics_table_html([spiffy, failed], spiffy, claims)
+    assert "same output" not in table and "== spiffy" not in table
+    assert "no verdict" in table and "delta must be &lt;= 1" in table and "(not started)" in table
+    assert 'href="?run=&amp;' not in table   # no link to a run that never started
 
 
 def test_token_diff_marks_insertions_and_deletions() -> None:

@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from app.figures import lossless_badge, metrics_table_html
+from app.figures import Claim, lossless_badge, metrics_table_html
 from app.trace import RunTrace
 from backend.engine.engine import Engine
 from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
@@ -82,12 +82,12 @@ def test_compare_says_different_model_instead_of_a_verdict() -> None:
     ref = trace("ar", [7, 8], "a", "sha256:aaa")
     same = trace("linear_spec", [7, 8], "a", "sha256:aaa")
     other = trace("linear_spec", [7, 8], "b", "sha256:bbb")
-    table = metrics_table_html([ref, same, other], ref, {"linear_spec": "ar"})
+    table = metrics_table_html([ref, same, other], ref, {"linear_spec": Claim("ar", {})})
     rows = table.split("<tr>")[2:]
     assert "same output as reference" in rows[1] and "different model" not in rows[1]
     assert "different model" in rows[2] and "same output" not in rows[2]
-    assert "== ar" in lossless_badge(same, [ref, same], {"linear_spec": "ar"})
-    assert "different model" in lossless_badge(other, [ref, other], {"linear_spec": "ar"})
+    assert "== ar" in lossless_badge(same, [ref, same], {"linear_spec": Claim("ar", {})})
+    assert "different model" in lossless_badge(other, [ref, other], {"linear_spec": Claim("ar", {})})
 
 
 def test_token_pieces_come_from_the_vocabulary_of_the_runs_model() -> None:

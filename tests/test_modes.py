@@ -1,12 +1,13 @@
 """Tests every registered mode gets from the registry alone: lossless equality with a working drafter, bad
 parameters, and concurrency that never changes a run. A new mode needs no list edited here."""
 import pytest
+from support.modes import HELDOUT_GEN
 
 from backend.engine.modes import REGISTRY, get_mode, mode_names
 from backend.engine.params import ParamError
 from backend.tracing import RecordingTracer
 
-GEN = {"max_new_tokens": 32}
+GEN = HELDOUT_GEN
 LOSSLESS = [m for m in mode_names() if REGISTRY[m].lossless_vs]
 
 

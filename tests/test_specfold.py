@@ -2,6 +2,7 @@
 import pytest
 import torch
 from support.branches import BRANCH_CASES, random_branches, reference_attention
+from support.modes import HELDOUT_GEN
 
 from backend.engine.modes.spiffy import DenseVerify
 from backend.tracing import RecordingTracer
@@ -64,8 +65,8 @@ def test_specfold_delta_zero_runs_as_spiffy_and_folds_only_layer_0(heldout_runs)
     """On the held-out runs whose tokens test_modes finds equal to spiffy's (δ=0, strict gate; the same runs,
     kept for the session): the same forwards, and where drafts were verified only layer 0's bit-identical
     embeddings fold."""
-    sps = heldout_runs("spiffy", GEN)
-    sfs = heldout_runs("specfold", {**GEN, "delta": 0.0, "ffn_gate": "strict"})
+    sps = heldout_runs("spiffy", HELDOUT_GEN)
+    sfs = heldout_runs("specfold", {**HELDOUT_GEN, "delta": 0.0, "ffn_gate": "strict"})
     verified = 0
     for prompt, sp, sf in zip(heldout_runs.prompts, sps, sfs, strict=True):
         assert sf.status == sp.status == "done"

@@ -4,6 +4,7 @@ import argparse
 import json
 
 import pytest
+from support.modes import HELDOUT_GEN
 from support.spiffy import engine_with_graph, graph_json
 from support.traces import replay_kv
 
@@ -24,7 +25,7 @@ def test_spiffy_spends_block_diffusions_forwards_less_those_it_saved(heldout_run
     spiffy run's forwards plus those its draft cache saved are block_diffusion's, and fewer in all."""
     assert len(heldout_runs.prompts) >= 30
     nfe = {"block_diffusion": 0, "spiffy": 0}
-    bds, sps = heldout_runs("block_diffusion", GEN), heldout_runs("spiffy", GEN)
+    bds, sps = heldout_runs("block_diffusion", HELDOUT_GEN), heldout_runs("spiffy", HELDOUT_GEN)
     for prompt, bd, sp in zip(heldout_runs.prompts, bds, sps, strict=True):
         assert sp.status == bd.status == "done"
         assert sp.metrics["nfe"] + sp.metrics["forwards_saved"] == bd.metrics["nfe"], prompt

@@ -11,7 +11,7 @@ import pytest
 from serve_process import TOKEN, generate, receive, serving
 
 pytest_plugins = ["postgres"]  # the pg_cluster fixture
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.extended]
 PROMPT = "What is 12 + 30?"
 
 

@@ -16,7 +16,15 @@ from typing import Any
 import gradio as gr
 
 from app.client import BackendError, BackendUnavailable, Client
-from app.figures import comparison_figure, metrics_rows, metrics_table_html, run_labels, token_diff_html, warning_html
+from app.figures import (
+    comparison_figure,
+    metrics_rows,
+    metrics_table_html,
+    mode_claims,
+    run_labels,
+    token_diff_html,
+    warning_html,
+)
 from app.plot import chart, figure_json
 from app.session import Backend
 from app.sweep import EXAMPLE, Variant, parse_variants
@@ -78,8 +86,7 @@ def diffs_html(traces: list[RunTrace], reference: RunTrace | None, backend: Back
 def results(traces: list[RunTrace], ref_mode: str | None, backend: Backend, client: Client) -> list[Any]:
     """Chart, metrics table and diffs of finished runs."""
     reference = pick_reference(traces, ref_mode)
-    lossless = {m["name"]: m.get("lossless_vs") for m in client.modes()}
-    return [figure_json(comparison_figure(traces)), metrics_table_html(traces, reference, lossless),
+    return [figure_json(comparison_figure(traces)), metrics_table_html(traces, reference, mode_claims(client.modes())),
             diffs_html(traces, reference, backend, client)]
 
 

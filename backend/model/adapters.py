@@ -166,15 +166,18 @@ def save_adapter(model: Transformer, folder: str | Path, base_model: str | None 
         tensors[f"{PEFT_PREFIX}{peft_name}.lora_B.weight"] = lora_b.detach().contiguous()
         ranks[peft_name], alphas[peft_name] = lora_a.shape[0], m.lora_scale * lora_a.shape[0]
     rank, alpha = max(ranks.values()), max(alphas.values())
-    config = {"peft_type": "LORA", "base_model_name_or_path": base_model, "bias": "none", "use_rslora": False,
+    config: dict[str, Any] = {
+              "peft_type": "LORA", "base_model_name_or_path": base_model, "bias": "none", "use_rslora": False,
               "r": rank, "lora_alpha": alpha, "target_modules": sorted({n.rsplit(".", 1)[-1] for n in adapters}),
               "rank_pattern": {re.escape(n): r for n, r in ranks.items() if r != rank},
               "alpha_pattern": {re.escape(n): a for n, a in alphas.items() if a != alpha},
               "task_type": "CAUSAL_LM", "inference_mode": True}
+    trainable: dict[str, list[int]] = {}
     for name, by_id in (tokens or {}).items():
-        ids = sorted(by_id)
+        trainable[name] = sorted(by_id)
         tensors[f"{PEFT_PREFIX}model.{name}.token_adapter.trainable_tokens_delta"] = \
-            torch.stack([by_id[i].detach() for i in ids]).contiguous()
-        config.setdefault("trainable_token_indices", {})[name] = ids
+            torch.stack([by_id[i].detach() for i in trainable[name]]).contiguous()
+    if trainable:
+        config["trainable_token_indices"] = trainable
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=1))

@@ -77,7 +77,7 @@ async def keep_lease(store: Store, timeout_s: float) -> None:
 
 def create_app(engine: Engine | EngineService, store: Store, token: str | None = None, ui: bool = True,
                backend_url: str | None = None, max_queued: int = MAX_QUEUED_RUNS,
-               models_dir: str | Path | None = None, build: Callable[[Path], Engine] | None = None,
+               models_dir: str | Path | None = None, build: Callable[[str | Path], Engine] | None = None,
                lease_timeout_s: float = LEASE_TIMEOUT_S) -> FastAPI:
     """The server. An Engine is served from a worker thread of this process (`LocalEngine`, with `max_queued` and
     `build`); `specscope serve` passes an `EngineProcess` instead. The engine service and the store writer start

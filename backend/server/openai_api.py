@@ -82,7 +82,7 @@ class Sampling(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=4)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    specscope: SpecscopeOptions = Field(default_factory=SpecscopeOptions)
+    specscope: SpecscopeOptions = Field(default_factory=lambda: SpecscopeOptions(mode=None))
     user: str | None = Field(None, max_length=256)
     n: Any = None
     top_p: Any = None

@@ -7,6 +7,10 @@ import pytest
 
 from backend.engine.modes import mode_names
 
+HELDOUT_GEN = {"max_new_tokens": 16}
+"""The held-out runs' generation parameters: the lossless checks (test_modes) and the mode files' checks on the
+same runs (heldout_runs keeps them for the session) must ask for the same ones."""
+
 
 def every_mode(slow: Collection[str] = ()) -> list:
     """mode_names() as parameters; those in `slow` carry pytest.mark.slow (a new mode is picked up, unmarked)."""
