@@ -16,7 +16,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/specscope serve --host 127.0.0.1 --port 7860
 
-test: $(STAMP)  # everything but the extended process-kill, multi-server, load and real-model browser tests
+test: $(STAMP)  # everything but the extended tests (process kills, several servers, load, real-model browser, ...)
 	$(PY) -m pytest -q -m "not extended"
 	$(VENV)/bin/ruff check .
 

@@ -72,8 +72,13 @@ def native_flags() -> tuple[str, ...]:
 
 def build(compiler: str, flags: tuple[str, ...] = FLAGS, source: Path = SOURCE) -> Path | None:
     """Compile a C source of this folder (cpu_decode.c by default) into the cache, once per source, flags and
-    machine; None when the compiler fails."""
-    key = hashlib.sha256(source.read_bytes() + " ".join((compiler, *flags)).encode() + _machine()).hexdigest()
+    machine; None when the source is missing (a wheel built without it) or the compiler fails."""
+    try:
+        code = source.read_bytes()
+    except OSError as e:
+        log.warning("cannot build %s: %s", source.name, e)
+        return None
+    key = hashlib.sha256(code + " ".join((compiler, *flags)).encode() + _machine()).hexdigest()
     target = cache_dir() / f"{source.stem}-{key[:16]}.so"
     if target.exists():
         return target

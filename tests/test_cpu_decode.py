@@ -10,6 +10,7 @@ decode eagerly.
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 
 import pytest
 import torch
@@ -312,6 +313,7 @@ def test_unsupported_models_and_missing_compiler_decode_eagerly():
     assert supported(half, PagedKV.empty(cfg, 4, torch.float16, "cpu")) is not None
     assert fused_decode(half, PagedKV.empty(cfg, 4, torch.float16, "cpu")) is None
     assert build("/nonexistent/cc") is None
+    assert build("cc", source=Path("/nonexistent/cpu_fold.c")) is None   # a wheel without the C source: eager
 
 
 def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):

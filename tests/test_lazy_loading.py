@@ -2,9 +2,12 @@
 nor a dtype conversion ever holds twice the weights (measured in a fresh process by backend.model.loadcheck)."""
 from __future__ import annotations
 
+import pytest
+
 from backend.model.loadcheck import measure, synthetic_config, write_sharded
 
 
+@pytest.mark.extended
 def test_sharded_load_is_lazy_and_under_twice_the_weights(tmp_path):
     cfg = synthetic_config(layers=2)
     written = write_sharded(tmp_path, cfg, shards=3)

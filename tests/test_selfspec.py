@@ -89,6 +89,7 @@ def test_packed_chunks_equal_the_engines_forwards(trainee, kind):
             assert (got[i, row:row + n] - want[0]).abs().max().item() < 1e-4
 
 
+@pytest.mark.extended
 def test_training_resumes_exports_and_keeps_ar_exact(tmp_path):
     """Two steps, then two more from the saved state; the exported adapter is MASK-scoped with a trained MASK
     row: ar's tokens equal the bare model's, and isd and quadratic equal ar."""

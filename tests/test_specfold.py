@@ -97,6 +97,7 @@ def test_specfold_default_delta_folds_and_traces(spiffy_engine, heldout_prompts)
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy_engine, heldout_prompts,
                                                                           monkeypatch):
     """A whole verification step through the Triton kernels (TRITON_INTERPRET=1): at δ=0.1 (paper gate) it
