@@ -176,7 +176,7 @@ def test_out_of_range_numbers_are_clamped_not_errors(page) -> None:
     set_number(page, "#param-max_new_tokens", 99999)
     page.locator("#param-max_new_tokens input[type=number]").blur()
     page.wait_for_function("() => document.querySelector('#param-max_new_tokens input[type=number]').value === "
-                           "'4096'")
+                           "'1024'")   # issue 31.8: the server's cap, not the engine's 4096
     set_number(page, "#param-max_new_tokens", 12)
 
 

@@ -477,6 +477,8 @@ def test_health_modes_and_index(client, engine):
     assert {"ar", "block_diffusion", "linear_spec"} <= set(modes)
     params = {name: {p["name"] for p in m["params"]} for name, m in modes.items()}
     assert "max_new_tokens" in params["ar"]
+    caps = {p["max"] for m in modes.values() for p in m["params"] if p["name"] == "max_new_tokens"}
+    assert caps == {MAX_NEW_TOKENS}   # the bound the UI offers is what this server accepts, not the engine's
     assert {"block_size", "threshold"} <= params["block_diffusion"]
     assert {"block_size", "lora"} <= params["linear_spec"]
     pieces = client.get("/api/vocab").json()["pieces"]

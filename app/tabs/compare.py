@@ -30,10 +30,11 @@ from app.session import Backend
 from app.sweep import EXAMPLE, Variant, parse_variants
 from app.tabs.card import example_picker
 from app.trace import RunTrace
+from backend.server.protocol import MAX_NEW_TOKENS
 
 DEFAULT_MODES = ["ar", "block_diffusion", "linear_spec"]
 SIDE_BY_SIDE = "side by side (concurrently)"
-MAX_NEW = (1, 4096)
+MAX_NEW = (1, MAX_NEW_TOKENS)   # the server's cap
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
 
 

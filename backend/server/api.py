@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from backend.engine.modes import describe_modes
+from backend.server.protocol import MAX_NEW_TOKENS
 from backend.server.service import EngineService
 from backend.store import (
     DocumentError,
@@ -48,6 +49,13 @@ def read_bench(folder: Path) -> Row:
             except (OSError, ValueError) as exc:
                 out["problems"].append(f"{name}: {exc}")
     return out
+
+
+def served_limits(mode: Row) -> Row:
+    """A mode's description with max_new_tokens bounded by what this server accepts (MAX_NEW_TOKENS)."""
+    params = [{**p, "max": min(p["max"], MAX_NEW_TOKENS)} if p["name"] == "max_new_tokens" else p
+              for p in mode["params"]]
+    return {**mode, "params": params}
 
 
 class NewComparison(BaseModel):
@@ -81,8 +89,8 @@ def api_router(store: Store, engine: EngineService, settle: Callable[[], object]
     @router.get("/modes")
     def modes() -> list[Row]:
         """Every registered mode, and whether the served model can run it (`available`, else `unavailable`
-        says why)."""
-        return describe_modes(mask_token=engine.model.mask_token)
+        says why); max_new_tokens' bound is this server's cap."""
+        return [served_limits(m) for m in describe_modes(mask_token=engine.model.mask_token)]
 
     @router.get("/model_card")
     def model_card() -> Row:
