@@ -39,6 +39,11 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def fmt_prob(value: Any) -> str:
+    """A probability: three decimals, or three significant digits below 0.001 (never a 0.000 that is not zero)."""
+    return f"{value:.2e}" if isinstance(value, float) and 0 < value < 1e-3 else fmt(value)
+
+
 def esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
@@ -73,7 +78,7 @@ def round_cells(round_ev: Event, piece: Piece, branch: str = "main") -> list[str
         if i in pq:
             e = pq[i]
             verdict = "?" if e.get("accepted") is None else "accepted" if e["accepted"] else "rejected"
-            details.append(f"p {fmt(e.get('p'))} · q {fmt(e.get('q'))} · {verdict}")
+            details.append(f"p {fmt_prob(e.get('p'))} · q {fmt_prob(e.get('q'))} · {verdict}")
         cells.append(cell_html(start + i, token, state, piece, details))
     return cells
 

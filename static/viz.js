@@ -15,6 +15,8 @@ window.specscopeViz = (() => {
   };
   const fmt = (v, d = 3) => (v === null || v === undefined ? "—" : typeof v === "number" && !Number.isInteger(v)
     ? v.toFixed(d) : String(v));
+  // a probability: three decimals, or three significant digits below 0.001 (never a 0.000 that is not zero)
+  const prob = (v) => (typeof v === "number" && v > 0 && v < 1e-3 ? v.toExponential(2) : fmt(v));
   const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
   const state = (s) => (STATES.has(s) ? s : "unknown");
   const PLOT_CONFIG = { displaylogo: false, responsive: true, toImageButtonOptions: { format: "svg" } };
@@ -170,10 +172,10 @@ window.specscopeViz = (() => {
     if (temp > 0) head.push("min(1, p/(αq))", "u");
     head.push("verdict");
     const rows = pq.map((e, i) => {
-      const cells = [esc(e.i ?? i), esc(show(ctx.piece(e.token), 24)), esc(fmt(e.p)), esc(fmt(e.q))];
+      const cells = [esc(e.i ?? i), esc(show(ctx.piece(e.token), 24)), esc(prob(e.p)), esc(prob(e.q))];
       if (temp > 0) {
-        const prob = e.accept_prob ?? (e.q ? Math.min(1, Number(e.p) / (alpha * Number(e.q))) : null);
-        cells.push(prob != null ? esc(fmt(prob)) : "—");
+        const accept = e.accept_prob ?? (e.q ? Math.min(1, Number(e.p) / (alpha * Number(e.q))) : null);
+        cells.push(accept != null ? esc(prob(accept)) : "—");
         cells.push(e.u === undefined ? "not recorded" : e.u === null ? "—" : esc(fmt(e.u)));
       }
       cells.push(e.tested === false ? '<span class="ss-badge">not reached</span>'

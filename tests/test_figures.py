@@ -11,6 +11,7 @@ from app.figures import (
     acceptance_position_figure,
     accepted_length_figure,
     comparison_figure,
+    fmt_prob,
     isd_case_figure,
     kv_figure,
     legend_html,
@@ -281,6 +282,12 @@ def test_a_lossless_verdict_only_where_the_claim_holds() -> None:
     assert "same output" not in table and "== spiffy" not in table
     assert "no verdict" in table and "delta must be &lt;= 1" in table and "(not started)" in table
     assert 'href="?run=&amp;' not in table   # no link to a run that never started
+
+
+def test_small_probabilities_are_never_shown_as_zero() -> None:
+    """Issue 31.9: p = 3e-5 reads 3.00e-05, not 0.000 beside an accept probability of 1."""
+    assert fmt_prob(3e-5) == "3.00e-05" and fmt_prob(0.25) == "0.250" and fmt_prob(0.0) == "0.000"
+    assert fmt_prob(None) == "—"
 
 
 def test_token_diff_marks_insertions_and_deletions() -> None:
