@@ -97,11 +97,17 @@ def round_header_html(round_ev: Event) -> str:
 def token_grid_html(round_ev: Event, piece: Piece = id_piece, context: Sequence[Cell] = (),
                     max_context: int = 48) -> str:
     """One round: the context (prompt and committed, dimmed; the last `max_context` cells), then the round's block
-    with each cell coloured by its state and a hover title (round, position, token, confidence, p/q, branch)."""
+    with each cell coloured by its state and a hover title (round, position, token, confidence, p/q, branch).
+    Positions the context lacks before the block (rounds a slow stream skipped) are counted in a marker, never
+    passed over in silence."""
     hidden = max(0, len(context) - max_context)
     shown = context[hidden:]
     parts = [f'<span class="ss-more">… {hidden} earlier</span>'] if hidden else []
     parts += [cell_html(pos, tok, state, piece) for pos, tok, state in shown]
+    missing = int(round_ev.get("block_start") or 0) - (context[-1][0] + 1 if context else 0)
+    if missing > 0:
+        parts.append(f'<span class="ss-more" title="rounds the live stream skipped; the stored run has them">'
+                     f'… {missing} position{"s" if missing > 1 else ""} not streamed</span>')
     block = "".join(round_cells(round_ev, piece))
     return (f'<div class="ss-round">{round_header_html(round_ev)}<div class="ss-grid">{"".join(parts)}'
             f'<span class="ss-block">{block}</span></div></div>')

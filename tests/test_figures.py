@@ -73,6 +73,16 @@ def test_token_grid_escapes_every_token(trace: RunTrace) -> None:
     assert "&amp;amp;" in token_grid_html(trace.rounds[2], piece, trace.context(2)), "an entity is shown as text"
 
 
+def test_token_grid_counts_positions_a_skipped_round_left_out(trace: RunTrace) -> None:
+    """Issue 31.4: a live stream that skipped round 1 (a slow client's dropped rounds) still shows round 2's block
+    at its position, with the two positions it lacks counted, not hidden."""
+    assert "not streamed" not in token_grid_html(trace.rounds[2], piece, trace.context(2))
+    skipped = RunTrace.from_events([e for e in run_events() if e.get("round") != 1])
+    grid = token_grid_html(skipped.rounds[1], piece, skipped.context(1))
+    assert [cell[0] for cell in skipped.context(1)] == [0, 1, 2] and skipped.rounds[1]["block_start"] == 4
+    assert "… 1 position not streamed" in grid
+
+
 def test_token_grid_colours_states_and_dims_context(trace: RunTrace) -> None:
     grid = token_grid_html(trace.rounds[1], piece, trace.context(1))
     for state in ("prompt", "committed", "accepted", "bonus", "rejected"):
