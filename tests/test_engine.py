@@ -199,3 +199,16 @@ def test_bad_prompts(shared_engine):
     with pytest.raises(ParamError, match="context"):
         shared_engine.generate("word " * 2000, "ar")
     assert shared_engine.rt.pool.used == 0
+
+
+def test_a_model_without_a_chat_template_reads_one_message_as_text(shared_engine, monkeypatch):
+    """A model folder with no chat template (a base model): a one-message conversation is its text, as a prompt
+    string is; a longer conversation gets a clear error, and raw=true still wants a string."""
+    monkeypatch.setattr(shared_engine.rt.tokenizer, "chat_template", None)
+    one = [{"role": "user", "content": "Reverse: a b c"}]
+    as_text = shared_engine.render("Reverse: a b c", raw=False)
+    assert shared_engine.render(one, raw=False) == as_text == one[0]["content"]
+    with pytest.raises(ParamError, match="no chat template"):
+        shared_engine.render([*one, {"role": "assistant", "content": "c b a"}, *one], raw=False)
+    with pytest.raises(ParamError, match="no chat template"):
+        shared_engine.render(one, raw=True)

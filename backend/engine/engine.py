@@ -55,13 +55,17 @@ class Engine:
 
     def render(self, prompt: Prompt, raw: bool) -> str:
         """The text the model reads: a conversation (or a one-line prompt, as one user message) through the
-        model's chat template; a raw prompt as it is."""
+        model's chat template; a raw prompt as it is. A model without a template reads a prompt, or a conversation
+        of one user message, as its text; a longer conversation is refused."""
         tok = self.rt.tokenizer
         if isinstance(prompt, str) and (raw or not tok.chat_template):
             return prompt
         messages = check_messages(prompt)
         if not tok.chat_template:
-            raise ParamError("this model has no chat template; send a raw prompt instead of messages")
+            if len(messages) == 1 and not raw:
+                return messages[0]["content"]
+            raise ParamError("this model has no chat template, so it reads one message as plain text; send a raw "
+                             "prompt or a single user message instead of a conversation")
         if raw:
             raise ParamError("raw=true takes a prompt string, not messages")
         return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
