@@ -85,6 +85,7 @@ def step_ms(page) -> float:
     }""")
 
 
+@pytest.mark.extended
 def test_step_latency_per_mode(page, server) -> None:
     """Every mode steps in the browser alone (no server round trip); the figure is printed for the README."""
     figures = {}

@@ -10,6 +10,7 @@ from backend.engine.modes import describe_modes, mode_names
 from backend.gpu_check import main, variants
 
 
+@pytest.mark.extended
 @pytest.mark.usefixtures("one_thread")
 def test_gpu_check_tiny(tmp_path):
     assert main(["--tiny", "--out", str(tmp_path)]) == 0

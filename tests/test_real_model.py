@@ -59,6 +59,7 @@ def test_logits_equal_transformers(smollm, hf_model):
         assert (got - want).abs().max().item() < 2e-3, prompt
 
 
+@pytest.mark.extended
 def test_greedy_ar_equals_transformers_generate(smollm, hf_model):
     engine = Engine(smollm, num_slots=4096, check_invariants=True)
     for prompt in PROMPTS:
