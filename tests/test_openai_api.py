@@ -93,7 +93,8 @@ def test_mode_from_the_model_id_or_the_extension_field(served, how):
     reply = client.chat.completions.create(messages=MESSAGES, max_tokens=12, **kwargs)
     run = rest(served, f"/runs/{reply.model_extra['specscope']['run_id']}")
     assert run["mode"] == "linear_spec"
-    assert run["params"]["block_size"] == (4 if how == "extension" else run["params"]["block_size"])
+    if how == "extension":
+        assert run["params"]["block_size"] == 4   # the extension's mode parameters reach the run
     ar = served["reference"].generate(MESSAGES, "ar", {"max_new_tokens": 12}).text
     assert reply.choices[0].message.content == ar   # linear_spec is lossless vs ar
 
