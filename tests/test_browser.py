@@ -246,9 +246,9 @@ def test_visualizer_follows_a_chat_run_live(page) -> None:
     """Issue 16.2: a run opened while it streams is followed round by round and settles when it ends (here: when
     the chat's Stop cancels it)."""
     page.get_by_role("tab", name="Chat").click()
-    choose(page, "#chat-mode", "specfold")  # slow rounds (a float64 reference verify): the run outlasts the checks
+    choose(page, "#chat-mode", "specfold")  # a run of ~870 traced rounds: it outlasts the checks
     page.wait_for_selector("text=specfold:")
-    set_number(page, "#param-max_new_tokens", 512)
+    set_number(page, "#param-max_new_tokens", 900)  # near the context: the run is still going when Stop comes
     page.check("#param-raw input[type=checkbox]")
     before = page.input_value("#chat-run textarea")
     page.fill("#chat-input textarea", "import os\n\n\nclass Config:\n    def __init__(self, path):\n        ")
@@ -262,7 +262,7 @@ def test_visualizer_follows_a_chat_run_live(page) -> None:
     page.wait_for_function("n => Number(document.querySelector('#viz-slider').max) > n", arg=seen, timeout=90_000)
     page.get_by_role("tab", name="Chat").click()
     page.click("#chat-stop")
-    page.wait_for_selector("#chat-bot .bot:last-of-type >> text=stopped", timeout=90_000)
+    page.wait_for_selector("#chat-bot .bot:last-of-type >> text=⏹ stopped", timeout=90_000)
     page.get_by_role("tab", name="Visualizer").click()
     page.wait_for_function("() => document.querySelector('#viz-summary').innerText.includes(' cancelled ')",
                            timeout=60_000)

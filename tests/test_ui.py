@@ -11,6 +11,8 @@ from live_server import free_port, serving
 from app.client import BackendError, BackendUnavailable, Client, base_urls
 from app.plot import PLOTLY_ROUTE
 from app.tabs.chat import mode_params, param_component
+from app.tabs.viz import FOLLOW_FAILURES, follow_events
+from app.trace import RunTrace
 from app.ui import mount_ui, status_html
 
 
@@ -134,3 +136,41 @@ def test_token_protects_the_ui() -> None:
         assert http.post("/login", data={"username": "me", "password": "wrong"}).status_code == 400
         assert http.post("/login", data={"username": "me", "password": "s3cret"}).status_code == 200
         assert http.get("/config").status_code == 200
+
+
+class DroppingClient:
+    """A replay stream that drops (BackendUnavailable) after its first event `drops` times, then serves the rest."""
+
+    def __init__(self, events: list[dict], drops: int):
+        self.events, self.drops, self.asked_from = events, drops, []
+
+    async def replay(self, run_id: str, since_seq: int = 0):
+        self.asked_from.append(since_seq)
+        for event in self.events[since_seq:]:
+            yield event
+            if self.drops:
+                self.drops -= 1
+                raise BackendUnavailable("stream dropped")
+
+
+def run_events(n_rounds: int) -> list[dict]:
+    rounds = [{"type": "round", "seq": 1 + k, "round": k, "run_id": "r"} for k in range(n_rounds)]
+    return [{"type": "run_start", "seq": 0, "run_id": "r"}, *rounds,
+            {"type": "run_end", "seq": n_rounds + 1, "run_id": "r", "status": "cancelled"}]
+
+
+async def followed(client: DroppingClient) -> RunTrace:
+    trace = RunTrace(run_id="r")
+    async for _ in follow_events(client, trace):  # type: ignore[arg-type]
+        pass
+    return trace
+
+
+def test_live_follow_resumes_a_dropped_stream(monkeypatch) -> None:
+    monkeypatch.setattr("app.tabs.viz.FOLLOW_RETRY_S", 0.0)
+    client = DroppingClient(run_events(3), drops=2)
+    trace = asyncio.run(followed(client))
+    assert trace.status == "cancelled" and len(trace.rounds) == 3
+    assert client.asked_from == [0, 1, 2]  # each reconnect asks from the event after the last one taken
+    with pytest.raises(BackendUnavailable):  # a backend that keeps dropping ends the follow
+        asyncio.run(followed(DroppingClient(run_events(9), drops=FOLLOW_FAILURES)))

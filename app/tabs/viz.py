@@ -28,6 +28,7 @@ FOLLOW_EVERY_S = 0.4     # at most one document per this many seconds while foll
 FOLLOW_COST_SHARE = 0.2  # and building documents takes at most this share of the time (a long run redraws less often)
 FOLLOW_RETRY_S = 0.5     # wait before asking for more events of a run still recording
 FOLLOW_LIMIT_S = 1800.0  # stop following a run that has not ended after this long
+FOLLOW_FAILURES = 5      # streams dropped in a row before a follow gives up
 MAX_SESSIONS = 1024      # sessions whose shown run is remembered
 
 
@@ -42,14 +43,22 @@ def viz_component() -> gr.HTML:
 
 
 async def follow_events(client: Client, trace: RunTrace) -> AsyncIterator[RunTrace]:
-    """Take the new events of a run still recording into `trace`, yielding it after each batch, until it ends."""
+    """Take the new events of a run still recording into `trace`, yielding it after each batch, until it ends. A
+    dropped stream is opened again from the next event; FOLLOW_FAILURES drops in a row end the follow."""
     deadline = time.monotonic() + FOLLOW_LIMIT_S
+    failures = 0
     while trace.status == "running" and time.monotonic() < deadline:
         before = trace.next_seq
-        async for event in client.replay(trace.run_id, trace.next_seq):
-            trace.add(event)
-            if event.get("type") == "round":
-                yield trace
+        try:
+            async for event in client.replay(trace.run_id, trace.next_seq):
+                trace.add(event)
+                if event.get("type") == "round":
+                    yield trace
+            failures = 0
+        except BackendUnavailable:
+            failures += 1
+            if failures >= FOLLOW_FAILURES:
+                raise
         if trace.next_seq > before:
             yield trace
         if trace.status == "running":
@@ -99,7 +108,10 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
             trace = await asyncio.to_thread(backend.trace, client, run_id)
             piece = await asyncio.to_thread(backend.piece, client, trace)
             explain = await asyncio.to_thread(backend.explain, client, trace.mode)
-            shown, every = time.monotonic(), FOLLOW_EVERY_S
+        except (BackendUnavailable, BackendError):
+            return
+        shown, every = time.monotonic(), FOLLOW_EVERY_S
+        try:
             async for now in follow_events(client, trace):
                 if watching.get(session) != run_id:
                     return
@@ -109,12 +121,15 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
                     shown = time.monotonic()
                     every = max(FOLLOW_EVERY_S, (shown - started) / FOLLOW_COST_SHARE)
                     yield doc
+        except (BackendUnavailable, BackendError):
+            pass  # the follow broke off: what is stored of the run is shown below, if it can be read
+        try:
             backend.forget(client, run_id)
             final = await asyncio.to_thread(backend.trace, client, run_id)  # with its KV intervals
-            if watching.get(session) == run_id:
-                yield document_json(viz_document(final, piece, explain=explain))
         except (BackendUnavailable, BackendError):
             return
+        if watching.get(session) == run_id:
+            yield await asyncio.to_thread(document_of, final, piece, explain)
 
     def list_runs(request: gr.Request) -> Any:
         try:
