@@ -61,6 +61,11 @@ class Cluster:
         subprocess.run([*self.prefix, str(self.bin / "pg_ctl"), "-D", str(self.data), *args], check=True,
                        capture_output=True, timeout=60)
 
+    def start(self) -> None:
+        """Start the server (again, after a stop) on its port, loopback only."""
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        self.pg_ctl("-o", options, "-l", str(self.root / "log"), "-w", "start")
+
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
@@ -82,8 +87,7 @@ def start_cluster(bin_dir: Path) -> Cluster:
     cluster = Cluster(bin_dir, root, free_port(), prefix)
     subprocess.run([*prefix, str(bin_dir / "initdb"), "-D", str(cluster.data), "-U", "postgres", "--auth=trust",
                     "-E", "UTF8", "--no-sync"], check=True, capture_output=True, timeout=120)
-    options = f"-p {cluster.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-    cluster.pg_ctl("-o", options, "-l", str(root / "log"), "-w", "start")
+    cluster.start()
     return cluster
 
 

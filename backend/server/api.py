@@ -2,14 +2,14 @@
 and the stored benchmark results (bench).
 
 Handlers are plain functions, so FastAPI runs their store reads in its thread pool, off the event loop. Every
-handler that reads or changes stored runs first waits until the events the server has taken are stored (`settle`,
-the store writer's flush; at once when it holds none), since /ws/generate sends run_end without waiting for that.
+handler that reads or changes stored runs first waits until the events the server has taken are stored (the store
+writer's `settle`; at once when it holds none), since /ws/generate sends run_end without waiting for that. While the
+database does not answer, they are a 503 (StoreUnavailable), and /api/health says so.
 """
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +25,8 @@ from backend.store import (
     RunExistsError,
     Store,
     StoreError,
+    StoreUnavailable,
+    StoreWriter,
     TraceError,
     UnknownRunError,
     export_json,
@@ -64,11 +66,11 @@ class NewComparison(BaseModel):
     run_ids: list[str] = Field(min_length=1)
 
 
-def api_router(store: Store, engine: EngineService, settle: Callable[[], object],
-               bench_dir: Path = BENCH_DIR) -> APIRouter:
+def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_dir: Path = BENCH_DIR) -> APIRouter:
     """The routes; the served model is always read through `engine` (it changes when the model is switched), and
-    `settle()` returns once the events taken so far are stored."""
+    `writer` is the one storing the server's runs into `store`."""
     router = APIRouter(prefix="/api")
+    settle = writer.settle
 
     def run_or_404(run_id: str) -> Row:
         settle()
@@ -83,8 +85,16 @@ def api_router(store: Store, engine: EngineService, settle: Callable[[], object]
             stats = engine.stats()
         except RuntimeError as e:   # the engine process is gone
             raise HTTPException(503, str(e)) from None
-        return {"status": "ok", "model": engine.model.name, "active_runs": stats["active"],
-                "queued_runs": stats["held"], "max_queued_runs": engine.max_queued, "pool": stats["pool"]}
+        try:
+            store.ping()
+            outage = writer.outage_s
+        except StoreUnavailable:
+            outage = writer.outage_s or 0.0
+        return {"status": "ok" if outage is None else "degraded", "model": engine.model.name,
+                "active_runs": stats["active"], "queued_runs": stats["held"], "max_queued_runs": engine.max_queued,
+                "pool": stats["pool"],
+                "store": {"status": "ok" if outage is None else "unavailable",
+                          "unavailable_s": None if outage is None else round(outage, 1)}}
 
     @router.get("/modes")
     def modes() -> list[Row]:

@@ -23,7 +23,7 @@ from backend.server.openai_api import BodyLimit, OpenAIError, error_response, is
 from backend.server.protocol import MAX_QUEUED_RUNS, ProtocolError, parse_frames
 from backend.server.replay import replay
 from backend.server.service import EngineService, LocalEngine
-from backend.store import LEASE_TIMEOUT_S, Store, StoreWriter
+from backend.store import LEASE_TIMEOUT_S, Store, StoreUnavailable, StoreWriter
 from backend.tracing import sanitize, to_json
 
 NO_UI_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>specscope</title></head><body>
@@ -56,6 +56,13 @@ async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
 async def openai_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OpenAIError)
     return exc.response()
+
+
+async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 while the run store does not answer (the server goes on; runs are stored once it is back)."""
+    if is_v1(request):
+        return error_response(503, str(exc), "server_error", code="store_unavailable")
+    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
 
 
 log = logging.getLogger(__name__)
@@ -113,10 +120,11 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
     app = FastAPI(title="specscope", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_exception_handler(OpenAIError, openai_error)
+    app.add_exception_handler(StoreUnavailable, store_unavailable)
     app.add_middleware(BodyLimit)
     if token:
         app.add_middleware(TokenMiddleware, token=token)
-    app.include_router(api_router(store, service, writer.flush))
+    app.include_router(api_router(store, service, writer))
     app.include_router(models_router(host))
     app.include_router(openai_router(service, writer))
 
@@ -134,7 +142,7 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
     @app.websocket("/ws/replay/{run_id}")
     async def ws_replay(ws: WebSocket, run_id: str) -> None:
         await ws.accept()
-        await replay(ws, store, run_id, writer.flush)
+        await replay(ws, store, run_id, writer.settle)
 
     if ui and ui_installed():
         from app.ui import mount_ui

@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected, WebSocketState
 
 from backend.server.protocol import ProtocolError, error_event, parse_replay_options
-from backend.store import Store
+from backend.store import Store, StoreUnavailable
 from backend.tracing import to_json
 
 POLL_S = 0.1      # how often a followed run's new events are looked for
+OUTAGE_POLL_S = 1.0  # how often a database that does not answer is tried again while following
 PAGE = 2000       # events read per query
+T = TypeVar("T")
 
 
 class Pacer:
@@ -35,12 +37,21 @@ class Pacer:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
 
 
+async def read(fn: Callable[..., T], *args: Any) -> T:
+    """A store read off the event loop; while the database does not answer, the follow waits for it."""
+    while True:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except StoreUnavailable:
+            await asyncio.sleep(OUTAGE_POLL_S)
+
+
 async def follow(ws: WebSocket, store: Store, run_id: str, since_seq: int, pacer: Pacer) -> None:
     """Send stored events from since_seq on; while the run is still recording, wait for more, until its run_end
     is sent or it stops recording without one (interrupted: then an `interrupted` error event ends the stream)."""
     next_seq = since_seq
     while True:
-        events: list[dict[str, Any]] = await asyncio.to_thread(store.events, run_id, next_seq, PAGE)
+        events: list[dict[str, Any]] = await read(store.events, run_id, next_seq, PAGE)
         for event in events:
             await pacer.wait(event["t_ms"])
             await ws.send_text(to_json(event))
@@ -49,9 +60,9 @@ async def follow(ws: WebSocket, store: Store, run_id: str, since_seq: int, pacer
         if events:
             next_seq = events[-1]["seq"] + 1
             continue
-        run = await asyncio.to_thread(store.get_run, run_id)
+        run = await read(store.get_run, run_id)
         if run is None or run["status"] != "running":  # deleted, or ended: a last look for its final events
-            if not await asyncio.to_thread(store.events, run_id, next_seq, 1):
+            if not await read(store.events, run_id, next_seq, 1):
                 if run is not None and run["status"] == "interrupted":
                     await ws.send_text(to_json(interrupted(run)))
                 return
@@ -74,6 +85,10 @@ async def replay(ws: WebSocket, store: Store, run_id: str, settle: Callable[[], 
         await asyncio.to_thread(settle)
         if await asyncio.to_thread(store.get_run, run_id) is None:
             raise ProtocolError("unknown_run", f"no run {run_id}")
+    except StoreUnavailable as e:
+        await ws.send_text(to_json(error_event("store_unavailable", str(e))))
+        await ws.close()
+        return
     except ProtocolError as e:
         await ws.send_text(to_json(e.event()))
         await ws.close()

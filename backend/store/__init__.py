@@ -5,6 +5,7 @@ from backend.store.errors import (
     RunExistsError,
     SeqGapError,
     StoreError,
+    StoreUnavailable,
     TraceError,
     UnknownRunError,
 )
@@ -14,5 +15,5 @@ from backend.store.tee import Tee
 from backend.store.writer import StoreWriter
 
 __all__ = ["LEASE_TIMEOUT_S", "DocumentError", "DuplicateSeqError", "RunExistsError", "SeqGapError", "Store",
-           "StoreError", "StoreWriter", "Tee", "TraceError", "UnknownRunError", "export_json", "export_perfetto",
-           "import_json"]
+           "StoreError", "StoreUnavailable", "StoreWriter", "Tee", "TraceError", "UnknownRunError", "export_json",
+           "export_perfetto", "import_json"]

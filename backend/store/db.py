@@ -41,6 +41,8 @@ def make_engine(url: str = DEFAULT_URL, busy_timeout_ms: int = 5000) -> Engine:
         kwargs |= {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
     elif sqlite:
         Path(database).parent.mkdir(parents=True, exist_ok=True)
+    if not sqlite:  # a pooled connection is checked before use: after a database restart it is replaced, not failed
+        kwargs["pool_pre_ping"] = True
     engine = create_engine(sa_url, **kwargs)
     if sqlite:
         event.listen(engine, "connect", partial(set_sqlite_pragmas, busy_timeout_ms=busy_timeout_ms))

@@ -1,4 +1,5 @@
-"""Errors raised by the store: a malformed event stream, a run id clash, an unknown run."""
+"""Errors raised by the store: a malformed event stream, a run id clash, an unknown run, a database that does not
+answer."""
 from __future__ import annotations
 
 
@@ -28,3 +29,7 @@ class UnknownRunError(StoreError, LookupError):
 
 class DocumentError(StoreError, ValueError):
     """An export document does not have the expected structure."""
+
+
+class StoreUnavailable(StoreError):
+    """The database does not answer (stopped, restarting, unreachable); what was taken is kept and stored later."""

@@ -8,16 +8,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import CursorResult, Table, delete, insert, or_, select, update
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend.store.db import DEFAULT_URL, make_engine
 from backend.store.derive import kv_interval_rows, round_rows, run_summary
-from backend.store.errors import RunExistsError, StoreError, TraceError, UnknownRunError
+from backend.store.errors import RunExistsError, StoreError, StoreUnavailable, TraceError, UnknownRunError
 from backend.store.events import check_envelope, check_seq, check_stream, from_row, to_row
 from backend.store.migrate import upgrade
 from backend.store.models import Base, Comparison, ComparisonRun, Event, KVInterval, Lease, Round, Run, utc
-from backend.store.retry import retry_locked
+from backend.store.retry import is_unreachable, retry_locked
 from backend.tracing import RUN_STATUSES
 
 T = TypeVar("T")
@@ -27,6 +27,12 @@ Row = dict[str, Any]
 def no_nul(row: Row) -> Row:
     """Text columns without NUL characters (PostgreSQL text cannot hold them; the events keep them, escaped)."""
     return {k: v.replace("\x00", "\ufffd") if isinstance(v, str) else v for k, v in row.items()}
+
+
+def unavailable(exc: DBAPIError) -> StoreUnavailable:
+    """The error for a database that does not answer, with the first line of the driver's reason."""
+    reason = str(exc.orig).strip().splitlines() or [type(exc.orig).__name__]
+    return StoreUnavailable(f"the run store does not answer ({reason[0]})")
 
 
 LEASE_TIMEOUT_S = 15.0   # a server whose lease is older than this is gone: any live server marks its runs interrupted
@@ -218,6 +224,10 @@ class Store:
 
     # -- reading -------------------------------------------------------------------------------------------------
 
+    def ping(self) -> None:
+        """Ask the database for nothing: StoreUnavailable when it does not answer."""
+        self._read(lambda session: session.execute(select(1)), None)
+
     def list_runs(self, mode: str | None = None, status: str | None = None, limit: int = 50,
                   offset: int = 0) -> list[Row]:
         """Runs, newest first, without their events."""
@@ -302,7 +312,7 @@ class Store:
     def _write(self, fn: Callable[[Session], T]) -> T:
         """Run `fn` in one transaction, retried while the database is locked; a value the database cannot hold
         (a string over its column's length or with a NUL byte on PostgreSQL, an integer out of range) is a
-        TraceError."""
+        TraceError, a database that does not answer StoreUnavailable (the transaction left nothing behind)."""
         def attempt() -> T:
             with self._sessions.begin() as session:
                 return fn(session)
@@ -310,14 +320,23 @@ class Store:
             return retry_locked(attempt)
         except DataError as exc:
             raise TraceError(f"a value does not fit the database: {exc.orig}") from exc
+        except DBAPIError as exc:
+            if is_unreachable(exc):
+                raise unavailable(exc) from exc
+            raise
 
     def _read(self, fn: Callable[[Session], T], default: T) -> T:
-        """Run a read; a key the database cannot even hold (a NUL byte on PostgreSQL) matches nothing."""
+        """Run a read; a key the database cannot even hold (a NUL byte on PostgreSQL) matches nothing, a database
+        that does not answer is StoreUnavailable."""
         try:
             with self._sessions() as session:
                 return fn(session)
         except DataError:
             return default
+        except DBAPIError as exc:
+            if is_unreachable(exc):
+                raise unavailable(exc) from exc
+            raise
 
     def _accept(self, event: Row, types: tuple[str, ...]) -> None:
         check_envelope(event)
