@@ -224,12 +224,20 @@ def test_replay_keeps_recorded_timing_scaled_by_speed(client):
 
 
 def test_replay_of_an_unknown_run_or_bad_query_sends_one_error(client):
-    for url, code in [("/ws/replay/r_nope", "unknown_run"), ("/ws/replay/r_nope?speed=-1", "bad_query")]:
+    for url, code in [("/ws/replay/r_nope", "unknown_run"), ("/ws/replay/r_nope?speed=-1", "bad_query"),
+                      (f"/ws/replay/r_nope?since_seq={2**63}", "bad_query")]:
         with client.websocket_connect(url) as ws:
             event = ws.receive_json()
             assert event["type"] == "error" and event["code"] == code
             with pytest.raises(WebSocketDisconnect):
                 ws.receive_json()
+
+
+def test_indexes_past_the_stores_integers_are_refused(client):
+    """An offset, round or seq no integer column holds is a 422, not the database's overflow as a 500."""
+    for url in (f"/api/runs?offset={2**63}", f"/api/runs/r_nope/rounds?start={2**40}",
+                f"/api/runs/r_nope/rounds?stop={2**40}"):
+        assert client.get(url).status_code == 422, url
 
 
 def test_replay_follows_a_run_that_is_still_recording(client, gate, store):

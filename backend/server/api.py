@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from backend.engine.modes import describe_modes
-from backend.server.protocol import MAX_NEW_TOKENS
+from backend.server.protocol import MAX_INDEX, MAX_NEW_TOKENS
 from backend.server.service import EngineService
 from backend.store import (
     DocumentError,
@@ -122,7 +122,7 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
 
     @router.get("/runs")
     def list_runs(mode: str | None = None, status: str | None = None, limit: int = Query(50, ge=1, le=1000),
-                  offset: int = Query(0, ge=0)) -> list[Row]:
+                  offset: int = Query(0, ge=0, le=MAX_INDEX)) -> list[Row]:
         settle()
         return store.list_runs(mode, status, limit, offset)
 
@@ -142,7 +142,8 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
         return Response(status_code=204)
 
     @router.get("/runs/{run_id}/rounds")
-    def rounds(run_id: str, start: int = Query(0, ge=0), stop: int | None = Query(None, ge=0)) -> list[Row]:
+    def rounds(run_id: str, start: int = Query(0, ge=0, le=MAX_INDEX),
+               stop: int | None = Query(None, ge=0, le=MAX_INDEX)) -> list[Row]:
         run_or_404(run_id)
         return store.rounds(run_id, start, stop)
 

@@ -12,6 +12,7 @@ from backend.tracing import SCHEMA_VERSION
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_PROMPT_CHARS = 16_000
 MAX_NEW_TOKENS = 1024
+MAX_INDEX = 2**31 - 1       # the largest offset, round or seq a query may name (the store's integer columns hold it)
 MAX_QUEUED_RUNS = 64       # runs queued or running on one server; past it a generate gets a `busy` error
 
 
@@ -99,7 +100,7 @@ MESSAGE_TYPES = ("generate", "cancel")
 class ReplayOptions(BaseModel):
     """Query of /ws/replay/{run_id}: speed scales recorded time (0 = as fast as possible)."""
     speed: float = Field(1.0, ge=0, allow_inf_nan=False)
-    since_seq: int = Field(0, ge=0)
+    since_seq: int = Field(0, ge=0, le=MAX_INDEX)
 
 
 def describe(error: ValidationError) -> str:
