@@ -9,6 +9,9 @@ running server. Phases, each checked:
 - store: every answered run is stored once, done, with the answer's text; runs made = requests sent;
 - busy: more simultaneous requests than `--max-queued` admits get OpenAI-shaped 429s, the rest are answered;
 - disconnects: clients that leave mid-stream leave no run active and no KV slot held;
+- outage (with `--store-stop` and `--store-start`, shell commands that stop and start the store's database):
+  streams in flight see the database stopped for `--outage-s`; meanwhile health says the store is unavailable and
+  reads are 503s; afterwards every acknowledged run is stored, done, with its text, and the server needs no restart;
 - memory: the server's resident memory (its process and the engine's) grows by less than RSS_GROWTH_MB.
 Prints a JSON report (and writes it with `--out`); exits 1 when a check fails.
 """
@@ -23,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,8 +106,10 @@ def rss_kb(pid: int) -> int:
 
 
 async def stream_one(client: httpx.AsyncClient, target: Target, messages: list[dict[str, str]], mode: str,
-                     max_tokens: int, leave_after: int | None = None) -> Sample:
-    """One streamed chat completion; with `leave_after`, the client hangs up after that many content chunks."""
+                     max_tokens: int, leave_after: int | None = None,
+                     acknowledged: Callable[[], None] | None = None) -> Sample:
+    """One streamed chat completion; with `leave_after`, the client hangs up after that many content chunks.
+    `acknowledged()` is called once the answer's headers (with its run id) have arrived."""
     sample = Sample(mode)
     body = {"model": f"{target.model}:{mode}", "messages": messages,
             "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
@@ -112,6 +117,8 @@ async def stream_one(client: httpx.AsyncClient, target: Target, messages: list[d
     async with client.stream("POST", f"{target.url}/v1/chat/completions", json=body, headers=target.headers) as r:
         sample.status = r.status_code
         sample.run_id = r.headers.get("x-specscope-run-id", "")
+        if acknowledged is not None:
+            acknowledged()
         if r.status_code != 200:
             await r.aread()
             return sample
@@ -214,24 +221,81 @@ async def disconnect_phase(target: Target, count: int) -> dict[str, Any]:
                                                                                                     "done"}}
 
 
+def stored_as_answered(target: Target, samples: list[Sample]) -> list[str]:
+    """The answered runs that are not stored done with the text their client got."""
+    wrong = []
+    for s in samples:
+        run = httpx.get(f"{target.url}/api/runs/{s.run_id}", headers=target.headers, timeout=60)
+        if run.status_code != 200 or run.json()["status"] != "done" or run.json()["output"] != s.text:
+            wrong.append(s.run_id)
+    return wrong
+
+
+async def outage_phase(target: Target, clients: int, max_tokens: int, stop: str, start: str,
+                       outage_s: float) -> dict[str, Any]:
+    """`clients` streams in mixed modes; once every one has its run id, the store's database is stopped (the shell
+    command `stop`) for `outage_s`, then started again (`start`). Meanwhile health says the store is unavailable and
+    reads are 503s; afterwards every acknowledged run is stored, done, with its client's text, without a restart."""
+    acked, all_acked = [0], asyncio.Event()
+
+    def acknowledged() -> None:
+        acked[0] += 1
+        if acked[0] == clients:
+            all_acked.set()
+
+    story = [{"role": "user", "content": "Write a long story about a lighthouse."}]
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as client:
+        streams = [asyncio.create_task(stream_one(client, target, story, MODES[i % len(MODES)], max_tokens,
+                                                  acknowledged=acknowledged)) for i in range(clients)]
+        await asyncio.wait_for(all_acked.wait(), 600)
+        await asyncio.to_thread(subprocess.run, stop, shell=True, check=True, capture_output=True)
+        stopped = time.monotonic()
+        streaming_at_stop = sum(not t.done() for t in streams)
+        await asyncio.sleep(min(1.0, outage_s))
+        health = (await client.get(f"{target.url}/api/health", headers=target.headers)).json()
+        read = (await client.get(f"{target.url}/api/runs", headers=target.headers)).status_code
+        await asyncio.sleep(max(0.0, outage_s - (time.monotonic() - stopped)))
+        await asyncio.to_thread(subprocess.run, start, shell=True, check=True, capture_output=True)
+        restarted = time.monotonic()
+        samples = await asyncio.gather(*streams)
+    while target.get("/api/health")["store"]["status"] != "ok" and time.monotonic() < restarted + 120:
+        await asyncio.sleep(0.2)
+    recovered_s = time.monotonic() - restarted
+    answered = [s for s in samples if s.status == 200]
+    wrong = stored_as_answered(target, answered)
+    return {"clients": clients, "streaming_at_stop": streaming_at_stop, "outage_s": round(restarted - stopped, 1),
+            "health_store_during": health.get("store", {}).get("status"), "runs_read_during": read,
+            "answered": len(answered), "stored_as_answered": len(answered) - len(wrong),
+            "missing_or_wrong": wrong[:10], "store_ok_after_restart_s": round(recovered_s, 1),
+            "ok": len(answered) == clients and not wrong and streaming_at_stop > 0 and read == 503
+            and health.get("store", {}).get("status") == "unavailable" and recovered_s < 120}
+
+
 async def run_all(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     modes = args.modes.split(",")
     report: dict[str, Any] = {"model": target.model, "clients": args.clients, "requests": args.requests,
                               "max_tokens": args.max_tokens, "modes": modes, "rss_mb_before": target.rss_mb()}
-    before = {r["run_id"] for r in target.get("/api/runs?limit=1000")}
-    start = time.perf_counter()
-    samples = await load_phase(target, args.clients, args.requests, args.max_tokens, modes)
-    report["load"] = per_mode(samples, time.perf_counter() - start)
-    report["store"] = store_check(target, samples, before)
-    report["busy"] = await busy_phase(target, args.max_queued, args.max_tokens)
-    report["disconnects"] = await disconnect_phase(target, min(args.clients, 8))
+    phases = args.phases.split(",")
+    if "load" in phases:
+        before = {r["run_id"] for r in target.get("/api/runs?limit=1000")}
+        start = time.perf_counter()
+        samples = await load_phase(target, args.clients, args.requests, args.max_tokens, modes)
+        report["load"] = per_mode(samples, time.perf_counter() - start)
+        report["store"] = store_check(target, samples, before)
+    if "busy" in phases:
+        report["busy"] = await busy_phase(target, args.max_queued, args.max_tokens)
+    if "disconnects" in phases:
+        report["disconnects"] = await disconnect_phase(target, min(args.clients, 8))
+    if "outage" in phases and args.store_stop and args.store_start:
+        report["outage"] = await outage_phase(target, args.clients, args.max_tokens, args.store_stop,
+                                              args.store_start, args.outage_s)
     report["rss_mb_after"] = after = target.rss_mb()
     grown = None if after is None or report["rss_mb_before"] is None else after - report["rss_mb_before"]
     report["rss"] = {"grown_mb": grown, "ok": grown is None or grown < RSS_GROWTH_MB}
     health = target.get("/api/health")
     report["kv"] = {"used_after": health["pool"]["used"], "peak": health["pool"]["peak"],
                     "slots": health["pool"]["slots"], "ok": health["pool"]["used"] == 0}
-    report["ok"] = all(report[k]["ok"] for k in ("store", "busy", "disconnects", "kv", "rss"))
+    report["ok"] = all(report[k]["ok"] for k in ("store", "busy", "disconnects", "outage", "kv", "rss") if k in report)
     return report
 
 
@@ -245,7 +309,7 @@ def spawned(args: argparse.Namespace) -> Iterator[Target]:
         port = s.getsockname()[1]
     folder = Path(tempfile.mkdtemp(prefix="specscope-load-"))
     command = [sys.executable, "-c", SERVE, "serve", "--no-ui", "--port", str(port), "--token", TOKEN,
-               "--db", f"sqlite:///{folder / 'runs.db'}", "--max-queued", str(args.max_queued),
+               "--db", args.db or f"sqlite:///{folder / 'runs.db'}", "--max-queued", str(args.max_queued),
                *(["--model", args.model] if args.model else [])]
     with (folder / "serve.log").open("w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
@@ -283,6 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated modes, used in turn")
     p.add_argument("--max-queued", type=int, default=24, help="with --spawn: the server's --max-queued (with --url: "
                                                               "what the server was started with)")
+    p.add_argument("--phases", default="load,busy,disconnects,outage", help="comma-separated phases to run")
+    p.add_argument("--db", help="with --spawn: the server's store URL (default: a SQLite file of its own)")
+    p.add_argument("--store-stop", help="outage phase: a shell command that stops the store's database")
+    p.add_argument("--store-start", help="outage phase: a shell command that starts it again")
+    p.add_argument("--outage-s", type=float, default=5.0, help="outage phase: how long the database stays down")
     p.add_argument("--out", type=Path, help="also write the JSON report here")
     args = p.parse_args(argv)
     with (spawned(args) if args.spawn else nullcontext(Target(args.url, args.token))) as target:

@@ -57,14 +57,19 @@ class Cluster:
     def data(self) -> Path:
         return self.root / "data"
 
+    def pg_ctl_command(self, *args: str) -> list[str]:
+        return [*self.prefix, str(self.bin / "pg_ctl"), "-D", str(self.data), *args]
+
     def pg_ctl(self, *args: str) -> None:
-        subprocess.run([*self.prefix, str(self.bin / "pg_ctl"), "-D", str(self.data), *args], check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(self.pg_ctl_command(*args), check=True, capture_output=True, timeout=60)
+
+    def start_command(self) -> list[str]:
+        """pg_ctl start (again, after a stop) on the cluster's port, loopback only."""
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        return self.pg_ctl_command("-o", options, "-l", str(self.root / "log"), "-w", "start")
 
     def start(self) -> None:
-        """Start the server (again, after a stop) on its port, loopback only."""
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        self.pg_ctl("-o", options, "-l", str(self.root / "log"), "-w", "start")
+        subprocess.run(self.start_command(), check=True, capture_output=True, timeout=60)
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"

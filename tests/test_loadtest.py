@@ -1,12 +1,14 @@
 """The load and fault script at small scale on the tiny model: every phase's check passes, and its figures are
 there per mode (the full-scale run on the default model is the README's)."""
 import json
+import shlex
 
 import pytest
 
 from backend import loadtest
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
+pytest_plugins = ["postgres"]  # the pg_cluster fixture
 
 
 def test_small_load_run_passes_every_check(tmp_path, capsys):
@@ -21,3 +23,27 @@ def test_small_load_run_passes_every_check(tmp_path, capsys):
         figures = report["load"][mode]
         assert figures["ok"] == figures["requests"] == 4 and figures["tokens"] > 0
         assert 0 < figures["ttft_p50_s"] <= figures["ttft_p99_s"]
+
+
+@pytest.mark.postgres
+def test_store_outage_phase_loses_no_acknowledged_run(tmp_path, capsys) -> None:
+    """The outage phase on a PostgreSQL server of its own, stopped and started by the script's shell commands."""
+    from postgres import find_bin, start_cluster
+    bin_dir = find_bin()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL server binaries")
+    cluster = start_cluster(bin_dir)
+    try:
+        out = tmp_path / "outage.json"
+        code = loadtest.main([
+            "--spawn", "--model", "tiny", "--db", cluster.new_database(), "--phases", "outage", "--clients", "4",
+            "--max-tokens", "400", "--outage-s", "3", "--out", str(out),
+            "--store-stop", shlex.join(cluster.pg_ctl_command("-m", "fast", "-w", "stop")),
+            "--store-start", shlex.join(cluster.start_command())])
+        report = json.loads(out.read_text())
+        assert code == 0 and report["ok"], capsys.readouterr().out
+        outage = report["outage"]
+        assert outage["streaming_at_stop"] > 0 and outage["stored_as_answered"] == outage["answered"] == 4
+        assert outage["runs_read_during"] == 503 and outage["health_store_during"] == "unavailable"
+    finally:
+        cluster.pg_ctl("-m", "immediate", "stop")
