@@ -41,9 +41,12 @@ def status_html(health: dict[str, Any] | None, problem: str = "") -> str:
         return (f'<div class="ss-status ss-status-down" id="ss-down">⚠ {html.escape(problem)} · retrying every '
                 f'{HEALTH_EVERY_S:g} s</div>')
     pool = health.get("pool") or {}
+    store = health.get("store") or {}
+    outage = "" if store.get("status", "ok") == "ok" else (
+        ' · <b id="ss-store-down">⚠ run store not answering: runs go on and are stored when it is back</b>')
     return (f'<div class="ss-status ss-status-up" id="ss-up">● backend connected · model '
             f'{html.escape(str(health.get("model", "?")))} · active runs {health.get("active_runs", 0)} · '
-            f'KV slots in use {pool.get("used", "?")}/{pool.get("slots", "?")}</div>')
+            f'KV slots in use {pool.get("used", "?")}/{pool.get("slots", "?")}{outage}</div>')
 
 
 def build_ui(backend: Backend) -> gr.Blocks:

@@ -39,6 +39,13 @@ def test_dead_backend_is_unavailable() -> None:
     assert "&lt;x&gt;" in status_html(None, "<x>")
 
 
+def test_status_banner_says_when_the_store_does_not_answer() -> None:
+    health = {"model": "tiny", "active_runs": 1, "pool": {"used": 3, "slots": 9}}
+    assert "ss-store-down" not in status_html({**health, "store": {"status": "ok"}})
+    down = status_html({**health, "store": {"status": "unavailable", "unavailable_s": 4.0}})
+    assert "ss-up" in down and "ss-store-down" in down and "not answering" in down
+
+
 def stub_app() -> FastAPI:
     app = FastAPI()
 
