@@ -1,4 +1,5 @@
-"""The Gradio UI (model picker; Chat, Visualizer, Compare, Runs, Bench), mounted at "/" on the backend's FastAPI app.
+"""The Gradio UI (model picker; Chat, Visualizer, Compare, Runs, Analysis, Bench), mounted at "/" on the backend's
+FastAPI app.
 
 The UI talks to the backend only through REST and /ws/generate (app.client), so `backend_url` may point at another
 machine. Without one, each browser request is served by the backend that served the page.
@@ -19,6 +20,7 @@ from app.client import BackendError, BackendUnavailable
 from app.palette import palette_css
 from app.plot import serve_plotly_js
 from app.session import Backend
+from app.tabs.analysis import build_analysis
 from app.tabs.bench import build_bench
 from app.tabs.card import build_model_card
 from app.tabs.chat import build_chat
@@ -65,6 +67,8 @@ def build_ui(backend: Backend) -> gr.Blocks:
                 compare = build_compare(backend, compare_tab)
             with gr.Tab("Runs", id="runs") as runs_tab:
                 runs = build_runs(backend, runs_tab)
+            with gr.Tab("Analysis", id="analysis") as analysis_tab:
+                build_analysis(backend, analysis_tab)
             with gr.Tab("Bench", id="bench") as bench_tab:
                 build_bench(backend, bench_tab)
         health_timer = gr.Timer(HEALTH_EVERY_S)

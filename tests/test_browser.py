@@ -4,6 +4,8 @@ Screenshots of every view land in tests/artifacts/ (git-ignored).
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -396,6 +398,48 @@ def test_runs_filter_export_delete(page) -> None:
     page.click("#runs-confirm")
     page.wait_for_selector("#runs-message >> text=Deleted")
     assert doomed not in page.locator("#runs-table").inner_text()
+
+
+def test_runs_show_their_parameters_and_filter_by_them(page) -> None:
+    page.get_by_role("tab", name="Chat").click()
+    chat(page, "ar")  # 12 new tokens on PROMPT
+    page.get_by_role("tab", name="Runs").click()
+    choose(page, "#runs-mode", "all")
+    page.fill("#runs-filter textarea", "max_new_tokens=12 mode=ar Reverse")
+    page.press("#runs-filter textarea", "Enter")
+    page.wait_for_selector("#runs-message >> text=/\\d+ runs of \\d+/")
+    rows = page.eval_on_selector_all("#runs-table [role=row]", "rs => rs.map(r => r.innerText)")[1:]  # no header
+    assert rows and all("max_new_tokens=12" in r and "Reverse" in r and "linear_spec" not in r for r in rows)
+    page.fill("#runs-filter textarea", "")
+    page.press("#runs-filter textarea", "Enter")
+
+
+def test_analysis_groups_stored_runs_and_exports_csv(page) -> None:
+    page.get_by_role("tab", name="Chat").click()
+    chat(page, "ar")
+    chat(page, "linear_spec")
+    page.get_by_role("tab", name="Analysis").click()
+    page.wait_for_selector("#an-summary-table")
+    groups = page.eval_on_selector_all("#an-summary-table tbody tr td:first-child", "cs => cs.map(c => c.innerText)")
+    assert {"ar", "linear_spec"} <= set(groups)
+    for chart_id in ("an-hist", "an-positions", "an-tpf", "an-toks", "an-nfe"):
+        page.wait_for_function(f"() => document.querySelector('#{chart_id} .js-plotly-plot')?.data?.length > 0")
+    page.fill("#an-filter textarea", "mode=ar")
+    page.press("#an-filter textarea", "Enter")
+    page.wait_for_function("() => document.querySelectorAll('#an-summary-table tbody tr').length === 1")
+    assert page.locator("#an-summary-table tbody td").first.inner_text() == "ar"
+    page.fill("#an-filter textarea", "")
+    page.press("#an-filter textarea", "Enter")
+    choose(page, "#an-by", "param:max_new_tokens")
+    page.wait_for_selector("#an-summary-table >> text=max_new_tokens=12")
+    shot(page, "analysis")
+    page.click("#an-export")
+    page.wait_for_selector("#an-file a")
+    href = page.locator("#an-file a").first.get_attribute("href")
+    assert href and href.endswith("specscope-analysis.csv")
+    rows = list(csv.DictReader(io.StringIO(httpx.get(href).text)))
+    assert rows and all(r["run_id"].startswith("r_") and r["group"].startswith("max_new_tokens") for r in rows)
+    assert {"ar", "linear_spec"} <= {r["mode"] for r in rows if r["group"] == "max_new_tokens=12"}
 
 
 def test_runs_made_through_the_openai_api_show_in_the_runs_tab(page, server) -> None:

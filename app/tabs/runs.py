@@ -1,4 +1,5 @@
-"""Runs tab: stored runs filtered by mode and status; open one in the visualizer, delete it, export it."""
+"""Runs tab: stored runs filtered by mode, status and a filter (parameters, model, prompt words), with the parameters
+that differ from their mode's defaults; open one in the visualizer, delete it, export it."""
 from __future__ import annotations
 
 import html
@@ -10,13 +11,14 @@ from typing import Any
 
 import gradio as gr
 
+from app.analysis import mode_defaults, params_label, select_runs
 from app.client import BackendError, BackendUnavailable
 from app.figures import fmt, warning_html
 from app.session import Backend
 
 ALL = "all"
 STATUSES = [ALL, "running", "done", "cancelled", "error", "interrupted"]
-COLUMNS = ["run id", "created", "mode", "model", "status", "tokens", "rounds", "NFE", "TPF", "prompt"]
+COLUMNS = ["run id", "created", "mode", "params", "model", "status", "tokens", "rounds", "NFE", "TPF", "prompt"]
 EXPORTS = {"json": ".json", "perfetto": ".perfetto.json"}
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
 
@@ -33,12 +35,13 @@ def model_label(run: dict[str, Any]) -> str:
     return " · ".join(str(v) for v in (run.get("model"), run.get("model_hash")) if v) or "?"
 
 
-def table_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
+def table_rows(runs: list[dict[str, Any]], defaults: dict[str, dict[str, Any]] | None = None) -> list[list[Any]]:
     rows = []
     for r in runs:
         m = r.get("metrics") or {}
-        rows.append([r["run_id"], r["created_at"][:19].replace("T", " "), r["mode"], model_label(r), r["status"],
-                     r["n_tokens"], r["n_rounds"], fmt(m.get("nfe")), fmt(m.get("tpf"), 2), r["prompt"][:80]])
+        rows.append([r["run_id"], r["created_at"][:19].replace("T", " "), r["mode"], params_label(r, defaults),
+                     model_label(r), r["status"], r["n_tokens"], r["n_rounds"], fmt(m.get("nfe")),
+                     fmt(m.get("tpf"), 2), r["prompt"][:80]])
     return rows
 
 
@@ -46,6 +49,8 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
     with gr.Row():
         mode = gr.Dropdown(label="run mode", choices=[ALL], value=ALL, elem_id="runs-mode", scale=1)
         status = gr.Dropdown(label="run status", choices=STATUSES, value=ALL, elem_id="runs-status", scale=1)
+        query = gr.Textbox(label="filter (Enter)", elem_id="runs-filter", scale=3,
+                           placeholder='delta=0.5 block_size>=8 model=smollm2 "capital of"')
         refresh = gr.Button("↻ refresh", elem_id="runs-refresh", scale=0, min_width=100)
     table = gr.Dataframe(headers=COLUMNS, value=[], interactive=False, wrap=True, elem_id="runs-table",
                          label="runs (click a row to select it)")
@@ -62,13 +67,15 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
     message = gr.HTML(elem_id="runs-message")
     download = gr.File(label="download", elem_id="runs-file", interactive=False, visible=False)
 
-    def refresh_table(mode_name: str, state: str, request: gr.Request) -> tuple[Any, str]:
+    def refresh_table(mode_name: str, state: str, text: str, request: gr.Request) -> tuple[Any, str]:
+        client = backend.client(request)
         try:
-            runs = backend.client(request).runs(None if mode_name == ALL else mode_name,
-                                                None if state == ALL else state, limit=500)
+            runs = client.runs(None if mode_name == ALL else mode_name, None if state == ALL else state, limit=500)
+            defaults = mode_defaults(client.modes())
         except (BackendUnavailable, BackendError) as exc:
             return gr.skip(), warning_html(exc)
-        return table_rows(runs), f"{len(runs)} runs"
+        shown = select_runs(runs, text)
+        return table_rows(shown, defaults), f"{len(shown)} runs" + (f" of {len(runs)}" if text.strip() else "")
 
     def select(evt: gr.SelectData) -> str:
         row = evt.row_value or []
@@ -86,14 +93,15 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
         also = f" It is part of saved comparison(s) {names}, which will no longer include it." if within else ""
         return gr.Row(visible=True), f"Delete run <code>{html.escape(run_id)}</code> for good?{also}", ""
 
-    def remove(run_id: str, mode_name: str, state: str, request: gr.Request) -> tuple[Any, str, str, Any]:
+    def remove(run_id: str, mode_name: str, state: str, text: str,
+               request: gr.Request) -> tuple[Any, str, str, Any]:
         client = backend.client(request)
         try:
             client.delete_run(run_id)
         except (BackendUnavailable, BackendError) as exc:
             return gr.skip(), warning_html(exc), gr.skip(), gr.Row(visible=False)
         backend.forget(client, run_id)
-        rows, _ = refresh_table(mode_name, state, request)
+        rows, _ = refresh_table(mode_name, state, text, request)
         return rows, f"Deleted <code>{html.escape(run_id)}</code>.", "", gr.Row(visible=False)
 
     def export(fmt_name: str) -> Any:
@@ -111,8 +119,8 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
             return gr.File(str(path), visible=True), note
         return run_export
 
-    filters = [mode, status]
-    for trigger in (refresh.click, mode.change, status.change, tab.select):
+    filters = [mode, status, query]
+    for trigger in (refresh.click, mode.change, status.change, query.submit, tab.select):
         trigger(refresh_table, filters, [table, message], concurrency_limit=None)
     table.select(select, None, selected, concurrency_limit=None)
     delete.click(ask, selected, [confirm_row, confirm_text, message], concurrency_limit=None)

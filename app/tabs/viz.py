@@ -11,6 +11,7 @@ from typing import Any
 
 import gradio as gr
 
+from app.analysis import mode_defaults, params_label
 from app.client import BackendError, BackendUnavailable, Client
 from app.figures import legend_html, warning_html
 from app.plot import PLOTLY_ROUTE
@@ -132,11 +133,14 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
             yield await asyncio.to_thread(document_of, final, piece, explain)
 
     def list_runs(request: gr.Request) -> Any:
+        """The newest runs, each with the parameters that differ from its mode's defaults."""
+        client = backend.client(request)
         try:
-            runs = backend.client(request).runs(limit=200)
+            runs, defaults = client.runs(limit=200), mode_defaults(client.modes())
         except (BackendUnavailable, BackendError):
             return gr.skip()
-        return gr.Dropdown(choices=[(f"{r['run_id']} · {r['mode']} · {r['status']} · {r['prompt'][:40]}",
+        return gr.Dropdown(choices=[(" · ".join(part for part in (r["run_id"], r["mode"], params_label(r, defaults),
+                                                                  r["status"], r["prompt"][:40]) if part),
                                      r["run_id"]) for r in runs])
 
     running = gr.State(False)
