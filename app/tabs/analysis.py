@@ -71,7 +71,7 @@ def build_analysis(backend: Backend, tab: gr.Tab) -> None:
     nfe = chart(CHARTS[4])
     download = gr.File(label="CSV", elem_id="an-file", interactive=False, visible=False)
 
-    def analyse(found: list[Run], text: str, group_by: str) -> list[Any]:
+    def analyse(found: Sequence[Run], text: str, group_by: str) -> list[Any]:
         groups = group_runs(select_runs(found, text), group_by or "mode")
         figures = analysis_figures(groups, group_by or "mode") if groups else [None] * len(CHARTS)
         return [summary_html(groups, len(found)), *(figure_json(f) for f in figures)]
@@ -84,7 +84,7 @@ def build_analysis(backend: Backend, tab: gr.Tab) -> None:
             return [gr.skip(), gr.skip(), warning_html(exc), *[gr.skip()] * len(CHARTS)]
         return [found, gr.Dropdown(choices=group_choices(found)), *analyse(found, text, group_by)]
 
-    def save_csv(found: list[Run], text: str, group_by: str) -> Any:
+    def save_csv(found: Sequence[Run], text: str, group_by: str) -> Any:
         groups = group_runs(select_runs(found, text), group_by or "mode")
         EXPORT_DIR.mkdir(exist_ok=True)
         path = EXPORT_DIR / "specscope-analysis.csv"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,13 @@ class RunsTab:
     open_button: gr.Button
 
 
-def model_label(run: dict[str, Any]) -> str:
+def model_label(run: Mapping[str, Any]) -> str:
     """The model a run used: its name and weights hash, as far as they were recorded."""
     return " · ".join(str(v) for v in (run.get("model"), run.get("model_hash")) if v) or "?"
 
 
-def table_rows(runs: list[dict[str, Any]], defaults: dict[str, dict[str, Any]] | None = None) -> list[list[Any]]:
+def table_rows(runs: Sequence[Mapping[str, Any]],
+               defaults: dict[str, dict[str, Any]] | None = None) -> list[list[Any]]:
     rows = []
     for r in runs:
         m = r.get("metrics") or {}
