@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
+from markdown_it import MarkdownIt
 
 from app.palette import CASES, KV_REASONS, STATES, kv_color
 from app.specmetrics import spec_metrics
@@ -396,6 +397,15 @@ def token_diff_html(reference: Sequence[int], output: Sequence[int], piece: Piec
 
 
 WHITESPACE = str.maketrans({" ": "&#32;", "\n": "&#10;", "\t": "&#9;", "\r": "&#13;"})
+
+
+MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")  # raw HTML in the source is shown as text
+
+
+def markdown_html(text: str) -> str:
+    """A model's answer as Markdown (code blocks, lists, tables): any HTML it writes is escaped, shown as written, and
+    links keep only safe schemes (markdown-it's validateLink)."""
+    return f'<div class="ss-md">{MARKDOWN.render(text)}</div>'
 
 
 def pre_html(text: str) -> str:

@@ -182,8 +182,9 @@ def test_out_of_range_numbers_are_clamped_not_errors(page) -> None:
     set_number(page, "#param-max_new_tokens", 12)
 
 
-def test_answers_are_text_not_markdown(page) -> None:
-    """Issue 16.3: the user's `**bold**` stays literal; the answer keeps its line breaks, indentation and quotes."""
+def test_raw_answers_are_text_conversation_answers_markdown(page) -> None:
+    """Issue 16.3: the user's `**bold**` stays literal; a raw answer keeps its line breaks, indentation and quotes;
+    a conversation's answer renders as Markdown (issue 31.3; escaping is test_figures')."""
     choose(page, "#chat-mode", "ar")
     page.wait_for_selector("text=ar:")
     set_number(page, "#param-max_new_tokens", 24)
@@ -196,6 +197,9 @@ def test_answers_are_text_not_markdown(page) -> None:
     assert run["mode"] == "ar" and run["prompt"] == message
     assert page.locator("#chat-bot .bot").last.locator("pre.ss-answer").inner_text() == run["output"]
     page.uncheck("#param-raw input[type=checkbox]")
+    run = stored_run(page, send(page, "Say **hi**"))
+    assert page.locator("#chat-bot .user").last.locator("strong, b").count() == 0
+    assert page.locator("#chat-bot .bot").last.locator(".ss-md").count() == 1 and run["status"] == "done"
 
 
 def test_stop_ends_the_run_and_shows_it(page) -> None:

@@ -1,6 +1,7 @@
 """A multi-turn conversation in Chromium on the real default model (`specscope serve` with no --model): the second
 answer depends on the first turn ("And of Japan?" alone names no city), so the chat sends the whole conversation;
-the message box keeps what the user types while an answer streams; only the modes the model can run are offered."""
+the message box keeps what the user types while an answer streams; answers render as Markdown (a code block);
+only the modes the model can run are offered."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -55,4 +56,9 @@ def test_multi_turn_chat_on_the_default_model(browser, server) -> None:
     latest = httpx.get(f"{server}/api/runs/{runs[0]['run_id']}/export").json()["events"][0]
     assert [m["role"] for m in latest["messages"]] == ["user", "assistant", "user"]
     assert latest["messages"][0]["content"] == "What is the capital of France?"
+    page.click("#chat-clear")
+    set_number(page, "#param-max_new_tokens", 64)
+    say(page, "Write a Python function that reverses a list.", 1)
+    code = page.locator("#chat-bot .bot").first.locator(".ss-md pre code")   # the answer's Markdown code block
+    assert code.count() >= 1 and "def " in code.first.inner_text()
     page.close()

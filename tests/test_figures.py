@@ -354,3 +354,13 @@ def test_bench_tab_tables_and_speedup_figure() -> None:
     assert "No kernel benchmark" in summary_html({"modes": modes, "kernels": None, "problems": []})
     assert "&lt;b&gt;" in summary_html({"modes": None, "kernels": {**kernels, "device": "<b>"}, "problems": []})
     assert speedup_figure(None).data == ()
+
+
+def test_markdown_answers_escape_html_and_render_code() -> None:
+    from app.figures import markdown_html
+    shown = markdown_html('Use **this**: <img src=x onerror="alert(1)"><script>x()</script>\n\n'
+                          '```python\nif a < b:\n    print("<b>")\n```\n\n[go](javascript:alert(1)) and [ok](https://a.b)')
+    assert "<strong>this</strong>" in shown
+    assert "<img" not in shown and "<script" not in shown and "&lt;img src=x" in shown   # shown as written
+    assert '<pre><code class="language-python">if a &lt; b:\n    print(&quot;&lt;b&gt;&quot;)\n</code></pre>' in shown
+    assert 'href="javascript' not in shown and '<a href="https://a.b">ok</a>' in shown

@@ -12,7 +12,7 @@ from typing import Any
 import gradio as gr
 
 from app.client import BackendError, BackendUnavailable
-from app.figures import esc, pre_html, run_stats_html, token_grid_html
+from app.figures import esc, markdown_html, pre_html, run_stats_html, token_grid_html
 from app.session import Backend
 from app.tabs.card import example_picker
 from app.trace import Piece, RunTrace
@@ -75,10 +75,12 @@ def param_component(p: Spec, key: str, value: Any = None) -> gr.Checkbox | gr.Dr
     return gr.Number(value=value, precision=0 if p["type"] == "int" else None, **common)
 
 
-def answer(trace: RunTrace, done: bool) -> str:
-    """An assistant message (the chat renders HTML, not Markdown): the answer as preformatted, escaped text, then
-    the run's stats once it has ended (with a note when it was stopped)."""
-    body = pre_html(trace.text) if trace.text else ("…" if not done else "<i>(empty)</i>")
+def answer(trace: RunTrace, done: bool, raw: bool = False) -> str:
+    """An assistant message (the chat shows our HTML as is): a conversation's answer rendered as Markdown with its
+    HTML escaped, a raw continuation as preformatted text, then the run's stats once it has ended (with a note when
+    it was stopped)."""
+    shown = pre_html if raw else markdown_html
+    body = shown(trace.text) if trace.text else ("…" if not done else "<i>(empty)</i>")
     return f"{body}{run_stats_html(trace)}" if done else body
 
 
@@ -167,7 +169,7 @@ def build_chat(backend: Backend) -> ChatTab:
                 if not final and (event.get("type") != "round" or time.monotonic() - shown < REDRAW_EVERY_S):
                     continue  # a fast run's rounds are coalesced: the browser redraws the chat at most this often
                 shown = time.monotonic()
-                history[-1] = {"role": "assistant", "content": answer(trace, final)}
+                history[-1] = {"role": "assistant", "content": answer(trace, final, raw=bool(params.get("raw")))}
                 if piece is None:  # off the event loop: the backend may be this very server
                     piece = await asyncio.to_thread(backend.piece, client, trace)
                 grid = token_grid_html(trace.rounds[-1], piece, trace.context(len(trace.rounds) - 1)) \
