@@ -404,6 +404,41 @@ def test_runs_filter_export_delete(page) -> None:
     assert doomed not in page.locator("#runs-table").inner_text()
 
 
+def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -> None:
+    """Issue 31.3: a second and third Enter during a stream are answered in turn, not dropped; Stop ends the
+    running answer and drops what waits behind it."""
+    page.get_by_role("tab", name="Chat").click()
+    page.click("#chat-clear")
+    choose(page, "#chat-mode", "specfold")
+    page.wait_for_selector("text=specfold:")
+    set_number(page, "#param-max_new_tokens", 300)
+    page.check("#param-raw input[type=checkbox]")
+    for text in ("import os\n\n\nclass Config:\n    def __init__(self, path):\n        ", "first queued",
+                 "second queued"):   # the first runs its 300 tokens (no EOS on the tiny model) while the rest wait
+        page.fill("#chat-input textarea", text)
+        page.press("#chat-input textarea", "Enter")
+    page.wait_for_selector("#chat-queued >> text=second queued")
+    assert "import os" not in page.locator("#chat-queued").inner_text()  # the first is running, not waiting
+    page.wait_for_function("() => document.querySelectorAll('#chat-bot .bot .ss-stats').length === 3",
+                           timeout=120_000)
+    users = page.eval_on_selector_all("#chat-bot .user", "us => us.map(u => u.innerText.trim())")
+    assert users[1:] == ["first queued", "second queued"] and users[0].startswith("import os")
+    assert page.locator("#chat-queued").count() == 0
+    page.click("#chat-clear")  # a short page: Stop is clicked while the answer redraws every 0.1 s
+    set_number(page, "#param-max_new_tokens", 900)
+    for text in ("import os\n\n\nclass Config:\n    def __init__(self, path):\n        ", "never answered"):
+        page.fill("#chat-input textarea", text)
+        page.press("#chat-input textarea", "Enter")
+    page.wait_for_selector("#chat-queued >> text=never answered")
+    page.click("#chat-stop")
+    page.wait_for_selector("#chat-bot .bot:last-of-type >> text=⏹ stopped", timeout=90_000)
+    page.wait_for_timeout(1500)
+    assert page.locator("#chat-bot .user").count() == 1 and page.locator("#chat-queued").count() == 0
+    page.uncheck("#param-raw input[type=checkbox]")
+    set_number(page, "#param-max_new_tokens", 12)
+    page.click("#chat-clear")
+
+
 def test_runs_show_their_parameters_and_filter_by_them(page) -> None:
     page.get_by_role("tab", name="Chat").click()
     chat(page, "ar")  # 12 new tokens on PROMPT

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,14 @@ def answer(trace: RunTrace, done: bool, raw: bool = False) -> str:
     return f"{body}{run_stats_html(trace)}" if done else body
 
 
+def queue_html(waiting: Iterable[str]) -> str:
+    """The messages waiting for the running answer to end (nothing when none)."""
+    items = [f"<li>{esc(m if len(m) <= 80 else m[:79] + '…')}</li>" for m in waiting]
+    if not items:
+        return ""
+    return f'<div class="ss-note" id="chat-queued">queued, answered in turn:<ol>{"".join(items)}</ol></div>'
+
+
 CLEAR_ON_SEND = """(message, ...rest) => {
   const box = document.querySelector('#chat-input textarea');
   if (box && message.trim()) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
@@ -93,6 +102,8 @@ CLEAR_ON_SEND = """(message, ...rest) => {
 
 def build_chat(backend: Backend) -> ChatTab:
     stopping: set[str] = set()  # sessions whose running answer was stopped: the run is cancelled, its end shown
+    queued: dict[str, deque[str]] = {}  # session -> messages sent and not yet answered, in order
+    answering: set[str] = set()  # sessions whose queue is being answered
     modes = gr.State([])
     chosen = gr.State({})  # mode -> {param: value} the user changed
     conversation = gr.State([])  # the messages said so far, as the model reads them (raw text, no markup)
@@ -102,6 +113,7 @@ def build_chat(backend: Backend) -> ChatTab:
                                  elem_id="chat-bot", buttons=["copy"], render_markdown=False)
             prompt = gr.Textbox(label="message", elem_id="chat-input", lines=1, max_lines=6,
                                 placeholder="Ask something, e.g. What is the capital of Japan?  (Enter sends)")
+            waiting_box = gr.HTML(queue_html(()), elem_id="chat-queue")
             examples = example_picker(prompt, "chat-examples")
             with gr.Row():
                 send = gr.Button("Send", variant="primary", elem_id="chat-send")
@@ -183,16 +195,51 @@ def build_chat(backend: Backend) -> ChatTab:
         finally:
             stopping.discard(session)
 
-    inputs = [prompt, chatbot, conversation, mode, modes, chosen]
-    outputs = [chatbot, live, run_id, conversation]
-    prompt.submit(respond, inputs, outputs, js=CLEAR_ON_SEND)
-    send.click(respond, inputs, outputs, js=CLEAR_ON_SEND)
+    def enqueue(message: str, request: gr.Request) -> str:
+        """Take a sent message into the session's queue (at once, also while an answer streams)."""
+        session = request.session_hash or ""
+        waiting = queued.setdefault(session, deque())
+        if message.strip():
+            waiting.append(message)
+        return queue_html(waiting) if session in answering else ""
 
-    def request_stop(request: gr.Request) -> None:
+    async def answer_queue(history: History, said: list[dict[str, str]], name: str, specs: list[Spec], values: dict,
+                           request: gr.Request) -> AsyncIterator[tuple[Any, ...]]:
+        """Answer the session's queued messages in order, each one run on the conversation the answers before it
+        left; the queue box shows what still waits."""
+        session = request.session_hash or ""
+        waiting = queued.setdefault(session, deque())
+        answering.add(session)
+        try:
+            while waiting:
+                message = waiting.popleft()
+                async for out in respond(message, history, said, name, specs, values, request):
+                    history = out[0] if isinstance(out[0], list) else history
+                    said = out[3] if isinstance(out[3], list) else said
+                    yield *out, queue_html(waiting)
+        finally:
+            answering.discard(session)
+            if not waiting:
+                queued.pop(session, None)
+        yield *[gr.skip()] * 4, ""
+
+    for sent in (prompt.submit, send.click):  # a message sent while an answer streams waits its turn, never dropped
+        sent(enqueue, prompt, waiting_box, js=CLEAR_ON_SEND, queue=False, trigger_mode="multiple").then(
+            answer_queue, [chatbot, conversation, mode, modes, chosen], [chatbot, live, run_id, conversation,
+                                                                         waiting_box], trigger_mode="always_last")
+
+    def request_stop(request: gr.Request) -> str:
+        """Stop the running answer and drop the messages waiting behind it."""
         stopping.add(request.session_hash or "")
+        queued.get(request.session_hash or "", deque()).clear()  # in place: the running answer_queue holds it
+        return queue_html(())
 
-    stop.click(request_stop, None, None, queue=False)
-    clear.click(lambda: ([], "", []), None, [chatbot, run_id, conversation], queue=False)
+    def clear_chat(request: gr.Request) -> tuple[Any, ...]:
+        queued.get(request.session_hash or "", deque()).clear()
+        return [], "", [], queue_html(())
+
+    stop.click(request_stop, None, waiting_box, queue=False)
+    clear.click(clear_chat, None, [chatbot, run_id, conversation, waiting_box], queue=False)
 
     def pick_run(evt: gr.SelectData) -> str:
         found = RUN_ID.search(str(evt.value))
