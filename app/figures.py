@@ -252,11 +252,34 @@ def comparison_figure(runs: Sequence[RunTrace]) -> go.Figure:
 
 # -- tables, diffs, sparklines --------------------------------------------------------------------------------------
 
+DEFINITIONS = {  # one definition per figure, shown as the hover of its label wherever it appears
+    "tokens": "tokens generated (up to EOS)",
+    "NFE": "forward passes of the model, prefill excluded",
+    "TPF": "tokens per forward: tokens / NFE",
+    "tok/s": "tokens per second of wall clock, prefill included",
+    "wall ms": "the run's wall-clock time",
+    "tokens / round": "tokens a round committed (its accepted_len: kept drafts plus any bonus or correction), "
+                      "the mean over rounds after the prefill",
+    "mean acc. length (vLLM)": "vLLM's mean_acceptance_length: 1 + drafts accepted / verify steps (the bonus "
+                               "counted as the 1, as vLLM does)",
+    "draft acc. rate (vLLM)": "vLLM's draft_acceptance_rate: drafts accepted / drafts verified",
+    "drafts accepted": "drafted positions the verifier kept (the bonus token not counted)",
+    "drafted": "drafted positions a verify step checked",
+    "verify steps": "rounds whose forward verified drafts",
+    "fold ratio": "share of a verify forward's rows that folding recomputed (specfold)",
+    "KV peak": "most KV slots the run held at once",
+    "KV leaked": "KV slots still held after the run ended (must be 0)",
+}
 METRIC_COLUMNS = (("tokens", "tokens", 0), ("nfe", "NFE", 0), ("tpf", "TPF", 2), ("tok_per_s", "tok/s", 1),
-                  ("wall_ms", "wall ms", 0), ("accept_len_mean", "mean accepted", 2),
+                  ("wall_ms", "wall ms", 0), ("accept_len_mean", "tokens / round", 2),
                   ("mean_acceptance_length", "mean acc. length (vLLM)", 2),
-                  ("draft_acceptance_rate", "draft acc. rate", 2), ("fold_ratio", "fold ratio", 2),
+                  ("draft_acceptance_rate", "draft acc. rate (vLLM)", 2), ("fold_ratio", "fold ratio", 2),
                   ("kv_peak", "KV peak", 0), ("kv_leaked", "KV leaked", 0))
+
+
+def defined(label: str) -> str:
+    """A table header: the label, with its definition as the hover."""
+    return f'<th title="{esc(DEFINITIONS.get(label, ""))}">{esc(label)}</th>'
 
 
 def run_metrics(run: RunTrace) -> dict[str, Any]:
@@ -353,7 +376,7 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
     """One row per run with its metrics, a badge saying whether its output equals the reference's (none for a run
     that did not finish), the verdict on the mode's own lossless claim (`lossless_badge`) and a link that opens
     the run in the visualizer. Scrolls sideways on a narrow screen."""
-    head = "".join(f"<th>{esc(label)}</th>" for _, label, _ in METRIC_COLUMNS)
+    head = "".join(defined(label) for _, label, _ in METRIC_COLUMNS)
     rows = []
     for run, values in zip(runs, metrics_rows(runs)[1:], strict=True):
         cells = "".join(f"<td>{esc(fmt(v, digits))}</td>" for v, (_, _, digits) in zip(values[4:], METRIC_COLUMNS,
@@ -418,11 +441,14 @@ def warning_html(problem: Exception | str) -> str:
     return badge("ss-bad", f"⚠ {problem}")
 
 
-def sparkline(values: Sequence[float]) -> str:
-    """A one-line unicode bar chart."""
+def sparkline(values: Sequence[float], width: int = 48) -> str:
+    """A one-line unicode bar chart of at most `width` bars (a longer series is averaged in equal bins)."""
     bars = "▁▂▃▄▅▆▇█"
     if not values:
         return ""
+    if len(values) > width:
+        edges = [round(i * len(values) / width) for i in range(width + 1)]
+        values = [sum(values[a:b]) / (b - a) for a, b in zip(edges, edges[1:], strict=False) if b > a]
     if min(values) == max(values):
         return bars[3] * len(values)
     top = max(values)
@@ -437,7 +463,8 @@ def run_stats_html(run: RunTrace) -> str:
     accepted = run.accepted_lens[1:]  # round 0 is the prefill
     note = "⏹ stopped · " if run.status == "cancelled" else ""
     return (f'<span class="ss-stats">{note}<b>{esc(run.mode)}</b> · TPF {fmt(m.get("tpf"), 2)} · NFE '
-            f'{fmt(m.get("nfe"))} · {fmt(m.get("tok_per_s"), 1)} tok/s · accepted/round '
+            f'{fmt(m.get("nfe"))} · {fmt(m.get("tok_per_s"), 1)} tok/s · '
+            f'<span title="{esc(DEFINITIONS["tokens / round"])}">tokens/round</span> '
             f'{sparkline(accepted) or "—"} (max {max(accepted, default=0)}) · run <code>{esc(run.run_id)}</code> '
             f'({esc(run.status)})</span>')
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.figures import acceptance_position_figure, accepted_length_figure, isd_case_figure, kv_figure
+from app.figures import (
+    DEFINITIONS,
+    acceptance_position_figure,
+    accepted_length_figure,
+    isd_case_figure,
+    kv_figure,
+)
 from app.specmetrics import fold_ratios, spec_metrics, step_map
 from app.trace import Event, Piece, RunTrace
 
@@ -51,6 +57,7 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
             "tiers": trace.tiers, "status": trace.status,
             "error": trace.error, "prompt": trace.prompt, "params": trace.params, "prompt_ids": trace.prompt_ids,
             "output_ids": trace.output_ids, "text": trace.text, "metrics": trace.metrics, "spec": metrics,
+            "definitions": DEFINITIONS,
             "step_map": step_map(trace), "rounds": rounds, "pieces": {str(k): v for k, v in pieces.items()},
             "mask_ids": mask_ids, "explain": explain, "start_round": start_round,
             "figures": {k: json.loads(f.to_json()) for k, f in figures.items()}}

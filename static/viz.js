@@ -286,17 +286,19 @@ window.specscopeViz = (() => {
     const params = Object.entries(doc.params || {}).map(([k, v]) => `${k}=${v}`).join(", ");
     const tiers = (doc.tiers || []).map(([running, size]) => `≤${running} running → ${size}`).join(", ");
     const ours = [["tokens", m.tokens], ["NFE", m.nfe], ["TPF", fmt(m.tpf, 2)], ["tok/s", fmt(m.tok_per_s, 1)],
-                  ["mean accepted", fmt(m.accept_len_mean, 2)], ["KV peak", m.kv_peak], ["KV leaked", m.kv_leaked]];
+                  ["tokens / round", fmt(m.accept_len_mean, 2)], ["KV peak", m.kv_peak], ["KV leaked", m.kv_leaked]];
     if (m.fold_ratio !== undefined && m.fold_ratio !== null) ours.push(["fold ratio (run)", pct(m.fold_ratio)]);
     if (m.cache_hits !== undefined) ours.push(["cache hits", m.cache_hits], ["forwards saved", m.forwards_saved],
                                                ["verify forwards", m.verify_forwards],
                                                ["draft hit rate", pct(m.draft_hit_rate)]);
     if (m.case_V !== undefined) ours.push(["cases V/R/C", `${m.case_V}/${m.case_R}/${m.case_C}`]);
     const s = doc.spec;
-    const vllm = s ? [["mean_acceptance_length", fmt(s.mean_acceptance_length, 2)],
-                      ["draft_acceptance_rate", pct(s.draft_acceptance_rate)], ["verify steps", s.num_spec_steps],
-                      ["drafted", s.num_draft_tokens], ["accepted", s.num_accepted_draft_tokens]] : [];
-    const kv = (rows) => rows.map(([k, v]) => `<span class="ssv-metric"><span>${esc(k)}</span> <b>${esc(fmt(v))}</b></span>`).join("");
+    const vllm = s ? [["mean acc. length (vLLM)", fmt(s.mean_acceptance_length, 2)],
+                      ["draft acc. rate (vLLM)", pct(s.draft_acceptance_rate)], ["verify steps", s.num_spec_steps],
+                      ["drafted", s.num_draft_tokens], ["drafts accepted", s.num_accepted_draft_tokens]] : [];
+    const defs = doc.definitions || {};
+    const kv = (rows) => rows.map(([k, v]) => `<span class="ssv-metric" title="${esc(defs[k] || "")}">` +
+                                   `<span>${esc(k)}</span> <b>${esc(fmt(v))}</b></span>`).join("");
     const status = doc.status === "running" ? '<span class="ss-badge ss-ref">● live: following</span>'
       : `<span class="ss-badge ${doc.status === "done" ? "ss-ok" : "ss-bad"}">${esc(doc.status)}</span>`;
     return `<div class="ss-summary"><b>${esc(doc.mode)} · ${esc(doc.run_id)} · ${esc(doc.status)} · ` +

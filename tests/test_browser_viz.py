@@ -132,7 +132,10 @@ def test_linear_spec_shows_its_replaced_draft_and_vllm_metrics(page, server) -> 
     head = page.locator("#viz-grid .ss-round-head").inner_text()
     assert "rejected draft" in head and "correction" in head
     vllm = page.locator("#viz-vllm").inner_text()
-    assert "mean_acceptance_length" in vllm and "draft_acceptance_rate" in vllm
+    assert "mean acc. length (vLLM)" in vllm and "draft acc. rate (vLLM)" in vllm and "drafts accepted" in vllm
+    hover = page.locator("#viz-vllm .ssv-metric", has_text="mean acc. length").get_attribute("title")
+    assert "mean_acceptance_length" in hover and "bonus" in hover        # issue 31.5: one definition, shown
+    assert "accepted_len" in page.locator("#viz-summary .ssv-metric", has_text="tokens / round").get_attribute("title")
     page.wait_for_selector("#viz-positions .main-svg")
     assert "accepted" in page.locator("#viz-summary .ssv-explain").inner_text().lower()
 

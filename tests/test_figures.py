@@ -319,6 +319,8 @@ def test_legend_explains_every_colour() -> None:
 
 def test_stats_line_and_sparkline(trace: RunTrace) -> None:
     assert sparkline([0, 2, 4]) == "▁▅█" and sparkline([]) == "" and sparkline([1, 1]) == "▄▄"
+    long = sparkline([1] * 300 + [8] * 300)   # a 600-round run: one line of 48 bars, the halves kept
+    assert len(long) == 48 and set(long[:24]) == {"▂"} and set(long[24:]) == {"█"}
     line = run_stats_html(trace)
     assert "stopped" not in line and "<b>linear_spec</b>" in line
     assert "TPF 1.25" in line and "NFE 4" in line and "50.0 tok/s" in line and "r_test" in line

@@ -13,7 +13,7 @@ from app.client import BackendError, BackendUnavailable
 from app.figures import LAYOUT, fmt, warning_html
 from app.session import Backend
 
-MODE_COLUMNS = ["mode", "NFE", "TPF", "tok/s", "vs ar", "mean accepted", "accuracy", "same as ref", "fold ratio"]
+MODE_COLUMNS = ["mode", "NFE", "TPF", "tok/s", "vs ar", "tokens / round", "accuracy", "same as ref", "fold ratio"]
 KERNEL_COLUMNS = ["branches", "prefix", "fold target", "fold QKV", "fold FFN", "dense ms", "folded ms", "speedup",
                   "TFLOP/s dense", "TFLOP/s folded", "GB/s dense", "GB/s folded"]
 
