@@ -300,7 +300,7 @@ def fmt(x: float | None, spec: str, suffix: str = "") -> str:
 
 
 def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta: dict[str, Any]) -> str:
-    head = ("| mode | NFE | TPF | tok/s | vs ar | vs transformers | mean accepted | accuracy | same as ref | "
+    head = ("| mode | NFE | TPF | tok/s | vs ar | vs transformers | tokens / round | accuracy | same as ref | "
             "tracing on/off | verify ms (vs ref) | KV peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     if peer is not None:

@@ -116,7 +116,7 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
 def metrics_line(res: RunResult) -> str:
     m = res.metrics
     return (f"{res.mode} · {res.status} · {m['tokens']} tokens · NFE {m['nfe']} · TPF {fmt(m['tpf'])} · "
-            f"{fmt(m['tok_per_s'], '.1f')} tok/s · mean accepted {fmt(m['accept_len_mean'])} · "
+            f"{fmt(m['tok_per_s'], '.1f')} tok/s · tokens/round {fmt(m['accept_len_mean'])} · "
             f"KV peak {m['kv_peak']} · {m['wall_ms']:.0f} ms")
 
 
