@@ -13,7 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 from markdown_it import MarkdownIt
 
-from app.palette import CASES, KV_REASONS, STATES, kv_color
+from app.palette import CASES, KV_REASONS, STATES, kv_color, phase_color
 from app.specmetrics import spec_metrics
 from app.trace import Cell, Event, Piece, RunTrace, id_piece
 
@@ -177,6 +177,64 @@ def kv_figure(intervals: Sequence[Event], n_rounds: int) -> go.Figure:
                       height=min(220 + 6 * len(slots), 640), legend=legend_top())
     fig.update_yaxes(categoryorder="array", categoryarray=[f"slot {s}" for s in reversed(slots)],
                      showticklabels=len(slots) <= 40, title="KV slot")
+    return fig
+
+
+def phase_timeline_figure(rounds: Sequence[Event]) -> go.Figure:
+    """Each round's forward phases on the run's wall clock (Perfetto-style): a lane per phase kind, a bar per phase
+    of its measured ms, laid end to end so the round's last phase ends at its event's t_ms; click a bar for its
+    round."""
+    lanes: dict[str, dict[str, list[Any]]] = {}
+    for r in rounds:
+        phases = r.get("phases") or []
+        start = float(r.get("t_ms") or 0.0) - sum(float(p.get("ms") or 0.0) for p in phases)
+        for p in phases:
+            ms, kind = float(p.get("ms") or 0.0), str(p.get("kind") or "?")
+            lane = lanes.setdefault(kind, {"base": [], "x": [], "custom": []})
+            lane["base"].append(start)
+            lane["x"].append(max(ms, 0.01))
+            lane["custom"].append([r.get("round"), p.get("attn"), p.get("n_query"), "on" if p.get("lora") else "off",
+                                   ms])
+            start += ms
+    fig = go.Figure()
+    for kind, lane in lanes.items():
+        fig.add_trace(go.Bar(base=lane["base"], x=lane["x"], y=[kind] * len(lane["x"]), orientation="h", name=kind,
+                             marker_color=phase_color(kind), customdata=lane["custom"],
+                             hovertemplate="round %{customdata[0]} · %{y} · %{customdata[4]:.2f} ms<br>attention "
+                                           "%{customdata[1]} · %{customdata[2]} query rows · LoRA %{customdata[3]}"
+                                           "<extra></extra>"))
+    fig.update_layout(**LAYOUT, title="forward phases on the wall clock", barmode="overlay", showlegend=False,
+                      height=140 + 34 * max(len(lanes), 1), xaxis={"title": "ms since the run began"},
+                      yaxis={"title": "phase"})
+    return fig
+
+
+def kv_time_figure(intervals: Sequence[Event], rounds: Sequence[Event]) -> go.Figure:
+    """KV slots held against wall-clock time after each round, stacked by how each occupancy ended (the slot
+    lifecycle chart's colours); click a point for its round."""
+    order = [r.get("round") for r in rounds]
+    index = {n: i for i, n in enumerate(order)}
+    deltas: dict[str | None, list[int]] = {}
+    for iv in intervals:
+        reason = iv.get("end_reason")
+        delta = deltas.setdefault(reason, [0] * (len(order) + 1))
+        delta[index.get(iv.get("alloc_round"), 0)] += 1
+        if iv.get("free_round") is not None and iv["free_round"] in index:
+            delta[index[iv["free_round"]]] -= 1   # freed during that round: not held after it
+    times = [float(r.get("t_ms") or 0.0) for r in rounds]
+    fig = go.Figure()
+    for reason, delta in deltas.items():
+        held, running = [], 0
+        for d in delta[:len(order)]:
+            running += d
+            held.append(running)
+        fig.add_trace(go.Scatter(x=times, y=held, customdata=order, stackgroup="kv", mode="lines",
+                                 name=reason or "never freed", line={"color": kv_color(reason), "width": 1},
+                                 hovertemplate="round %{customdata} · %{x:.0f} ms<br>%{y} slots held"
+                                               f" ({KV_REASONS.get(reason, ('', str(reason)))[1]})<extra></extra>"))
+    fig.update_layout(**LAYOUT, title="KV slots held over time, by how they ended", height=260,
+                      legend={"orientation": "h", "y": -0.3, "yanchor": "top", "x": 0},
+                      xaxis={"title": "ms since the run began"}, yaxis={"title": "slots held"})
     return fig
 
 

@@ -25,6 +25,16 @@ KV_REASONS: dict[str | None, tuple[str, str]] = {
     None: ("#111827", "never freed (leak)"),
 }
 
+# forward phase kind -> (colour, meaning), for the timeline
+PHASES: dict[str, tuple[str, str]] = {
+    "prefill": ("#64748b", "the prompt's forward"),
+    "draft": ("#f59e0b", "a drafting forward (masks guessed)"),
+    "verify": ("#22c55e", "a verifying forward (drafts checked)"),
+    "denoise": ("#8b5cf6", "a denoising pass over a block"),
+    "decode": ("#3b82f6", "a one-token decode step"),
+    "refresh": ("#ec4899", "a KV refresh of committed positions"),
+}
+
 CASES: dict[str, tuple[str, str]] = {
     "V": ("#22c55e", "V: every spec verified"),
     "R": ("#ef4444", "R: a spec rejected, correction emitted"),
@@ -34,6 +44,10 @@ CASES: dict[str, tuple[str, str]] = {
 
 def kv_color(reason: str | None) -> str:
     return KV_REASONS.get(reason, ("#64748b", ""))[0]
+
+
+def phase_color(kind: str) -> str:
+    return PHASES.get(kind, ("#0f172a", ""))[0]
 
 
 def palette_css() -> str:

@@ -11,6 +11,8 @@ from app.figures import (
     accepted_length_figure,
     isd_case_figure,
     kv_figure,
+    kv_time_figure,
+    phase_timeline_figure,
 )
 from app.specmetrics import fold_ratios, spec_metrics, step_map
 from app.trace import Event, Piece, RunTrace
@@ -47,7 +49,10 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
     mask_ids = sorted({t for r in trace.rounds for t, s in zip(r.get("tokens") or [], r.get("states") or [],
                                                                strict=False) if s == "mask"})
     n_rounds = len(trace.rounds)
-    figures = {"accepted": accepted_length_figure(trace.rounds), "kv": kv_figure(trace.kv, n_rounds)}
+    figures = {"accepted": accepted_length_figure(trace.rounds), "kv": kv_figure(trace.kv, n_rounds),
+               "timeline": phase_timeline_figure(trace.rounds)}
+    if trace.kv:
+        figures["kv_time"] = kv_time_figure(trace.kv, trace.rounds)
     metrics = spec_metrics(trace)
     if metrics:
         figures["positions"] = acceptance_position_figure(metrics["acceptance_rate_per_position"])

@@ -48,6 +48,8 @@ window.specscopeViz = (() => {
       <div id="viz-positions" class="ssv-chart" hidden></div>
     </div>
     <div id="viz-kv" class="ssv-chart ssv-run-chart"></div>
+    <div id="viz-kv-time" class="ssv-chart ssv-run-chart" hidden></div>
+    <div id="viz-timeline" class="ssv-chart ssv-run-chart"></div>
     <div id="viz-output" class="ssv-panel"></div>`;
 
   // -- per-run precomputation ----------------------------------------------------------------------------------------
@@ -430,7 +432,7 @@ window.specscopeViz = (() => {
     drawRunCharts() {
       const figs = this.doc.figures;
       const charts = [["accepted", "viz-accepted"], ["cases", "viz-cases"], ["positions", "viz-positions"],
-                      ["kv", "viz-kv"]];
+                      ["kv", "viz-kv"], ["kv_time", "viz-kv-time"], ["timeline", "viz-timeline"]];
       for (const [name, id] of charts) this.$(id).hidden = !figs[name];  // widths settle before drawing
       if (!window.Plotly) return;
       for (const [name, id] of charts) {
@@ -447,7 +449,8 @@ window.specscopeViz = (() => {
     clickChart(id, ev) {
       const p = ev.points && ev.points[0];
       if (!p) return;
-      const round = id === "viz-kv" ? p.customdata[1] : id === "viz-positions" ? null : p.x;
+      const round = id === "viz-kv" ? p.customdata[1] : id === "viz-positions" ? null
+        : id === "viz-timeline" ? p.customdata[0] : id === "viz-kv-time" ? p.customdata : p.x;
       if (round !== null && this.ctx.byRound.has(round)) this.go(this.ctx.byRound.get(round));
     }
 

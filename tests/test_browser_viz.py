@@ -127,6 +127,25 @@ def test_chart_click_jumps_and_token_history(page, server) -> None:
     assert label(page).startswith(f"round {revealed} of")
 
 
+def test_timelines_show_phases_and_kv_on_the_wall_clock_and_jump(page, server) -> None:
+    """Issue 31.6: every round's phases on a wall-clock axis, and KV slots held over time by how they ended."""
+    open_run(page, server, "linear_spec")
+    page.wait_for_selector("#viz-timeline .main-svg")
+    page.wait_for_selector("#viz-kv-time .main-svg")
+    lanes = page.evaluate("() => document.querySelector('#viz-timeline').data.map(t => t.name)")
+    assert {"prefill", "draft", "verify"} <= set(lanes)
+    title = page.evaluate("() => document.querySelector('#viz-timeline').layout.xaxis.title.text")
+    assert title == "ms since the run began"
+    held = page.evaluate("() => document.querySelector('#viz-kv-time').data.map(t => t.name)")
+    assert "finished" in held
+    page.evaluate("() => document.querySelector('#viz-timeline').emit('plotly_click', "
+                  "{points: [{customdata: [3, 'block', 8, 'on', 1.0]}]})")
+    assert label(page).startswith("round 3 of")
+    page.evaluate("() => document.querySelector('#viz-kv-time').emit('plotly_click', {points: [{customdata: 1}]})")
+    assert label(page).startswith("round 1 of")
+    page.locator("#viz-timeline").screenshot(path=str(ARTIFACTS / "timeline.png"))
+
+
 def test_linear_spec_shows_its_replaced_draft_and_vllm_metrics(page, server) -> None:
     open_run(page, server, "linear_spec", 1)
     head = page.locator("#viz-grid .ss-round-head").inner_text()
