@@ -31,6 +31,7 @@ def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, A
     ids += [e.get("token") for e in r.get("pq") or [] if e.get("token") is not None]
     extra = r.get("extra") or {}
     ids += list(extra.get("guess") or [])
+    ids += [t for cell in r.get("topk") or [] for entry in cell or [] for t, _ in entry.get("top") or []]
     if extra.get("replaced_draft") is not None:
         ids.append(extra["replaced_draft"])
     for token in ids:

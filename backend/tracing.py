@@ -44,6 +44,7 @@ class RoundEvent:
     fold: list[list[int]] | None = None
     block_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    topk: list[list[dict[str, Any]] | None] | None = None  # per cell, with params.trace_topk: each forward's top-k
     round: int = 0
     phases: Sequence[Phase] = ()        # the bookkeeping fields are the recorder's, set when it emits the round
     accepted_len: int = 0
@@ -56,6 +57,8 @@ class RoundEvent:
         self.tokens, self.states = self.tokens[:index + 1], self.states[:index + 1]
         if self.conf is not None:
             self.conf = self.conf[:index + 1]
+        if self.topk is not None:
+            self.topk = self.topk[:index + 1]
 
 
 PLAIN = frozenset({int, str, bool, type(None)})
@@ -225,6 +228,8 @@ class RecordingTracer:
                "text_delta": e.text_delta}
         if e.extra:
             out["extra"] = sanitize(e.extra)
+        if e.topk is not None:
+            out["topk"] = sanitize(e.topk)
         return out
 
     def _kv(self, t: float, op: str, slots: list[int], positions: Sequence[int], round: int,

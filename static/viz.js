@@ -261,6 +261,10 @@ window.specscopeViz = (() => {
         notes.push(`replaced draft ${show(ctx.piece(r.extra.replaced_draft), 20)}`);
       }
       if (drafts.size) notes.push(`branch drafts ${[...drafts].map((t) => show(ctx.piece(t), 12)).join(", ")}`);
+      for (const alt of ((r.topk || [])[i] || [])) {  // params.trace_topk: each forward that predicted the position
+        const top = (alt.top || []).map(([t, p]) => `${show(ctx.piece(t), 12)} ${prob(p)}`).join(", ");
+        notes.push(`${alt.kind}: ${top} (entropy ${fmt(alt.entropy, 2)}, margin ${fmt(alt.margin, 2)})`);
+      }
       const token = MASKED.has(st) ? "[M]" : show(ctx.piece(r.tokens[i]), 24);
       const entry = { k, from: r.round, to: r.round, st, token, conf: fmt((r.conf || [])[i]), notes: notes.join(" · ") };
       const last = entries[entries.length - 1];
@@ -278,7 +282,8 @@ window.specscopeViz = (() => {
       ? `<div class="ss-scroll"><table class="ss-table ssv-history"><thead><tr><th>round</th><th>state</th>` +
         `<th>token</th><th>confidence</th><th>details</th></tr></thead><tbody>${rows.join("")}</tbody></table></div>`
       : `<div class="ssv-note">position ${pos} was never in a round's block (${esc(where)}).</div>`) +
-      `<div class="ssv-note">top-k alternatives are not recorded by the engine.</div>`;
+      (doc.rounds.some((r) => r.topk) ? ""
+        : `<div class="ssv-note">top-k alternatives were not recorded: run with the parameter trace_topk = k.</div>`);
   }
 
   // -- summary, metrics, step map ------------------------------------------------------------------------------------

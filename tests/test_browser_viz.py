@@ -38,6 +38,9 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
         tracer = RecordingTracer(sink=store.record)
         engine.generate(CODE, mode, {"max_new_tokens": 12, "raw": True, **params}, tracer=tracer)
         runs[mode] = tracer.run_id
+    tracer = RecordingTracer(sink=store.record)   # with each position's top-3 alternatives
+    engine.generate(CODE, "linear_spec", {"max_new_tokens": 12, "raw": True, "trace_topk": 3}, tracer=tracer)
+    runs["topk"] = tracer.run_id
     port = free_port()
     app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}")
     with serving(app, port):
@@ -144,6 +147,21 @@ def test_timelines_show_phases_and_kv_on_the_wall_clock_and_jump(page, server) -
     page.evaluate("() => document.querySelector('#viz-kv-time').emit('plotly_click', {points: [{customdata: 1}]})")
     assert label(page).startswith("round 1 of")
     page.locator("#viz-timeline").screenshot(path=str(ARTIFACTS / "timeline.png"))
+
+
+def test_token_history_shows_the_recorded_top_k(page, server) -> None:
+    """Issue 31.5: a run with trace_topk = 3 shows, per round, each forward's three alternatives with entropy and
+    margin; a run without says how to record them."""
+    open_run(page, server, "topk", 1)
+    page.locator("#viz-grid .ss-block .ss-tok").nth(1).click()
+    page.wait_for_selector("#viz-history table")
+    history = page.locator("#viz-history").inner_text()
+    assert "draft:" in history and "verify:" in history and "entropy" in history and "margin" in history
+    assert "not recorded" not in history
+    page.locator("#viz-history").screenshot(path=str(ARTIFACTS / "topk.png"))
+    open_run(page, server, "linear_spec", 1)
+    page.locator("#viz-grid .ss-block .ss-tok").nth(1).click()
+    page.wait_for_selector("#viz-history >> text=trace_topk")
 
 
 def test_linear_spec_shows_its_replaced_draft_and_vllm_metrics(page, server) -> None:

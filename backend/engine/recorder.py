@@ -43,7 +43,17 @@ class RunRecorder:
         """Hand the mode's view of the round to the tracer, to be completed with the bookkeeping when it is made."""
         if view is None:
             raise ValueError(f"mode {req.mode.name} returned no view while tracing is on")
+        if req.alternatives:
+            view.topk = self.alternatives(view, req.alternatives)
+            req.alternatives = {}
         req.tracer.round(view, self.complete, req, req.round, req.phases, accepted_len, emitted)
+
+    @staticmethod
+    def alternatives(view: RoundEvent, by_position: dict[int, list[dict[str, Any]]]) -> list[Any]:
+        """The round's recorded top-k per cell (None where no forward predicted its position); a cell sits at
+        block_start + its offset (quadratic's `extra.offsets`) or + its index."""
+        offsets = view.extra.get("offsets") or range(len(view.tokens))
+        return [by_position.get(view.block_start + int(off)) for off in offsets]
 
     def complete(self, req: Request, round_: int, phases: list[Phase], accepted_len: int, emitted: list[int],
                  view: RoundEvent) -> None:

@@ -39,6 +39,7 @@ class Request:
     nfe: int = 0
     accept_lens: list[int] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
+    alternatives: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # position -> this round's top-k
     block_size: int | None = None
     kv_peak: int = 0
     error: str | None = None

@@ -10,11 +10,13 @@ from torch import Tensor
 
 from backend.engine.kv import KVPool
 from backend.engine.request import Request
-from backend.engine.sampling import pick
+from backend.engine.sampling import alternatives, pick
 from backend.model.checkpoint import LoadedModel
 from backend.model.transformer import KVContext
 from backend.tracing import Phase
 from kernels.cpu_decode import fused_decode
+
+MAX_ALTERNATIVES = 8   # top-k entries kept per position and round (one per forward that predicted it)
 
 
 class Runtime:
@@ -99,6 +101,8 @@ class Runtime:
         if not self.loaded.logits_shifted.get(attn, True):
             logits = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)   # the last row has no successor
         ms = (time.perf_counter() - t0) * 1000
+        if any(r.params.get("trace_topk") for r in reqs):
+            self._note_alternatives(reqs, rows_at, logits, kind)
         adapter_on = bool(adapter.any()) if isinstance(adapter, Tensor) else adapter
         for req in {id(r): r for r in reqs}.values():
             if kind != "prefill":
@@ -109,6 +113,23 @@ class Runtime:
                 if req.tracer.enabled:
                     req.tracer.kv(kv_op, slots, row, req.round)
         return logits
+
+    def _note_alternatives(self, reqs: list[Request], rows_at: list[list[int]], logits: Tensor, kind: str) -> None:
+        """For each traced request that asked (params.trace_topk): the top-k of every row's next position, kept per
+        position until its round is recorded. A request's first row only (one row group per branched verify); a
+        prefill's last row only (it predicts the first new token)."""
+        seen: set[int] = set()
+        for req, positions, rows in zip(reqs, rows_at, logits, strict=True):
+            k = req.params.get("trace_topk", 0)
+            if not k or not req.tracer.enabled or id(req) in seen:
+                continue
+            seen.add(id(req))
+            if kind == "prefill":
+                positions, rows = positions[-1:], rows[-1:]
+            for pos, entry in zip(positions, alternatives(rows, k, self.mask_id), strict=True):
+                kept = req.alternatives.setdefault(pos + 1, [])
+                if len(kept) < MAX_ALTERNATIVES:
+                    kept.append({"kind": kind, **entry})
 
     def adapter(self, ids: Tensor, draft: bool) -> bool | Tensor:
         """Where the model's adapter is on in this forward, by its declared scope: `draft` passes that ask for

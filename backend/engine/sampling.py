@@ -1,6 +1,8 @@
 """Token choice from logits: greedy argmax at T=0, else a seeded draw; MASK is never chosen."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -19,6 +21,21 @@ def pick(logits: Tensor, temperature: float, generator: torch.Generator | None,
     else:
         ids = logits.argmax(-1)
     return ids, probs.gather(-1, ids[..., None])[..., 0]
+
+
+def alternatives(logits: Tensor, k: int, banned: int | None) -> list[dict[str, Any]]:
+    """Per row of logits [Q, V]: the k most likely tokens under the plain (T = 1) softmax, MASK excluded, with their
+    probabilities, the entropy (nats) and the margin between the top two."""
+    logits = logits.float()
+    if banned is not None:
+        logits = logits.clone()
+        logits[..., banned] = float("-inf")
+    probs = torch.softmax(logits, dim=-1)
+    top_p, top_id = probs.topk(max(k, 2), dim=-1)
+    entropy = torch.special.entr(probs).sum(-1)
+    return [{"top": [[int(t), float(p)] for t, p in zip(ids[:k].tolist(), ps[:k].tolist(), strict=True)],
+             "entropy": float(h), "margin": float(ps[0] - ps[1])}
+            for ids, ps, h in zip(top_id, top_p, entropy.tolist(), strict=True)]
 
 
 def confidence(logits: Tensor, ids: Tensor, banned: int | None) -> Tensor:
