@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,6 +100,14 @@ def start_cluster(bin_dir: Path) -> Cluster:
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[Cluster]:
     """One PostgreSQL server for the session, stopped and deleted at its end."""
+    with own_cluster() as cluster:
+        yield cluster
+
+
+@contextmanager
+def own_cluster() -> Iterator[Cluster]:
+    """A PostgreSQL server of the caller's own (one a test may stop and start), stopped and deleted at the end;
+    without the server binaries the test skips (fails where CI=true)."""
     bin_dir = find_bin()
     if bin_dir is None:
         if os.environ.get("CI") == "true":

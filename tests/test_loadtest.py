@@ -4,6 +4,7 @@ import json
 import shlex
 
 import pytest
+from postgres import own_cluster
 
 from backend import loadtest
 
@@ -28,12 +29,7 @@ def test_small_load_run_passes_every_check(tmp_path, capsys):
 @pytest.mark.postgres
 def test_store_outage_phase_loses_no_acknowledged_run(tmp_path, capsys) -> None:
     """The outage phase on a PostgreSQL server of its own, stopped and started by the script's shell commands."""
-    from postgres import find_bin, start_cluster
-    bin_dir = find_bin()
-    if bin_dir is None:
-        pytest.skip("no PostgreSQL server binaries")
-    cluster = start_cluster(bin_dir)
-    try:
+    with own_cluster() as cluster:
         out = tmp_path / "outage.json"
         code = loadtest.main([
             "--spawn", "--model", "tiny", "--db", cluster.new_database(), "--phases", "outage", "--clients", "4",
@@ -45,5 +41,3 @@ def test_store_outage_phase_loses_no_acknowledged_run(tmp_path, capsys) -> None:
         outage = report["outage"]
         assert outage["streaming_at_stop"] > 0 and outage["stored_as_answered"] == outage["answered"] == 4
         assert outage["runs_read_during"] == 503 and outage["health_store_during"] == "unavailable"
-    finally:
-        cluster.pg_ctl("-m", "immediate", "stop")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from postgres import INSTALL, Cluster, find_bin, start_cluster
+from postgres import Cluster, own_cluster
 from test_store import N_ROUNDS, finish, play_round, start
 
 from backend.server import create_app
@@ -20,14 +20,8 @@ PROMPT = "What is 12 + 30?"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    bin_dir = find_bin()
-    if bin_dir is None:
-        pytest.skip(f"no PostgreSQL server binaries; {INSTALL}")
-    cluster = start_cluster(bin_dir)
-    try:
+    with own_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.pg_ctl("-m", "immediate", "stop")
 
 
 def wait_for(predicate, timeout: float = 30.0) -> None:
