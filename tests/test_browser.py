@@ -411,10 +411,10 @@ def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -
     page.click("#chat-clear")
     choose(page, "#chat-mode", "specfold")
     page.wait_for_selector("text=specfold:")
-    set_number(page, "#param-max_new_tokens", 300)
+    set_number(page, "#param-max_new_tokens", 120)
     page.check("#param-raw input[type=checkbox]")
     for text in ("import os\n\n\nclass Config:\n    def __init__(self, path):\n        ", "first queued",
-                 "second queued"):   # the first runs its 300 tokens (no EOS on the tiny model) while the rest wait
+                 "second queued"):   # the first runs its 120 tokens (no EOS on the tiny model) while the rest wait
         page.fill("#chat-input textarea", text)
         page.press("#chat-input textarea", "Enter")
     page.wait_for_selector("#chat-queued >> text=second queued")

@@ -218,7 +218,8 @@ def test_viz_document_carries_what_the_browser_draws(trace: RunTrace) -> None:
     doc = viz_document(trace, piece, explain=get_mode(trace.mode).explain)
     assert doc["run_id"] == "r_test" and len(doc["rounds"]) == 3 and "run_id" not in doc["rounds"][0]
     assert doc["pieces"]["2"] == "<script>" and doc["step_map"] == [0, 1, 1, 2, 2]
-    assert set(doc["figures"]) == {"accepted", "kv", "positions"} and doc["spec"]["num_spec_steps"] == 2
+    drawn = {"accepted", "kv", "positions", "timeline"} | ({"kv_time"} if trace.kv else set())
+    assert set(doc["figures"]) == drawn and doc["spec"]["num_spec_steps"] == 2
     assert "accepted" in doc["explain"].lower()
     assert json.loads(document_json(doc))["mode"] == "linear_spec" and document_json(None) == ""
 

@@ -19,7 +19,7 @@ from backend.engine.engine import Engine
 from backend.server import create_app
 from backend.store import Store
 
-EXAMPLES = int(os.environ.get("SCHEMATHESIS_N", 10))   # per operation and generation mode
+EXAMPLES = int(os.environ.get("SCHEMATHESIS_N", 6))   # per operation and generation mode
 
 
 @pytest.fixture(scope="module")
