@@ -9,13 +9,12 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 from postgres import Cluster, own_cluster
-from test_store import N_ROUNDS, finish, play_round, start
+from support.store_runs import N_ROUNDS, PROMPT, finish, play_round, start
 
 from backend.server import create_app
 from backend.store import Store, StoreUnavailable, StoreWriter
 
 pytestmark = pytest.mark.postgres
-PROMPT = "What is 12 + 30?"
 
 
 @pytest.fixture(scope="module")

@@ -113,12 +113,12 @@ def build_chat(backend: Backend) -> ChatTab:
                                  elem_id="chat-bot", buttons=["copy"], render_markdown=False)
             prompt = gr.Textbox(label="message", elem_id="chat-input", lines=1, max_lines=6,
                                 placeholder="Ask something, e.g. What is the capital of Japan?  (Enter sends)")
-            waiting_box = gr.HTML(queue_html(()), elem_id="chat-queue")
             examples = example_picker(prompt, "chat-examples")
             with gr.Row():
                 send = gr.Button("Send", variant="primary", elem_id="chat-send")
                 stop = gr.Button("Stop", elem_id="chat-stop")
                 clear = gr.Button("Clear", elem_id="chat-clear")
+            waiting_box = gr.HTML(queue_html(()), elem_id="chat-queue")  # under the buttons: they never move
         with gr.Column(scale=2):
             mode = gr.Dropdown(label="decoding mode", choices=[], elem_id="chat-mode", interactive=True)
 
