@@ -25,7 +25,11 @@ class BackendUnavailable(ConnectionError):
 
 
 class BackendError(RuntimeError):
-    """The backend answered with an error."""
+    """The backend answered with an error (`status`: its HTTP status, when it came over HTTP)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 def base_urls(backend: str) -> tuple[str, str]:
@@ -55,7 +59,7 @@ class Client:
         except httpx.TransportError as exc:
             raise BackendUnavailable(f"backend unavailable at {self.http_url} ({type(exc).__name__})") from exc
         if response.status_code >= 400:
-            raise BackendError(f"{method} {path}: HTTP {response.status_code} {detail(response)}")
+            raise BackendError(f"{method} {path}: HTTP {response.status_code} {detail(response)}", response.status_code)
         return response
 
     def get(self, path: str, **params: Any) -> Any:

@@ -554,6 +554,15 @@ def test_choice_parameter_is_a_dropdown_and_reaches_the_run(page) -> None:
     assert run["mode"] == "specfold" and run["params"]["backend"] == "triton"
 
 
+def test_a_deep_link_to_a_run_not_stored_says_so(browser, server, errors) -> None:
+    """Issue 31.10: a link to a deleted run reads as such, not as a raw HTTP 404."""
+    other = new_page(browser, errors)
+    other.goto(server["url"] + "?run=r_deadbeefdeadbeef&round=3")
+    other.wait_for_selector("#viz-message >> text=is not stored here")
+    assert "HTTP 404" not in other.locator("#viz-message").inner_text()
+    other.close()
+
+
 def test_no_console_errors(page, errors) -> None:
     assert errors == []
 

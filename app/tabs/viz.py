@@ -94,7 +94,12 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
             trace = backend.trace(client, run_id)
             doc = viz_document(trace, backend.piece(client, trace), explain=backend.explain(client, trace.mode))
             return "", document_json(doc), trace.status == "running"
-        except (BackendUnavailable, BackendError) as exc:
+        except BackendError as exc:
+            if exc.status == 404:  # a deep link to a deleted run, or to another store's
+                return warning_html(f"Run {run_id} is not stored here: it was deleted, or the link names a run of "
+                                    f"another server's store. Pick a run from the list (↻ runs)."), "", False
+            return warning_html(exc), gr.skip(), False
+        except BackendUnavailable as exc:
             return warning_html(exc), gr.skip(), False
 
     async def follow(run_id: str | None, running: bool, request: gr.Request) -> AsyncIterator[Any]:
