@@ -78,9 +78,10 @@ class StoreWriter:
     def settle(self, timeout: float = SETTLE_TIMEOUT_S) -> None:
         """Return once everything put so far is stored; StoreUnavailable at once while the database does not answer,
         or when it is not stored within `timeout`."""
-        if self.outage_s is not None or not self.flush(timeout):
-            raise StoreUnavailable("the run store does not answer: runs are kept and stored when it is back"
-                                   if self.outage_s is not None else "the run store is behind: try again")
+        if self.unreachable_since is not None:
+            raise StoreUnavailable("the run store does not answer: runs are kept and stored when it is back")
+        if not self.flush(timeout):
+            raise StoreUnavailable("the run store is behind: try again")
 
     def close(self) -> None:
         """Write what is queued, then end the thread (the store stays open); a database that does not answer is
