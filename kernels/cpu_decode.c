@@ -15,6 +15,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define LANES 16
 
@@ -23,6 +26,9 @@ enum { F32, F16, BF16 };
 /* Per-layer tensors, in this order, in the `tensors` table (0 = absent). Projections are row-major [out, in]
    in the weight format; norms and biases float32. */
 enum { IN_NORM, POST_NORM, Q_NORM, K_NORM, WQ, WK, WV, WO, WGATE, WUP, WDOWN, BQ, BK, BV, BO, N_TENSORS };
+/* The adapted projections, in the lora table's order: LORA_OF(WQ) = 0 .. LORA_OF(WDOWN) = 6. */
+#define N_LORA 7
+#define LORA_OF(name) ((name) - WQ)
 /* Dimensions, in this order, in the `dims` table. */
 enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT };
 
@@ -86,9 +92,10 @@ static inline vec vfma(vec a, vec b, vec c) { return fmaf(a, b, c); }
 static inline void vstore(float *p, vec a) { *p = a; }
 #endif
 #define STEPS (LANES / VW)
-/* Query rows that share each weight load: their accumulators (ROW_BLOCK x 4 x STEPS vectors) stay in registers. */
+/* Query rows that share each weight load: their accumulators (ROW_BLOCK x 4 vectors, one vector step at a time)
+   and the 4 weight vectors stay in registers (16 on AVX2, where the x loads are the FMAs' memory operands). */
 #if VW == 8
-#define ROW_BLOCK 2
+#define ROW_BLOCK 3
 #else
 #define ROW_BLOCK 4
 #endif
@@ -103,6 +110,11 @@ static inline void vstore(float *p, vec a) { *p = a; }
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 1024
 #endif
+
+/* Work (multiply-adds) below which a linear runs on one thread: a parallel region costs a few microseconds. Threads
+   split a linear's outputs, so every output is summed as on one thread and the numbers do not depend on their
+   count. */
+#define PARALLEL_MIN 32768
 
 /* The sum of the LANES lanes as one tree, the same for every ISA: lane k + lane k+8, then k + k+4, k + k+2 and
    k + k+1 (a few vector adds, where a lane-by-lane sum was 16 dependent ones per output). */
@@ -140,24 +152,29 @@ static float weight_at(const void *w, int format, int64_t i) {
                                                                    const float *x, int64_t ldx, float *y,     \
                                                                    int64_t ldy, int rb, int prefetch) {       \
         vec acc[ROW_BLOCK][4][STEPS];                                                                         \
-        for (int b = 0; b < rb; b++)                                                                          \
-            for (int r = 0; r < 4; r++)                                                                       \
-                for (int u = 0; u < STEPS; u++) acc[b][r][u] = vzero();                                       \
         int i = 0;                                                                                            \
-        for (; i + LANES <= in; i += LANES)                                                                   \
-            for (int u = 0; u < STEPS; u++) {                                                                 \
+        for (int u = 0; u < STEPS; u++) { /* each vector step is its own chain: one at a time fits registers */ \
+            vec part[ROW_BLOCK][4];                                                                           \
+            for (int b = 0; b < rb; b++)                                                                      \
+                for (int r = 0; r < 4; r++) part[b][r] = vzero();                                             \
+            for (i = 0; i + LANES <= in; i += LANES) {                                                        \
                 int j = i + u * VW;                                                                           \
                 if (prefetch && u == 0)                                                                       \
                     for (int r = 0; r < 4; r++) __builtin_prefetch(wr[r] + i + PREFETCH_AHEAD, 0, PREFETCH_LOCALITY); \
+                if (prefetch > 1 && u == 0) /* more row blocks follow: fetch the next 4 weight rows meanwhile */ \
+                    for (int r = 0; r < 4; r++) __builtin_prefetch(wr[r] + 4 * (int64_t)in + i, 0, 3);          \
                 vec w0 = LOAD(wr[0] + j), w1 = LOAD(wr[1] + j), w2 = LOAD(wr[2] + j), w3 = LOAD(wr[3] + j);   \
                 for (int b = 0; b < rb; b++) {                                                                \
-                    vec xv = vload(x + b * ldx + j);                                                          \
-                    acc[b][0][u] = vfma(w0, xv, acc[b][0][u]);                                                \
-                    acc[b][1][u] = vfma(w1, xv, acc[b][1][u]);                                                \
-                    acc[b][2][u] = vfma(w2, xv, acc[b][2][u]);                                                \
-                    acc[b][3][u] = vfma(w3, xv, acc[b][3][u]);                                                \
+                    const float *xj = x + b * ldx + j;                                                        \
+                    part[b][0] = vfma(w0, vload(xj), part[b][0]);                                             \
+                    part[b][1] = vfma(w1, vload(xj), part[b][1]);                                             \
+                    part[b][2] = vfma(w2, vload(xj), part[b][2]);                                             \
+                    part[b][3] = vfma(w3, vload(xj), part[b][3]);                                             \
                 }                                                                                             \
             }                                                                                                 \
+            for (int b = 0; b < rb; b++)                                                                      \
+                for (int r = 0; r < 4; r++) acc[b][r][u] = part[b][r];                                        \
+        }                                                                                                     \
         for (int b = 0; b < rb; b++) {                                                                        \
             const float *xb = x + b * ldx;                                                                    \
             float s[4] = {lane_sum(acc[b][0]), lane_sum(acc[b][1]), lane_sum(acc[b][2]), lane_sum(acc[b][3])}; \
@@ -168,13 +185,15 @@ static float weight_at(const void *w, int format, int64_t i) {
     }                                                                                                         \
     static void NAME(const TYPE *w, int out, int in, const float *x, int64_t ldx, float *y, int64_t ldy,     \
                      int rows) {                                                                            \
+        _Pragma("omp parallel for schedule(static) if ((int64_t)out * in * rows >= PARALLEL_MIN)")                \
         for (int o = 0; o < out; o += 4) {                                                                    \
             int n = out - o < 4 ? out - o : 4;                                                                \
             const TYPE *wr[4];                                                                                \
             for (int r = 0; r < 4; r++) wr[r] = w + (int64_t)(o + (r < n ? r : 0)) * in;                        \
             int m = 0;                                                                                        \
             for (; m + ROW_BLOCK <= rows; m += ROW_BLOCK)                                                     \
-                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, ROW_BLOCK, m == 0);          \
+                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, ROW_BLOCK,                    \
+                             m == 0 ? 1 + (rows > ROW_BLOCK && o + 4 < out) : 0);                             \
             for (; m < rows; m++) NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 1, m == 0);  \
         }                                                                                                     \
     }
@@ -225,35 +244,50 @@ static void rope(float *x, int heads, int head_dim, const float *cos, const floa
     }
 }
 
-/* Softmax attention of one row's heads over its prefix slots, then `own` rows of this step's k/v (the row
-   itself, or its whole block) (GQA), scale 1/sqrt(head_dim). */
-static void attend(const int64_t *dims, const float *q, const float *own_k, const float *own_v, int own,
-                   const float *k_layer, const float *v_layer, const int64_t *prefix, int64_t length,
-                   float *scores, float *out) {
+/* Softmax attention of head h of one row over its prefix slots, then `own` rows of this step's k/v (the row itself,
+   or its whole block) (GQA), scale 1/sqrt(head_dim). scores: room for length + own values. */
+static void attend_head(const int64_t *dims, int h, const float *q, const float *own_k, const float *own_v, int own,
+                        const float *k_layer, const float *v_layer, const int64_t *prefix, int64_t length,
+                        float *scores, float *out) {
     int heads = (int)dims[HEADS], kv_heads = (int)dims[KV_HEADS], hd = (int)dims[HEAD_DIM];
-    int group = heads / kv_heads;
+    int g = h / (heads / kv_heads);
     int64_t slot_stride = (int64_t)kv_heads * hd, keys = length + own;
     float scale = 1.0f / sqrtf((float)hd);
-    for (int h = 0; h < heads; h++) {
-        int g = h / group;
-        const float *qh = q + h * hd;
-        float top = -INFINITY;
-        for (int64_t j = 0; j < length; j++)
-            scores[j] = dot(qh, k_layer + prefix[j] * slot_stride + g * hd, hd) * scale;
-        for (int i = 0; i < own; i++)
-            scores[length + i] = dot(qh, own_k + i * slot_stride + g * hd, hd) * scale;
-        for (int64_t j = 0; j < keys; j++) top = scores[j] > top ? scores[j] : top;
-        float total = 0.0f;
-        for (int64_t j = 0; j < keys; j++) total += scores[j] = expf(scores[j] - top);
-        float *oh = out + h * hd;
-        for (int d = 0; d < hd; d++) oh[d] = 0.0f;
-        for (int64_t j = 0; j < keys; j++) {
-            const float *vj = (j < length ? v_layer + prefix[j] * slot_stride : own_v + (j - length) * slot_stride)
-                              + g * hd;
-            float p = scores[j] / total;
-            for (int d = 0; d < hd; d++) oh[d] += p * vj[d];
-        }
+    const float *qh = q + h * hd;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < length; j++)
+        scores[j] = dot(qh, k_layer + prefix[j] * slot_stride + g * hd, hd) * scale;
+    for (int i = 0; i < own; i++)
+        scores[length + i] = dot(qh, own_k + i * slot_stride + g * hd, hd) * scale;
+    for (int64_t j = 0; j < keys; j++) top = scores[j] > top ? scores[j] : top;
+    float total = 0.0f;
+    for (int64_t j = 0; j < keys; j++) total += scores[j] = expf(scores[j] - top);
+    float *oh = out + h * hd;
+    for (int d = 0; d < hd; d++) oh[d] = 0.0f;
+    for (int64_t j = 0; j < keys; j++) {
+        const float *vj = (j < length ? v_layer + prefix[j] * slot_stride : own_v + (j - length) * slot_stride)
+                          + g * hd;
+        float p = scores[j] / total;
+        for (int d = 0; d < hd; d++) oh[d] += p * vj[d];
     }
+}
+
+/* y[m] += scale * B (A x[m]) for the rows m with on[m] (a rank-r LoRA, float32 A [r, in], B [out, r]). tmp: room
+   for rows * (in + r + out) values. */
+static void add_lora(const float *a, const float *b, int rank, float scale, int out, int in, const float *x,
+                     int64_t ldx, float *y, int64_t ldy, int rows, const uint8_t *on, float *tmp) {
+    int n = 0;
+    for (int m = 0; m < rows; m++)
+        if (on[m]) memcpy(tmp + (int64_t)n++ * in, x + m * ldx, sizeof(float) * in);
+    if (!n) return;
+    float *t = tmp + (int64_t)n * in, *delta = t + (int64_t)n * rank;
+    linear_f32(a, rank, in, tmp, in, t, rank, n);
+    linear_f32(b, out, rank, t, rank, delta, out, n);
+    for (int m = 0, i = 0; m < rows; m++)
+        if (on[m]) {
+            for (int o = 0; o < out; o++) y[m * ldy + o] += scale * delta[(int64_t)i * out + o];
+            i++;
+        }
 }
 
 /* One decode step for `rows` requests.
@@ -263,12 +297,15 @@ static void attend(const int64_t *dims, const float *q, const float *own_k, cons
    write [rows] the slot each row's K/V goes to (NULL: read-only). k/v caches [layers, slots, kv_heads,
    head_dim], their layers layer_cache elements apart. block: 0, each row attending to its table and itself;
    else rows come in blocks of `block` (one per request), each row attending to its table and its whole block.
+   lora [layers, 2 * N_LORA] (or NULL): each adapted projection's float32 A [rank, in] and B [out, rank] (0 =
+   none), in LORA_OF order, scaled by lora_scale and added at the rows with lora_on[m] (NULL: none).
    logits [rows, vocab]. Returns 0, or -1 when memory ran out. */
 int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const void *embed,
                 const float *final_norm, const void *head, int rows, const int64_t *ids, const int64_t *positions,
                 const float *cos, const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp,
                 const int64_t *lengths, const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache,
-                int block, float *logits) {
+                int block, const int64_t *lora, int lora_rank, float lora_scale, const uint8_t *lora_on,
+                float *logits) {
     int D = (int)dims[HIDDEN], I = (int)dims[INTER], H = (int)dims[HEADS], Hkv = (int)dims[KV_HEADS];
     int hd = (int)dims[HEAD_DIM], V = (int)dims[VOCAB], fmt = (int)dims[FORMAT];
     float eps = eps_[0];
@@ -276,22 +313,42 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
     for (int m = 0; m < rows; m++) max_len = lengths[m] > max_len ? lengths[m] : max_len;
     int qs = H * hd, kvs = Hkv * hd;
     int own = block ? block : 1;
-    float *buf = malloc(sizeof(float) * ((size_t)rows * (2 * D + 2 * qs + 2 * kvs + 2 * I) + max_len + own));
+#ifdef _OPENMP
+    int threads = omp_get_max_threads();
+#else
+    int threads = 1;
+#endif
+    int widest = I > qs ? I : qs;
+    widest = widest > D ? widest : D;
+    size_t lora_tmp = lora && lora_on ? (size_t)rows * (2 * widest + lora_rank) : 0;
+    int64_t score_room = max_len + own;
+    float *buf = malloc(sizeof(float) * ((size_t)rows * (2 * D + 2 * qs + 2 * kvs + 2 * I) + lora_tmp
+                                         + (size_t)threads * score_room));
     if (!buf) return -1;
     float *h = buf, *x = h + rows * D, *q = x + rows * D, *k = q + rows * qs, *v = k + rows * kvs;
-    float *att = v + rows * kvs, *gate = att + rows * qs, *up = gate + rows * I, *scores = up + rows * I;
+    float *att = v + rows * kvs, *gate = att + rows * qs, *up = gate + rows * I, *tmp = up + rows * I;
+    float *scores = tmp + lora_tmp;
 
     for (int m = 0; m < rows; m++)
         for (int d = 0; d < D; d++) h[m * D + d] = weight_at(embed, fmt, ids[m] * D + d);
 
     for (int l = 0; l < (int)dims[LAYERS]; l++) {
         const int64_t *t = tensors + l * N_TENSORS;
+        const int64_t *adapter = lora ? lora + (int64_t)l * 2 * N_LORA : NULL;
 #define W(name) ((const void *)(intptr_t)t[name])
 #define F(name) ((const float *)(intptr_t)t[name])
+#define PROJECT(name, bias, out, in, src, ldx, dst, ldy)                                                        \
+        do {                                                                                                  \
+            linear(W(name), fmt, bias, out, in, src, ldx, dst, ldy, rows);                                    \
+            if (lora_tmp && adapter[2 * LORA_OF(name)])                                                       \
+                add_lora((const float *)(intptr_t)adapter[2 * LORA_OF(name)],                                 \
+                         (const float *)(intptr_t)adapter[2 * LORA_OF(name) + 1], lora_rank, lora_scale, out, \
+                         in, src, ldx, dst, ldy, rows, lora_on, tmp);                                         \
+        } while (0)
         for (int m = 0; m < rows; m++) rms_norm(h + m * D, F(IN_NORM), eps, D, x + m * D);
-        linear(W(WQ), fmt, F(BQ), qs, D, x, D, q, qs, rows);
-        linear(W(WK), fmt, F(BK), kvs, D, x, D, k, kvs, rows);
-        linear(W(WV), fmt, F(BV), kvs, D, x, D, v, kvs, rows);
+        PROJECT(WQ, F(BQ), qs, D, x, D, q, qs);
+        PROJECT(WK, F(BK), kvs, D, x, D, k, kvs);
+        PROJECT(WV, F(BV), kvs, D, x, D, v, kvs);
         float *k_layer = k_cache + l * layer_cache, *v_layer = v_cache + l * layer_cache;
         for (int m = 0; m < rows; m++) {
             float *qm = q + m * qs, *km = k + m * kvs, *vm = v + m * kvs;
@@ -309,19 +366,27 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
                 memcpy(v_layer + write[m] * kvs, vm, sizeof(float) * kvs);
             }
         }
-        for (int m = 0; m < rows; m++) {
-            int first = block ? m / block * block : m;
-            attend(dims, q + m * qs, k + first * kvs, v + first * kvs, own, k_layer, v_layer, prefix + m * ldp,
-                   lengths[m], scores, att + m * qs);
-        }
-        linear(W(WO), fmt, F(BO), D, qs, att, qs, x, D, rows);
+        _Pragma("omp parallel for collapse(2) schedule(static) if (rows * H * (max_len + own) >= 4096)")
+        for (int m = 0; m < rows; m++)
+            for (int hh = 0; hh < H; hh++) {
+                int first = block ? m / block * block : m;
+#ifdef _OPENMP
+                float *room = scores + (int64_t)omp_get_thread_num() * score_room;
+#else
+                float *room = scores;
+#endif
+                attend_head(dims, hh, q + m * qs, k + first * kvs, v + first * kvs, own, k_layer, v_layer,
+                            prefix + m * ldp, lengths[m], room, att + m * qs);
+            }
+        PROJECT(WO, F(BO), D, qs, att, qs, x, D);
         for (int i = 0; i < rows * D; i++) h[i] += x[i];
         for (int m = 0; m < rows; m++) rms_norm(h + m * D, F(POST_NORM), eps, D, x + m * D);
-        linear(W(WGATE), fmt, NULL, I, D, x, D, gate, I, rows);
-        linear(W(WUP), fmt, NULL, I, D, x, D, up, I, rows);
+        PROJECT(WGATE, NULL, I, D, x, D, gate, I);
+        PROJECT(WUP, NULL, I, D, x, D, up, I);
         for (int i = 0; i < rows * I; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-        linear(W(WDOWN), fmt, NULL, D, I, gate, I, x, D, rows);
+        PROJECT(WDOWN, NULL, D, I, gate, I, x, D);
         for (int i = 0; i < rows * D; i++) h[i] += x[i];
+#undef PROJECT
 #undef W
 #undef F
     }

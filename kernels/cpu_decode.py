@@ -1,8 +1,8 @@
 """The fused CPU decode step (cpu_decode.c): one C call per decode forward instead of ~200 eager ops.
 
 `fused_decode(model, cache)` returns a drop-in for the model's forward that runs causal chunks of up to
-MAX_CHUNK rows per request with the adapter off (decode steps, few-row verifies) in C and everything else
-eagerly; None where it does not apply (a model not in float32 on the CPU, no C compiler,
+MAX_CHUNK rows per request (decode steps, few-row verifies and drafts, a LoRA adapter on at any of their rows) in
+C and everything else eagerly; None where it does not apply (a model not in float32 on the CPU, no C compiler,
 SPECSCOPE_FUSED_DECODE=0). The shared library is compiled on first use with the system's C compiler
 (`cc -O3 -march=native`, about a second) into a per-user cache keyed by the source, the flags and the CPU.
 """
@@ -25,7 +25,9 @@ from torch import Tensor
 from backend.model.transformer import KVContext, PagedKV, Transformer
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fopenmp")
+"""-fopenmp: the step's linears and attention split across torch's threads (torch.set_num_threads); the process's
+OpenMP runtime is torch's own libgomp, loaded first."""
 NON_TEMPORAL = ("-DPREFETCH_LOCALITY=0", "-DPREFETCH_AHEAD=256")
 """Extra flags on AMD CPUs: prefetch the weights with the non-temporal hint (cpu_decode.c's PREFETCH_LOCALITY)."""
 ENABLED = os.environ.get("SPECSCOPE_FUSED_DECODE", "1") != "0"
@@ -101,7 +103,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.decode_step.restype = ctypes.c_int
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64   # declared, so a call passes plain ints without wrapping
     lib.decode_step.argtypes = ([pointer] * 6 + [ctypes.c_int] + [pointer] * 6 + [int64] + [pointer] * 4
-                                + [int64, ctypes.c_int, pointer])
+                                + [int64, ctypes.c_int, pointer, ctypes.c_int, ctypes.c_float, pointer, pointer])
     return lib
 
 
@@ -208,9 +210,9 @@ class RopeTable:
 
 
 class FusedDecode:
-    """The model's forward for short causal chunks with the adapter off (decode steps, few-row verifies), as one
-    call into cpu_decode.c; anything else runs the model's own forward. It reads its own copies of the weights
-    (row-major, in weight_format's dtype): rebuild it if they change."""
+    """The model's forward for short causal chunks (decode steps, few-row verifies and drafts, the adapter on at
+    any rows), as one call into cpu_decode.c; anything else runs the model's own forward. It reads its own copies
+    of the weights (row-major, in weight_format's dtype): rebuild it if they change."""
 
     def __init__(self, model: Transformer, lib: ctypes.CDLL):
         cfg = model.cfg
@@ -235,6 +237,8 @@ class FusedDecode:
                  + [copy(m[name].bias, torch.float32) for name in BIASES] for m in layers], dtype=torch.long)
             self.embed, self.head = copy(model.embed_tokens.weight, self.format), copy(head, self.format)
             self.final_norm = copy(model.norm.weight, torch.float32)
+            self.has_adapter = any(getattr(m[name], "lora_A", None) is not None for m in layers for name in PROJECTIONS)
+            self.lora, self.lora_rank, self.lora_scale = self._lora_table(layers, copy)
             self.copies = list(copies.values())   # keeps what the pointers point at alive
         self.dims = torch.tensor([cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
                                   cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
@@ -244,14 +248,38 @@ class FusedDecode:
         self.rope = RopeTable(model)
 
     @staticmethod
-    def accepts(queries: int, attn: str, mask: Tensor | None, lora: bool | Tensor, writes: bool,
-                requests: int = 1) -> bool:
-        """Whether the fused step may compute a forward of this shape: up to MAX_CHUNK query rows per request,
-        the adapter off; causal (more than one row only when they write their K/V: each row reads the rows
+    def _lora_table(layers: list[dict], copy) -> tuple[Tensor | None, int, float]:
+        """[layers, 2 x 7] pointers to each projection's float32 LoRA A and B (0 where it has none), its rank and
+        scale; None when no projection has an adapter, or when their ranks or scales differ (the adapter then
+        runs eagerly)."""
+        adapted = [m[name] for m in layers for name in PROJECTIONS if getattr(m[name], "lora_A", None) is not None]
+        shapes = {(int(p.lora_A.shape[0]), float(p.lora_scale)) for p in adapted}
+        if len(shapes) != 1:
+            return None, 0, 0.0
+        (rank, scale), = shapes
+        table = [[ptr for name in PROJECTIONS for ptr in
+                  ((copy(m[name].lora_A, torch.float32), copy(m[name].lora_B, torch.float32))
+                   if getattr(m[name], "lora_A", None) is not None else (0, 0))] for m in layers]
+        return torch.tensor(table, dtype=torch.long), rank, scale
+
+    def adapter_rows(self, lora: bool | Tensor, rows: int) -> np.ndarray | None | bool:
+        """The rows the adapter is on, one uint8 each (None: nowhere; False: the kernel cannot apply it)."""
+        if lora is False or not self.has_adapter:
+            return None
+        if self.lora is None:
+            return False
+        if isinstance(lora, Tensor):
+            return np.ascontiguousarray(lora.numpy().reshape(-1), dtype=np.uint8)
+        return np.ones(rows, dtype=np.uint8)
+
+    @staticmethod
+    def accepts(queries: int, attn: str, mask: Tensor | None, writes: bool, requests: int = 1) -> bool:
+        """Whether the fused step may compute a forward of this shape: up to MAX_CHUNK query rows per request;
+        causal (more than one row only when they write their K/V: each row reads the rows
         before it from the cache), bidirectional `block` rows of up to MAX_CHUNK in all (each attends to its whole
         block from the step's own K/V; spiffy's 8 branches of 32 rows run faster as eager GEMMs), or under a mask
         override when they write (`masked_prefixes` then checks that the kernel can follow it)."""
-        if lora is not False or queries > MAX_CHUNK:
+        if queries > MAX_CHUNK:
             return False
         if mask is not None:
             return writes
@@ -262,7 +290,9 @@ class FusedDecode:
     def __call__(self, ids: Tensor, positions: Tensor, attn: str = "causal", kv: KVContext | None = None,
                  mask: Tensor | None = None, lora: bool | Tensor = False) -> Tensor:
         requests, queries = ids.shape
-        if kv is None or not self.accepts(queries, attn, mask, lora, kv.write_slots is not None, requests):
+        adapter = self.adapter_rows(lora, requests * queries)
+        if kv is None or adapter is False or not self.accepts(queries, attn, mask, kv.write_slots is not None,
+                                                              requests):
             return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
         block = attn == "block" and mask is None
         tables = chunk_prefixes(kv, queries, block) if mask is None else masked_prefixes(kv, mask)
@@ -279,7 +309,9 @@ class FusedDecode:
             self.head, requests * queries, ids_.ctypes.data, at.ctypes.data, rope.cos.data_ptr(), rope.sin.data_ptr(),
             None if rope.q_scale is None else rope.q_scale.data_ptr(), prefix.ctypes.data, prefix.shape[1],
             lengths.ctypes.data, None if write is None else write.ctypes.data, kv.cache.k.data_ptr(),
-            kv.cache.v.data_ptr(), kv.cache.k.stride(0), queries if block else 0, logits.data_ptr())
+            kv.cache.v.data_ptr(), kv.cache.k.stride(0), queries if block else 0,
+            None if adapter is None else self.lora.data_ptr(), self.lora_rank, self.lora_scale,
+            None if adapter is None else adapter.ctypes.data, logits.data_ptr())
         if status:
             raise MemoryError("fused decode step: out of memory")
         return logits

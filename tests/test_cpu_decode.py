@@ -169,6 +169,59 @@ def test_masked_chunk_equals_eager(lib, config, fmt):
         assert torch.allclose(fused_cache.v, eager_cache.v, atol=1e-5)
 
 
+def with_adapter(model: Transformer, rank: int = 4, seed: int = 5) -> Transformer:
+    """Every projection with a random rank-r LoRA (B non-zero, so it changes what it touches)."""
+    torch.manual_seed(seed)
+    for module in model.modules():
+        if hasattr(module, "add_adapter"):
+            module.add_adapter(rank, 8.0)
+            with torch.no_grad():
+                module.lora_B.normal_(std=0.2)
+    return model
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_adapter_rows_equal_eager(lib, config):
+    """A LoRA adapter on at some rows (the MASK rows of isd's and quadratic's drafts) or all of them (a draft
+    pass): the kernel gives the eager forward's logits and K/V; rows with the adapter off are the fused step's
+    own numbers without it, bit for bit."""
+    cfg = CONFIGS[config]
+    model = with_adapter(random_model(cfg, torch.float32))
+    fused = FusedDecode(model, lib)
+    assert fused.lora is not None
+    ids, positions, prefix, valid, write = batch([7, 3], 5, cfg.vocab_size)
+    some = torch.tensor([[False, True, True, False, True], [True, False, False, False, True]])
+    for lora in (some, True):
+        eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
+        with torch.inference_mode():
+            want = model(ids, positions, kv=KVContext(eager_cache, prefix, valid, write), lora=lora)
+            got = fused(ids, positions, kv=KVContext(fused_cache, prefix, valid, write), lora=lora)
+            plain = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write))
+        assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0)
+        assert torch.allclose(fused_cache.k, eager_cache.k, atol=1e-4)
+        assert not torch.allclose(got, plain, atol=1e-3)     # the adapter did something
+        if lora is some:   # request 0's row 0 precedes its adapted rows: untouched by them
+            assert torch.equal(got[0, 0], plain[0, 0])
+
+
+def test_threads_split_work_not_numbers(lib):
+    """Two threads split each linear's outputs and the attention heads: the same logits as one thread, bit for
+    bit (the engine's lossless equalities hold whatever torch.set_num_threads says)."""
+    cfg = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=16)   # big enough to split
+    model = with_adapter(random_model(cfg, torch.float32))
+    fused = FusedDecode(model, lib)
+    ids, positions, prefix, valid, write = batch([38, 40], 8, cfg.vocab_size)
+    lora = ids % 3 == 0
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            outs.append(fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write), lora=lora))
+    torch.set_num_threads(1)
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_masks_the_kernel_cannot_follow_run_eagerly(lib, monkeypatch):
     """A mask with a row that does not see itself is the model's own forward, bit for bit; so is a masked
     forward that writes nothing."""
@@ -284,16 +337,15 @@ def test_other_forwards_run_eagerly(lib):
         want = model(ids, positions, attn="causal", kv=KVContext(filled_cache(cfg), prefix))
         got = fused(ids, positions, attn="causal", kv=KVContext(filled_cache(cfg), prefix))
     assert torch.equal(got, want)
-    assert not FusedDecode.accepts(1, "causal", None, torch.ones(1, 1, dtype=torch.bool), True)
-    assert not FusedDecode.accepts(4, "causal", torch.ones(1, 1, 4, 4, dtype=torch.bool), False, False)
-    assert FusedDecode.accepts(4, "block", torch.ones(1, 1, 4, 4, dtype=torch.bool), False, True)   # mask decides
-    assert not FusedDecode.accepts(4, "causal", None, False, False)   # read-only chunks: rows need the cache
-    assert not FusedDecode.accepts(MAX_CHUNK + 1, "causal", None, False, True)
-    assert not FusedDecode.accepts(MAX_CHUNK + 1, "block", None, False, False)
-    assert FusedDecode.accepts(MAX_CHUNK, "block", None, False, False)   # bidirectional rows: read-only too
-    assert not FusedDecode.accepts(MAX_CHUNK, "block", None, False, False, requests=2)   # at most MAX_CHUNK in all
-    assert FusedDecode.accepts(1, "causal", None, False, False)
-    assert FusedDecode.accepts(MAX_CHUNK, "strict_causal", None, False, True)
+    assert not FusedDecode.accepts(4, "causal", torch.ones(1, 1, 4, 4, dtype=torch.bool), False)
+    assert FusedDecode.accepts(4, "block", torch.ones(1, 1, 4, 4, dtype=torch.bool), True)   # mask decides
+    assert not FusedDecode.accepts(4, "causal", None, False)   # read-only chunks: rows need the cache
+    assert not FusedDecode.accepts(MAX_CHUNK + 1, "causal", None, True)
+    assert not FusedDecode.accepts(MAX_CHUNK + 1, "block", None, False)
+    assert FusedDecode.accepts(MAX_CHUNK, "block", None, False)   # bidirectional rows: read-only too
+    assert not FusedDecode.accepts(MAX_CHUNK, "block", None, False, requests=2)   # at most MAX_CHUNK in all
+    assert FusedDecode.accepts(1, "causal", None, False)
+    assert FusedDecode.accepts(MAX_CHUNK, "strict_causal", None, True)
 
 
 def test_weight_format_is_exact():
