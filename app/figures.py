@@ -513,13 +513,18 @@ def sparkline(values: Sequence[float], width: int = 48) -> str:
     return "".join(bars[min(int(v / top * (len(bars) - 1) + 0.5), len(bars) - 1)] for v in values)
 
 
+CANCELLED_BY = {"client": "⏹ stopped", "model_switch": "⏹ cancelled: the server switched models",
+                "shutdown": "⏹ cancelled: the server shut down"}
+"""What a cancelled run's note says, by run_end's reason."""
+
+
 def run_stats_html(run: RunTrace) -> str:
     """The stats line shown under a chat answer (HTML: the chat renders no Markdown)."""
     m = run.metrics
     if run.error:
         return f"⚠ {esc(run.error)}"
     accepted = run.accepted_lens[1:]  # round 0 is the prefill
-    note = "⏹ stopped · " if run.status == "cancelled" else ""
+    note = f"{CANCELLED_BY.get(run.cancel_reason, CANCELLED_BY['client'])} · " if run.status == "cancelled" else ""
     return (f'<span class="ss-stats">{note}<b>{esc(run.mode)}</b> · TPF {fmt(m.get("tpf"), 2)} · NFE '
             f'{fmt(m.get("nfe"))} · {fmt(m.get("tok_per_s"), 1)} tok/s · '
             f'<span title="{esc(DEFINITIONS["tokens / round"])}">tokens/round</span> '

@@ -87,6 +87,11 @@ class RunTrace:
         return "error" if self.error else "running"
 
     @property
+    def cancel_reason(self) -> str | None:
+        """Who cancelled a cancelled run (run_end's reason: client, model_switch, shutdown)."""
+        return None if self.end is None else self.end.get("reason")
+
+    @property
     def metrics(self) -> dict[str, Any]:
         return dict((self.end or {}).get("metrics") or {})
 

@@ -112,6 +112,17 @@ def losses(model: Transformer, p: Packed, device: str) -> dict[str, torch.Tensor
     return out
 
 
+def kind_weights(text: str) -> dict[str, float]:
+    """'causal=2,partial=0.5' -> a weight for every layout kind (1 where not named)."""
+    weights = dict.fromkeys(KINDS, 1.0)
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in weights:
+            raise argparse.ArgumentTypeError(f"unknown layout kind {name!r} (kinds: {', '.join(KINDS)})")
+        weights[name] = float(value)
+    return weights
+
+
 def lr_at(step: int, steps: int, peak: float, warmup: int = 20) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -141,6 +152,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=20)
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--kind-weights", type=kind_weights, default=kind_weights(""),
+                   help="loss weight per layout kind, e.g. causal=2 (default 1 each)")
     p.add_argument("--export", type=Path, default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
@@ -173,7 +186,8 @@ def main() -> None:
     while step < args.steps:
         batch = batch_for(rows, step, args.seed, args.batch, embed.mask_id, pad_id, mix)
         parts = losses(model, batch, args.device)
-        loss = sum(parts.values()) / len(parts)
+        weights = [args.kind_weights[k] for k in parts]
+        loss = sum(w * v for w, v in zip(weights, parts.values(), strict=True)) / sum(weights)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
         opt.zero_grad(set_to_none=True)

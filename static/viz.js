@@ -32,6 +32,8 @@ window.specscopeViz = (() => {
       <label class="ssv-speed">rounds/s <select id="viz-speed">
         <option>0.5</option><option>1</option><option selected>2</option><option>5</option><option>10</option>
         <option>20</option></select></label>
+      <label class="ssv-speed" title="colour the round's cells and confidence bars by token state, or by the entropy of the model's prediction there (runs with trace_topk)">colour <select id="viz-colour">
+        <option value="state" selected>state</option><option value="entropy">entropy</option></select></label>
       <span id="viz-label" class="ssv-label"></span>
     </div>
     <div id="viz-grid" class="ssv-panel"></div>
@@ -75,11 +77,22 @@ window.specscopeViz = (() => {
 
   // -- cells ---------------------------------------------------------------------------------------------------------
 
-  function cell(ctx, pos, token, st, details = []) {
+  // Entropy colouring (params.trace_topk runs): nats of the latest forward that predicted a cell, green (sure) to
+  // red (ENTROPY_TOP nats or more).
+  const ENTROPY_TOP = 3;
+  const entropyOf = (r, i) => {
+    const alts = (r.topk || [])[i] || [];
+    const h = alts.length ? alts[alts.length - 1].entropy : undefined;
+    return typeof h === "number" ? h : null;
+  };
+  const entropyColour = (h) => `hsl(${Math.round(120 * (1 - Math.min(h / ENTROPY_TOP, 1)))}, 70%, 78%)`;
+
+  function cell(ctx, pos, token, st, details = [], entropy = null) {
     const text = ctx.piece(token);
     const title = [`pos ${pos} · ${st}`, `token ${JSON.stringify(text)} (id ${token})`, ...details].join("\n");
     const shown = MASKED.has(st) ? "[M]" : show(text);
-    return `<span class="ss-tok ss-s-${state(st)}" title="${esc(title)}" data-pos="${pos}">` +
+    const tint = entropy === null ? "" : ` style="background:${entropyColour(entropy)}"`;
+    return `<span class="ss-tok ss-s-${state(st)}"${tint} title="${esc(title)}" data-pos="${pos}">` +
       `<span class="ss-txt">${esc(shown)}</span><span class="ss-pos">${pos}</span></span>`;
   }
 
@@ -99,7 +112,7 @@ window.specscopeViz = (() => {
     return own >= 0 ? own : off.indexOf(at);
   }
 
-  function blockCells(ctx, r) {
+  function blockCells(ctx, r, byEntropy) {
     const start = r.block_start || 0;
     const conf = r.conf || [];
     const guess = (r.extra || {}).guess || [];
@@ -110,7 +123,9 @@ window.specscopeViz = (() => {
       if (MASKED.has(st) && i > 0 && i <= guess.length) details.push(`guess ${JSON.stringify(ctx.piece(guess[i - 1]))}`);
       const e = pq.get(i);
       if (e) details.push(`p ${fmt(e.p)} · q ${fmt(e.q)} · ${e.accepted ? "accepted" : "rejected"}`);
-      return cell(ctx, start + cellOffset(r, i), token, st, details);
+      const h = entropyOf(r, i);
+      if (h !== null) details.push(`entropy ${fmt(h, 2)} nats`);
+      return cell(ctx, start + cellOffset(r, i), token, st, details, byEntropy ? h : null);
     }).join("");
   }
 
@@ -146,7 +161,7 @@ window.specscopeViz = (() => {
     return i >= 0 ? r.tokens[i] : (r.committed || []).slice(-1)[0];
   }
 
-  function gridHtml(doc, ctx, k) {
+  function gridHtml(doc, ctx, k, byEntropy = false) {
     const r = doc.rounds[k];
     const n = doc.prompt_ids.length;
     const stop = Math.min(ctx.before[k], r.block_start || 0);
@@ -154,7 +169,11 @@ window.specscopeViz = (() => {
     let parts = from ? `<span class="ss-more">… ${from} earlier</span>` : "";
     for (let pos = from; pos < stop; pos++) parts += cell(ctx, pos, ctx.seq[pos], pos < n ? "prompt" : "committed");
     return `<div class="ss-round">${roundFacts(doc, ctx, r)}<div class="ss-grid">${parts}` +
-      `<span class="ss-block">${blockCells(ctx, r)}</span></div>` +
+      `<span class="ss-block">${blockCells(ctx, r, byEntropy)}</span></div>` +
+      (byEntropy ? `<div class="ssv-hint ssv-entropy-key">entropy: <span style="background:${entropyColour(0)}">0</span>` +
+        ` … <span style="background:${entropyColour(ENTROPY_TOP / 2)}">${ENTROPY_TOP / 2}</span> … ` +
+        `<span style="background:${entropyColour(ENTROPY_TOP)}">≥ ${ENTROPY_TOP} nats</span>` +
+        (r.topk ? "" : " (this round recorded no top-k)") + "</div>" : "") +
       `<div class="ssv-hint">click a token to see its history across rounds</div></div>`;
   }
 
@@ -336,7 +355,7 @@ window.specscopeViz = (() => {
   // -- charts --------------------------------------------------------------------------------------------------------
 
   // confidence per block position as inline SVG (redrawn every step: far cheaper than a Plotly redraw)
-  function confSvg(doc, ctx, r) {
+  function confSvg(doc, ctx, r, byEntropy = false) {
     const start = r.block_start || 0;
     const n = Math.max((r.tokens || []).length, 1);
     const conf = r.conf || [];
@@ -353,9 +372,12 @@ window.specscopeViz = (() => {
       const c = conf[i];
       if (c === null || c === undefined) continue;
       const st = state((r.states || [])[i]);
+      const h = entropyOf(r, i);
+      const fill = byEntropy && h !== null ? entropyColour(h) : `var(--ss-${st})`;
       bars += `<rect x="${x + bw * 0.1}" y="${y(c)}" width="${bw * 0.8}" height="${y(0) - y(c)}" ` +
-        `class="ssv-bar" style="fill:var(--ss-${st})" data-pos="${start + i}"><title>pos ${start + i} · ${esc(st)}\n` +
-        `token ${esc(JSON.stringify(ctx.piece(r.tokens[i])))}\nconf ${esc(fmt(c))}</title></rect>`;
+        `class="ssv-bar" style="fill:${fill}" data-pos="${start + i}"><title>pos ${start + i} · ${esc(st)}\n` +
+        `token ${esc(JSON.stringify(ctx.piece(r.tokens[i])))}\nconf ${esc(fmt(c))}` +
+        `${h === null ? "" : `\nentropy ${esc(fmt(h, 2))} nats`}</title></rect>`;
     }
     const grid = [0, 0.5, 1].map((v) => `<line x1="${L}" x2="${W - 8}" y1="${y(v)}" y2="${y(v)}" class="ssv-gridline"/>` +
       `<text x="${L - 6}" y="${y(v) + 4}" class="ssv-tick" text-anchor="end">${v}</text>`).join("");
@@ -402,6 +424,7 @@ window.specscopeViz = (() => {
       this.$("viz-play").onclick = () => this.play();
       this.$("viz-pause").onclick = () => this.stop();
       this.$("viz-speed").onchange = () => { if (this.timer) this.play(); };
+      this.$("viz-colour").onchange = () => this.go(this.k, true);
       root.addEventListener("click", (e) => this.click(e));
       let width = 0;
       new ResizeObserver(() => {  // a chart follows its box's width (rows wrap on narrow screens)
@@ -490,11 +513,12 @@ window.specscopeViz = (() => {
       const r = doc.rounds[k];
       this.$("viz-slider").value = String(k);
       this.$("viz-label").textContent = `round ${r.round} of ${doc.rounds[doc.rounds.length - 1].round}`;
-      this.$("viz-grid").innerHTML = gridHtml(doc, this.ctx, k);
+      const byEntropy = this.$("viz-colour").value === "entropy";
+      this.$("viz-grid").innerHTML = gridHtml(doc, this.ctx, k, byEntropy);
       const conf = this.$("viz-conf");
       const hasConf = (r.conf || []).some((c) => c !== null && c !== undefined);
       conf.hidden = !hasConf;
-      if (hasConf) conf.innerHTML = confSvg(doc, this.ctx, r);
+      if (hasConf) conf.innerHTML = confSvg(doc, this.ctx, r, byEntropy);
       const isd = this.$("viz-isd");
       isd.hidden = doc.mode !== "isd";
       if (!isd.hidden) isd.innerHTML = isdHtml(doc, this.ctx, r);

@@ -243,7 +243,18 @@ def test_visualizer_steps_and_moves_cursor(page) -> None:
     assert layout["xaxis"]["range"] == [-0.5, n_rounds - 0.5]  # issue 16.10: no round past the last
     assert layout["xaxis"]["tickformat"] == "d" and layout["yaxis"]["title"]["text"]  # integer ticks, y titles
     shot(page, "visualizer")
+    page.locator("#viz-summary").click()
+    page.keyboard.press("End")
+    wait_round(page, n_rounds - 1)
+    page.keyboard.press("Home")
+    wait_round(page, 0)
     page.select_option("#viz-speed", "10")
+    page.locator("#viz-summary").click()
+    page.keyboard.press(" ")   # Space plays, and again pauses
+    page.wait_for_function("() => document.querySelector('.ssv').ssViz.k >= 2")
+    page.keyboard.press(" ")
+    paused = page.evaluate("() => document.querySelector('.ssv').ssViz.timer")
+    assert paused is None
     page.click("#viz-play")  # autoplay runs to the last round, then stops
     wait_round(page, n_rounds - 1)
 

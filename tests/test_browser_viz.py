@@ -159,6 +159,13 @@ def test_token_history_shows_the_recorded_top_k(page, server) -> None:
     assert "draft:" in history and "verify:" in history and "entropy" in history and "margin" in history
     assert "not recorded" not in history
     page.locator("#viz-history").screenshot(path=str(ARTIFACTS / "topk.png"))
+    page.select_option("#viz-colour", "entropy")   # cells and confidence bars coloured by their entropy
+    page.wait_for_selector("#viz-grid .ssv-entropy-key")
+    tinted = page.eval_on_selector_all("#viz-grid .ss-block .ss-tok", "cells => cells.map(c => c.style.background)")
+    assert sum(t.startswith("hsl") or t.startswith("rgb") for t in tinted) >= 2 and len(set(tinted)) >= 2
+    assert "entropy" in page.locator("#viz-grid .ss-block .ss-tok").nth(1).get_attribute("title")
+    page.select_option("#viz-colour", "state")
+    page.wait_for_function("() => !document.querySelector('#viz-grid .ssv-entropy-key')")
     open_run(page, server, "linear_spec", 1)
     page.locator("#viz-grid .ss-block .ss-tok").nth(1).click()
     page.wait_for_selector("#viz-history >> text=trace_topk")

@@ -325,6 +325,10 @@ def test_stats_line_and_sparkline(trace: RunTrace) -> None:
     line = run_stats_html(trace)
     assert "stopped" not in line and "<b>linear_spec</b>" in line
     assert "TPF 1.25" in line and "NFE 4" in line and "50.0 tok/s" in line and "r_test" in line
+    for reason, note in (("client", "⏹ stopped"), ("model_switch", "switched models"), (None, "⏹ stopped")):
+        ended = RunTrace.from_events([{**trace.end, "type": "run_start", "mode": "ar"},
+                                      {**trace.end, "status": "cancelled", "reason": reason}])
+        assert note in run_stats_html(ended) and ("switched" in run_stats_html(ended)) == (reason == "model_switch")
 
 
 def test_figures_serialise_without_nan(trace: RunTrace) -> None:

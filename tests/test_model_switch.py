@@ -43,7 +43,7 @@ def test_replace_engine_cancels_a_running_run_and_serves_the_new_engine(loaded, 
         worker.submit(PROMPT, "ar", {"max_new_tokens": 8}, first, threading.Event()).result(30)
         assert asked.wait(60) and swaps[0].result(60) is other_engine and worker.engine is other_engine
         end = first.events[-1]
-        assert end["type"] == "run_end" and end["status"] == "cancelled"
+        assert end["type"] == "run_end" and end["status"] == "cancelled" and end["reason"] == "model_switch"
         assert sum(e["type"] == "round" for e in first.events) < 8
         assert old.rt.pool.used == 0 and not old.scheduler.has_work
         ended = threading.Event()

@@ -377,7 +377,7 @@ def test_second_generate_while_busy_is_refused_and_cancel_stops_the_run(client, 
         gate.open()
         events = [start, *receive_run(ws)]
     assert_one_dense_run(events)
-    assert events[-1]["status"] == "cancelled"
+    assert events[-1]["status"] == "cancelled" and events[-1]["reason"] == "client"
     assert len(events[-1]["output_ids"]) < 64
     assert read_back(client, start["run_id"])["status"] == "cancelled"
     assert engine.rt.pool.used == 0

@@ -77,7 +77,8 @@ class RunRecorder:
         return req.outcome
 
     def run_end(self, req: Request) -> None:
-        req.tracer.emit("run_end", {"status": req.status, **self.outcome(req)})
+        reason = {"reason": req.cancel_reason} if req.status == "cancelled" else {}
+        req.tracer.emit("run_end", {"status": req.status, **reason, **self.outcome(req)})
 
     def error(self, req: Request, message: str) -> None:
         req.tracer.emit("error", {"code": "run_failed", "message": message})

@@ -30,6 +30,8 @@ class Request:
     eos_id: int | None
     tracer: Tracer = NULL_TRACER
     cancel: threading.Event = field(default_factory=threading.Event)
+    cancel_reason: str = "client"
+    """Who cancelled it, when it is: the client (Stop, a disconnect), a model switch or a server shutdown."""
     tokens: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     slot_index: torch.Tensor | None = None   # slots mirrored on the device (Runtime keeps it in step)

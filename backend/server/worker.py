@@ -108,7 +108,7 @@ class Worker:
             for item in self._take(block=not self.engine.scheduler.has_work and not stopping):
                 if item is None:
                     stopping = True
-                    self._cancel_all()
+                    self._cancel_all("shutdown")
                 elif isinstance(item, Swap):
                     self._swap(item)
                 else:
@@ -118,7 +118,7 @@ class Worker:
 
     def _swap(self, swap: Swap) -> None:
         """Cancel the current engine's runs, step until they have ended, then serve the new engine."""
-        self._cancel_all()
+        self._cancel_all("model_switch")
         while self.engine.scheduler.has_work:
             self._step()
         self.engine = swap.engine
@@ -141,6 +141,7 @@ class Worker:
             sub.future.set_exception(e)
             return self._release(1)
         if self._closed:
+            req.cancel_reason = "shutdown"
             req.cancel.set()
         self.engine.scheduler.add(req)
         self._live.append(req)
@@ -150,9 +151,10 @@ class Worker:
         with self._held_lock:
             self._held -= n
 
-    def _cancel_all(self) -> None:
+    def _cancel_all(self, reason: str) -> None:
         scheduler = self.engine.scheduler
         for req in [*scheduler.waiting, *scheduler.running]:
+            req.cancel_reason = reason
             req.cancel.set()
 
     def _step(self) -> None:
