@@ -128,11 +128,17 @@ def int_axis(title: str, span: int) -> dict[str, Any]:
 
 
 def legend_top() -> dict[str, Any]:
-    return {"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"}
+    """A horizontal legend under the plot: on a narrow box a legend above it ran into the title."""
+    return {"orientation": "h", "y": -0.32, "yanchor": "top", "x": 0, "xanchor": "left"}
+
+
+LEGEND_BELOW_MARGIN = {"l": 50, "r": 50, "t": 40, "b": 78}
+"""Room under the x axis for legend_top's legend."""
 
 
 def accepted_length_figure(rounds: Sequence[Event]) -> go.Figure:
-    """Accepted length per round (bars) with the committed count; click a bar to jump to its round."""
+    """Accepted length per round (bars) with the committed count on an axis of its own (a block mode commits a
+    whole block at once, which would flatten the bars); click a bar to jump to its round."""
     x = [r["round"] for r in rounds]
     accepted = [r.get("accepted_len") or 0 for r in rounds]
     committed = [len(r.get("committed") or []) for r in rounds]
@@ -141,12 +147,15 @@ def accepted_length_figure(rounds: Sequence[Event]) -> go.Figure:
                customdata=[[c, r.get("nfe")] for c, r in zip(committed, rounds, strict=True)],
                hovertemplate="round %{x}<br>accepted %{y}<br>committed %{customdata[0]}<br>"
                              "NFE +%{customdata[1]}<extra></extra>"),
-        go.Scatter(x=x, y=committed, name="committed", mode="lines+markers",
-                   line={"color": "#3b82f6", "shape": "hv"}, hoverinfo="skip"),
+        go.Scatter(x=x, y=committed, name="committed (right axis)", mode="lines+markers", yaxis="y2",
+                   line={"color": "#3b82f6", "shape": "hvh"}, hoverinfo="skip"),   # level centred on its bar
     ])
     add_cursor(fig)
-    fig.update_layout(**LAYOUT, title="accepted per round (click: jump)", height=260, bargap=0.15,
-                      xaxis=int_axis("round", len(x)), yaxis=int_axis("tokens", max(accepted + committed, default=0)),
+    fig.update_layout(**{**LAYOUT, "margin": LEGEND_BELOW_MARGIN}, title="accepted per round (click: jump)",
+                      height=290, bargap=0.15, xaxis=int_axis("round", len(x)),
+                      yaxis=int_axis("accepted", max(accepted, default=0)),
+                      yaxis2={**int_axis("committed", max(committed, default=0)), "overlaying": "y", "side": "right",
+                              "showgrid": False, "rangemode": "tozero"},
                       legend=legend_top())
     return fig
 
@@ -170,9 +179,8 @@ def kv_figure(intervals: Sequence[Event], n_rounds: int) -> go.Figure:
             hovertemplate="%{y} · position %{customdata[0]}<br>alloc round %{customdata[1]} → free round "
                           "%{customdata[2]}<br>%{customdata[3]}<extra></extra>"))
     add_cursor(fig)
-    layout = {**LAYOUT, "margin": {"l": 60, "r": 30, "t": 60, "b": 40}}
-    fig.update_layout(**layout, title={"text": "KV slots: alloc → free round", "y": 0.98,
-                                       "yanchor": "top"},
+    layout = {**LAYOUT, "margin": {**LEGEND_BELOW_MARGIN, "l": 60}}
+    fig.update_layout(**layout, title="KV slots: alloc → free round",
                       barmode="overlay", xaxis={**int_axis("round", n_rounds), "range": [-0.5, n_rounds - 0.5]},
                       height=min(220 + 6 * len(slots), 640), legend=legend_top())
     fig.update_yaxes(categoryorder="array", categoryarray=[f"slot {s}" for s in reversed(slots)],
@@ -260,7 +268,8 @@ def isd_case_figure(rounds: Sequence[Event]) -> go.Figure:
                                                                "<extra></extra>"))
     add_cursor(fig)
     top = max((r.get("accepted_len") or 0 for r in rounds), default=0)
-    fig.update_layout(**LAYOUT, title="ISD round case (V / R / C)", height=240, legend=legend_top(),
+    fig.update_layout(**{**LAYOUT, "margin": LEGEND_BELOW_MARGIN}, title="ISD round case (V / R / C)", height=270,
+                      legend=legend_top(),
                       xaxis=int_axis("round", len(rounds)), yaxis=int_axis("accepted", top))
     return fig
 

@@ -472,6 +472,15 @@ window.specscopeViz = (() => {
           gd.on("plotly_click", (ev) => this.clickChart(id, ev));
         }
       }
+      // react keeps the width a chart had before (another run's charts may have shared its row differently):
+      // once the row has laid out, fit each chart to its box
+      requestAnimationFrame(() => {
+        for (const [name, id] of charts) {
+          const gd = this.$(id);
+          const svg = figs[name] && gd.querySelector(".main-svg");
+          if (svg && Math.abs(svg.getBoundingClientRect().width - gd.clientWidth) > 1) Plotly.Plots.resize(gd);
+        }
+      });
     }
 
     clickChart(id, ev) {

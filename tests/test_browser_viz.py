@@ -149,6 +149,28 @@ def test_timelines_show_phases_and_kv_on_the_wall_clock_and_jump(page, server) -
     page.locator("#viz-timeline").screenshot(path=str(ARTIFACTS / "timeline.png"))
 
 
+def chart_overflow(page) -> dict[str, float]:
+    """Per visible run chart: how far its plot is wider than its box (px)."""
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('.ssv-chart')]
+        .filter(gd => !gd.hidden && gd.querySelector('.main-svg'))
+        .map(gd => [gd.id, gd.querySelector('.main-svg').getBoundingClientRect().width - gd.clientWidth]))""")
+
+
+def test_charts_fit_their_boxes_after_another_run_opens(page, server) -> None:
+    """Issue 31.7: a run whose charts share their row differently (isd adds its case chart) is drawn at its own
+    boxes' widths, not the previous run's; every chart's legend sits under its plot, clear of the title."""
+    open_run(page, server, "linear_spec", 1)
+    page.wait_for_selector("#viz-accepted .main-svg")
+    open_run(page, server, "isd", 1)
+    page.wait_for_selector("#viz-cases .main-svg")
+    page.wait_for_function("""() => [...document.querySelectorAll('.ssv-chart')].every(gd => gd.hidden ||
+        !gd.querySelector('.main-svg') || gd.querySelector('.main-svg').getBoundingClientRect().width
+        <= gd.clientWidth + 1)""")
+    assert all(over <= 1 for over in chart_overflow(page).values()), chart_overflow(page)
+    legend = page.evaluate("() => document.querySelector('#viz-accepted').layout.legend")
+    assert legend["y"] < 0
+
+
 def test_token_history_shows_the_recorded_top_k(page, server) -> None:
     """Issue 31.5: a run with trace_topk = 3 shows, per round, each forward's three alternatives with entropy and
     margin; a run without says how to record them."""

@@ -139,7 +139,13 @@ def test_accepted_length_has_cursor_and_integer_axes(trace: RunTrace) -> None:
     assert list(fig.data[0].y) == [1, 2, 2]
     assert cursor(fig) and cursor(fig)[0].x0 == 0, "a cursor the browser moves to the current round"
     assert fig.layout.xaxis.tickformat == "d" and fig.layout.xaxis.dtick == 1  # no 0.5 ticks
-    assert fig.layout.yaxis.title.text == "tokens"
+    assert fig.layout.yaxis.title.text == "accepted"
+    # Issue 31.7: a block mode's commits (a whole block at once) have their own axis, so they do not flatten the
+    # accepted bars; the step line's levels are centred on their bars; the legend sits under the plot, clear of
+    # the title.
+    committed = fig.data[1]
+    assert committed.yaxis == "y2" and fig.layout.yaxis2.overlaying == "y" and committed.line.shape == "hvh"
+    assert fig.layout.legend.y < 0 and fig.layout.legend.yanchor == "top"
 
 
 def test_kv_figure_bars_with_base_coloured_by_reason() -> None:
