@@ -180,6 +180,14 @@ def test_out_of_range_numbers_are_clamped_not_errors(page) -> None:
     page.wait_for_function("() => document.querySelector('#param-max_new_tokens input[type=number]').value === "
                            "'1024'")   # issue 31.8: the server's cap, not the engine's 4096
     set_number(page, "#param-max_new_tokens", 12)
+    # Issue 31.10: a slider's number box (temperature, [0, 10]) clamps too, where Gradio's slider answered 500
+    responses = []
+    page.on("response", lambda r: responses.append(r.status))
+    set_number(page, "#param-temperature", 50)
+    page.wait_for_function("() => document.querySelector('#param-temperature input[type=number]').value === '10'")
+    set_number(page, "#param-temperature", 0)
+    page.wait_for_function("() => document.querySelector('#param-temperature input[type=number]').value === '0'")
+    assert 500 not in responses
 
 
 def test_raw_answers_are_text_conversation_answers_markdown(page) -> None:
