@@ -19,7 +19,11 @@ window.specscopeViz = (() => {
   const prob = (v) => (typeof v === "number" && v > 0 && v < 1e-3 ? v.toExponential(2) : fmt(v));
   const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
   const state = (s) => (STATES.has(s) ? s : "unknown");
-  const PLOT_CONFIG = { displaylogo: false, responsive: true, toImageButtonOptions: { format: "svg" } };
+  // On a phone Plotly's tool bar would cover the charts' right edge: it shows there only while a chart is touched
+  // (hover), and the charts keep their SVG export on larger screens.
+  const PHONE = window.matchMedia("(max-width: 640px)").matches;
+  const PLOT_CONFIG = { displaylogo: false, responsive: true, toImageButtonOptions: { format: "svg" },
+                        displayModeBar: PHONE ? false : "hover" };
 
   const SKELETON = `
     <div class="ssv-summary" id="viz-summary"></div>

@@ -306,6 +306,10 @@ def test_phone_layout_keeps_every_value_reachable(browser, server) -> None:
         assert box and box["width"] >= 300, f"{chart} is squeezed: {box}"
     overflow = phone.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 1, "the page itself must not scroll sideways; wide tables scroll in their own box"
+    # Issue 31.10: no Plotly tool bar over the charts' right edge on a phone; the legend sits above the run
+    assert phone.locator("#viz-accepted .modebar").count() == 0
+    legend, grid = phone.locator("#viz-legend").bounding_box(), phone.locator("#viz-grid").bounding_box()
+    assert legend and grid and legend["y"] < grid["y"]
     phone.wait_for_timeout(300)
     phone.screenshot(path=str(ARTIFACTS / "viz-phone.png"), full_page=True)
     phone.close()

@@ -76,10 +76,10 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         with gr.Row():
             run = gr.Dropdown(label="run", choices=[], allow_custom_value=True, elem_id="viz-run", scale=4)
             refresh = gr.Button("↻ runs", elem_id="viz-refresh", scale=0, min_width=80)
+        with gr.Accordion("legend: what the colours mean", open=False, elem_id="viz-legend"):   # above the run,
+            gr.HTML(legend_html())                                                            # not 2000 px below
         message = gr.HTML(elem_id="viz-message")
         app = viz_component()
-        with gr.Accordion("legend", open=False):
-            gr.HTML(legend_html())
 
     def load(run_id: str | None, request: gr.Request) -> tuple[str, str, bool]:
         """The run's document (or a warning), drawn once and stepped in the browser; whether it was still running."""
