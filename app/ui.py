@@ -26,13 +26,16 @@ from app.tabs.card import build_model_card
 from app.tabs.chat import build_chat
 from app.tabs.compare import DEFAULT_MODES, build_compare
 from app.tabs.models import build_model_picker
+from app.tabs.race import build_race
 from app.tabs.runs import ALL, build_runs
 from app.tabs.viz import build_viz
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when Blocks are built and served
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
-HEALTH_EVERY_S = 3.0
+HEALTH_EVERY_S = 1.0
+RACE_RIVALS = ("isd", "quadratic", "linear_spec", "block_diffusion")
+"""Mode B of a race, the first the served model can run (mode A is ar)."""
 SYSTEM_FONTS = [gr.themes.Font("ui-sans-serif"), gr.themes.Font("system-ui"), gr.themes.Font("sans-serif")]
 MONO_FONTS = [gr.themes.Font("ui-monospace"), gr.themes.Font("monospace")]
 
@@ -65,6 +68,8 @@ def build_ui(backend: Backend) -> gr.Blocks:
                 viz = build_viz(backend, viz_tab)
             with gr.Tab("Compare", id="compare") as compare_tab:
                 compare = build_compare(backend, compare_tab)
+            with gr.Tab("Race", id="race"):
+                race = build_race(backend)
             with gr.Tab("Runs", id="runs") as runs_tab:
                 runs = build_runs(backend, runs_tab)
             with gr.Tab("Analysis", id="analysis") as analysis_tab:
@@ -80,9 +85,9 @@ def build_ui(backend: Backend) -> gr.Blocks:
                 health = client.health()
                 specs = client.modes() if not modes else None
             except (BackendUnavailable, BackendError) as exc:
-                return [status_html(None, str(exc))] + [gr.skip()] * 5
+                return [status_html(None, str(exc))] + [gr.skip()] * (len(checked) - 1)
             if specs is None:
-                return [status_html(health)] + [gr.skip()] * 5
+                return [status_html(health)] + [gr.skip()] * (len(checked) - 1)
             names = [m["name"] for m in specs if m.get("available", True)]   # what the served model can run
             off = [f'{m["name"]} ({m["unavailable"]})' for m in specs if not m.get("available", True)]
             chosen = [m for m in DEFAULT_MODES if m in names] or names[:3]
@@ -91,7 +96,9 @@ def build_ui(backend: Backend) -> gr.Blocks:
                     gr.Dropdown(choices=names, value="linear_spec" if "linear_spec" in names else names[0], info=hint),
                     gr.CheckboxGroup(choices=names, value=chosen, info=hint),
                     gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
-                    gr.Dropdown(choices=[ALL, *[m["name"] for m in specs]])]
+                    gr.Dropdown(choices=[ALL, *[m["name"] for m in specs]]),
+                    gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
+                    gr.Dropdown(choices=names, value=next((m for m in RACE_RIVALS if m in names), names[-1]))]
 
         def open_run(run_id: str) -> tuple[Any, Any]:
             return (gr.Tabs(selected="viz"), run_id) if run_id else (gr.skip(), gr.skip())
@@ -104,7 +111,8 @@ def build_ui(backend: Backend) -> gr.Blocks:
             """Serve another model, then reload the banner, the mode lists and its card in the same update."""
             return [*picker.switch(name, request), *check([], request), *card.load(request)]
 
-        checked = [status, chat.modes, chat.mode, compare.modes, compare.reference, runs.mode]
+        checked = [status, chat.modes, chat.mode, compare.modes, compare.reference, runs.mode, race.mode_a,
+                   race.mode_b]
         demo.load(picker.show, None, [picker.choice, picker.info], concurrency_limit=None, show_progress="hidden")
         carded = [card.html, chat.examples, compare.examples]
         picker.choice.input(switch_model, picker.choice, [picker.choice, picker.info, *checked, *carded],

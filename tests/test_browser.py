@@ -400,6 +400,29 @@ def test_compare_gives_no_verdict_to_failed_runs_or_unclaimed_settings(page) -> 
     page.fill("#cmp-variants textarea", "")
 
 
+def test_race_streams_two_modes_side_by_side(page) -> None:
+    """Issue 31.3: one message, two modes at once; both panes tick (tokens, tokens per forward, tok/s) while they
+    stream, each run is stored with the same conversation, and the first to finish is marked."""
+    page.get_by_role("tab", name="Race").click()
+    choose(page, "#race-mode-a", "ar")
+    choose(page, "#race-mode-b", "isd")
+    set_number(page, "#race-max", 48)
+    page.fill("#race-input textarea", "Count from one to twenty.")
+    page.click("#race-start")
+    page.wait_for_function("() => document.querySelector('#race-a').innerText.includes('tokens/forward')")
+    page.wait_for_function("() => ['#race-a', '#race-b'].every(id => / · (done|cancelled|error)/.test("
+                           "document.querySelector(id).innerText))", timeout=120_000)
+    panes = [page.locator(pane).inner_text() for pane in ("#race-a", "#race-b")]
+    assert all("tokens/forward" in p and "tok/s" in p and " · done" in p for p in panes), panes
+    assert page.locator("#race-a .ss-badge, #race-b .ss-badge").filter(has_text="finished first").count() == 1
+    ids = [page.locator(pane).locator("code").first.inner_text() for pane in ("#race-a", "#race-b")]
+    runs = [stored_run(page, run_id) for run_id in ids]
+    assert ids[0] != ids[1] and [r["mode"] for r in runs] == ["ar", "isd"]
+    assert runs[0]["prompt"] == runs[1]["prompt"] and "twenty" in runs[0]["prompt"]
+    assert runs[0]["output"] == runs[1]["output"]   # greedy isd is lossless: the same answer as ar
+    shot(page, "race")
+
+
 def test_runs_filter_export_delete(page) -> None:
     page.get_by_role("tab", name="Runs").click()
     page.wait_for_function("() => document.querySelector('#runs-table').innerText.includes('block_diffusion')")

@@ -57,13 +57,14 @@ def mode_params(modes: list[Spec], name: str, chosen: dict[str, dict[str, Any]])
             if values.get(p["name"]) is not None}
 
 
-class ClampedSlider(gr.Slider):
+def clamped_slider(lo: float, hi: float, **kwargs: Any) -> gr.Slider:
     """A slider whose number box takes any number: one past the bounds becomes the nearest bound (Gradio's own
-    slider refuses it with an error, an HTTP 500 in the browser's console)."""
-    is_template = True   # drawn by Gradio's slider
-
-    def preprocess(self, payload: float) -> float:
-        return super().preprocess(min(max(float(payload), self.minimum), self.maximum))
+    slider refuses it with an error, an HTTP 500 in the browser's console). An instance's preprocess, not a
+    subclass: Gradio writes a .pyi stub beside the module of every Component subclass."""
+    slider = gr.Slider(lo, hi, **kwargs)
+    checked = slider.preprocess
+    slider.preprocess = lambda payload: checked(min(max(float(payload), lo), hi))  # type: ignore[method-assign]
+    return slider
 
 
 def param_component(p: Spec, key: str, value: Any = None) -> gr.Checkbox | gr.Dropdown | gr.Slider | gr.Number:
@@ -81,7 +82,7 @@ def param_component(p: Spec, key: str, value: Any = None) -> gr.Checkbox | gr.Dr
     if p.get("choices"):
         return gr.Dropdown(choices=list(p["choices"]), value=value, **common)
     if p["type"] == "float" and lo is not None and hi is not None:
-        return ClampedSlider(lo, hi, value=value, step=(hi - lo) / 100, **common)
+        return clamped_slider(lo, hi, value=value, step=(hi - lo) / 100, **common)
     return gr.Number(value=value, precision=0 if p["type"] == "int" else None, **common)
 
 
@@ -151,7 +152,7 @@ def build_chat(backend: Backend) -> ChatTab:
                         if isinstance(widget, gr.Number):  # show the value the run will use
                             for trigger in (widget.blur, widget.submit):
                                 trigger(lambda v, p=p: clamp(p, v), widget, widget, queue=False)
-                        elif isinstance(widget, ClampedSlider):   # the box shows the clamped value
+                        elif isinstance(widget, gr.Slider):   # the box shows the clamped value
                             widget.change(lambda v: v, widget, widget, queue=False)
 
             live = gr.HTML(label="latest round", elem_id="chat-live",
