@@ -118,7 +118,7 @@ def token_grid_html(round_ev: Event, piece: Piece = id_piece, context: Sequence[
 
 
 def add_cursor(fig: go.Figure, **where: Any) -> None:
-    """The round cursor (a dotted vertical line at round 0) that static/viz.js moves without redrawing."""
+    """The round cursor (a dotted vertical line at round 0) that app/static/viz.js moves without redrawing."""
     fig.add_vline(x=0, line={"color": "#111827", "width": 2, "dash": "dot"}, name="cursor", **where)
 
 

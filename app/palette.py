@@ -52,7 +52,7 @@ def phase_color(kind: str) -> str:
 
 def palette_css() -> str:
     """CSS rules colouring token cells by state (`.ss-s-<state>`) and the same colours as `--ss-<state>` variables
-    (read by static/viz.js for its charts)."""
+    (read by app/static/viz.js for its charts)."""
     variables = ";".join(f"--ss-{state}:{bg}" for state, (bg, _, _) in STATES.items())
     rules = "\n".join(f".ss-s-{state}{{background:{bg};color:{fg};}}" for state, (bg, fg, _) in STATES.items())
     return f":root{{{variables}}}\n{rules}"

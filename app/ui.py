@@ -32,7 +32,7 @@ from app.tabs.viz import build_viz
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when Blocks are built and served
 
-STATIC = Path(__file__).resolve().parent.parent / "static"
+STATIC = Path(__file__).resolve().parent / "static"
 HEALTH_EVERY_S = 1.0
 RACE_RIVALS = ("isd", "quadratic", "linear_spec", "block_diffusion")
 """Mode B of a race, the first the served model can run (mode A is ar)."""
@@ -104,7 +104,7 @@ def build_ui(backend: Backend) -> gr.Blocks:
             return (gr.Tabs(selected="viz"), run_id) if run_id else (gr.skip(), gr.skip())
 
         def open_from_url(request: gr.Request) -> tuple[Any, Any]:
-            """`/?run=<id>&round=<n>` opens that run in the visualizer (static/viz.js then goes to the round)."""
+            """`/?run=<id>&round=<n>` opens that run in the visualizer (app/static/viz.js then goes to the round)."""
             return open_run(request.query_params.get("run", "").strip())
 
         def switch_model(name: str, request: gr.Request) -> list[Any]:

@@ -1,4 +1,4 @@
-"""The visualizer's document: one run as compact JSON, sent to the browser once; static/viz.js renders each round
+"""The visualizer's document: one run as compact JSON, sent to the browser once; app/static/viz.js renders each round
 from it, so stepping never goes back to the server. Pure functions, no I/O."""
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def test_token_grid_colours_states_and_dims_context(trace: RunTrace) -> None:
     assert grid.index("ss-s-prompt") < grid.index('class="ss-block"') < grid.index("ss-s-bonus")
     for state in STATES:
         assert f".ss-s-{state}{{" in palette_css()
-    assert ".ss-s-prompt, .ss-s-committed { opacity" in open("static/specscope.css").read()
+    assert ".ss-s-prompt, .ss-s-committed { opacity" in open("app/static/specscope.css").read()
 
 
 def test_token_grid_hover_title_has_round_position_token_confidence(trace: RunTrace) -> None:

@@ -1,5 +1,5 @@
 """Visualizer tab: pick a stored run; the browser gets the run's document once (app/vizdoc.py) and steps through
-its rounds itself (static/viz.js: buttons, slider, arrow keys, autoplay, chart clicks, token history, URL per round).
+its rounds itself (app/static/viz.js: buttons, slider, keys, autoplay, chart clicks, token history, URL per round).
 A run still recording is followed: its new events arrive through /ws/replay until it ends."""
 from __future__ import annotations
 
