@@ -24,8 +24,8 @@ test-all: $(STAMP)  # the whole suite, extended tests included
 	$(PY) -m pytest -q
 	$(VENV)/bin/ruff check .
 
-test-fast: $(STAMP)  # the core, without slow, browser, PostgreSQL or real-model tests
-	$(PY) -m pytest -q -m "not slow and not browser and not postgres and not real_model and not extended"
+test-fast: $(STAMP)  # the core, without slow, browser, PostgreSQL, GPU or real-model tests
+	$(PY) -m pytest -q -m "not slow and not browser and not postgres and not gpu and not real_model and not extended"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

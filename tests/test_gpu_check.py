@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from backend.engine.modes import describe_modes, mode_names
 from backend.gpu_check import main, variants
@@ -27,3 +28,14 @@ def test_gpu_check_tiny(tmp_path):
             assert r["same_as_ref"] == 1.0, mode
     assert json.loads((tmp_path / "kernels.json").read_text())
     assert (tmp_path / "report.md").read_text().count("\n") == len(rows) + 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_check_on_cuda(tmp_path):
+    """On a GPU: every mode on the shipped model (fp32, lossless equalities hard) and the synthetic 8B (bf16), then
+    the kernels bench."""
+    assert main(["--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["modes"] and all(r["status"] == "ok" for r in report["modes"])
+    assert json.loads((tmp_path / "kernels.json").read_text())
