@@ -78,8 +78,9 @@ def build_ui(backend: Backend) -> gr.Blocks:
                 build_bench(backend, bench_tab)
         health_timer = gr.Timer(HEALTH_EVERY_S)
 
-        def check(modes: list[dict], request: gr.Request) -> list[Any]:
-            """Health banner; (re)load the mode lists when they are empty (first load, or after an outage)."""
+        def check(modes: list[dict], chosen: str | None, request: gr.Request) -> list[Any]:
+            """Health banner; (re)load the mode lists when they are empty (first load, after an outage or a model
+            switch), keeping the chat's chosen mode where the served model can run it."""
             client = backend.client(request)
             try:
                 health = client.health()
@@ -93,7 +94,10 @@ def build_ui(backend: Backend) -> gr.Blocks:
             chosen = [m for m in DEFAULT_MODES if m in names] or names[:3]
             hint = f"not offered for this model: {', '.join(off)}" if off else None
             return [status_html(health), specs,
-                    gr.Dropdown(choices=names, value="linear_spec" if "linear_spec" in names else names[0], info=hint),
+                    # the chosen mode is kept by not sending a value (a switch answers after the model loaded:
+                    # a value sent then would undo a mode picked meanwhile)
+                    gr.Dropdown(choices=names, info=hint) if chosen in names else
+                    gr.Dropdown(choices=names, info=hint, value="linear_spec" if "linear_spec" in names else names[0]),
                     gr.CheckboxGroup(choices=names, value=chosen, info=hint),
                     gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
                     gr.Dropdown(choices=[ALL, *[m["name"] for m in specs]]),
@@ -107,20 +111,20 @@ def build_ui(backend: Backend) -> gr.Blocks:
             """`/?run=<id>&round=<n>` opens that run in the visualizer (app/static/viz.js then goes to the round)."""
             return open_run(request.query_params.get("run", "").strip())
 
-        def switch_model(name: str, request: gr.Request) -> list[Any]:
+        def switch_model(name: str, chosen: str | None, request: gr.Request) -> list[Any]:
             """Serve another model, then reload the banner, the mode lists and its card in the same update."""
-            return [*picker.switch(name, request), *check([], request), *card.load(request)]
+            return [*picker.switch(name, request), *check([], chosen, request), *card.load(request)]
 
         checked = [status, chat.modes, chat.mode, compare.modes, compare.reference, runs.mode, race.mode_a,
                    race.mode_b]
         demo.load(picker.show, None, [picker.choice, picker.info], concurrency_limit=None, show_progress="hidden")
         carded = [card.html, chat.examples, compare.examples]
-        picker.choice.input(switch_model, picker.choice, [picker.choice, picker.info, *checked, *carded],
+        picker.choice.input(switch_model, [picker.choice, chat.mode], [picker.choice, picker.info, *checked, *carded],
                             concurrency_limit=1)
         demo.load(card.load, None, carded, concurrency_limit=None, show_progress="hidden")
-        demo.load(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
+        demo.load(check, [chat.modes, chat.mode], checked, concurrency_limit=None, show_progress="hidden")
         demo.load(open_from_url, None, [tabs, viz.run], concurrency_limit=None, show_progress="hidden")
-        health_timer.tick(check, chat.modes, checked, concurrency_limit=None, show_progress="hidden")
+        health_timer.tick(check, [chat.modes, chat.mode], checked, concurrency_limit=None, show_progress="hidden")
         health_timer.tick(picker.follow, picker.choice, [picker.choice, picker.info], concurrency_limit=None,
                           show_progress="hidden")
         for button, source in ((chat.open_button, chat.run_id), (runs.open_button, runs.selected)):
