@@ -67,11 +67,14 @@ def read_rows(path: Path, max_len: int, eos_id: int | None) -> list[dict[str, An
     return rows
 
 
-def prepare_model(folder: Path, rank: int, alpha: float, device: str) -> tuple[Transformer, MaskRow]:
-    model = load_model(folder, torch.float32, device, adapter=False)
-    for module in model.modules():
-        if isinstance(module, LoRALinear):
-            module.add_adapter(rank, alpha)
+def prepare_model(folder: Path, rank: int, alpha: float, device: str,
+                  init: Path | None = None) -> tuple[Transformer, MaskRow]:
+    """The base model with a fresh LoRA (rank, alpha), or with the adapter folder `init` to train further."""
+    model = load_model(folder, torch.float32, device, adapter=init or False)
+    if init is None:
+        for module in model.modules():
+            if isinstance(module, LoRALinear):
+                module.add_adapter(rank, alpha)
     model.requires_grad_(False)
     for name, p in model.named_parameters():
         if "lora_" in name:
@@ -155,11 +158,13 @@ def main() -> None:
     p.add_argument("--kind-weights", type=kind_weights, default=kind_weights(""),
                    help="loss weight per layout kind, e.g. causal=2 (default 1 each)")
     p.add_argument("--export", type=Path, default=None)
+    p.add_argument("--init-adapter", type=Path, default=None,
+                   help="start from this PEFT folder (e.g. the shipped adapter) with a fresh optimizer")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
     torch.manual_seed(args.seed)
     folder = resolve(args.model).folder
-    model, embed = prepare_model(folder, args.rank, args.alpha, args.device)
+    model, embed = prepare_model(folder, args.rank, args.alpha, args.device, args.init_adapter)
     pad_id = model.cfg.eos_token_id or 0
     params = trainable(model)
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
