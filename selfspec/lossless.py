@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from backend.bench import provenance
 from backend.engine.engine import Engine
 from backend.engine.modes import get_mode, mode_names
 from backend.model.chat_prompts import prompt_set
@@ -62,12 +61,12 @@ def main() -> None:
     p.add_argument("--modes", default=None, help="comma-separated (default: every mode with a lossless claim)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    loaded = load_checkpoint(resolve(args.model).folder)
+    source = resolve(args.model)   # with its shipped adapter, as `specscope bench` and the server load it
+    loaded = load_checkpoint(source.folder, adapter=source.adapter, name=source.name)
     engine = Engine(loaded, num_slots=args.prompts * 4 * (args.max_new_tokens + 256))
     prompts = [r["messages"] for r in prompt_set(args.prompts, args.seed, held_out=True)]
     rows = check(engine, prompts, args.max_new_tokens, args.modes.split(",") if args.modes else mode_names())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    report = {"model": loaded.name, "commit": commit, "machine": platform.processor() or platform.machine(),
+    report = {"model": loaded.name, "adapter_scope": loaded.adapter_scope, **provenance(),
               "threads": torch.get_num_threads(), "rows": rows}
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")

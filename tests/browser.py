@@ -82,3 +82,19 @@ def chat(page: Any, mode: str) -> None:
     page.press("#chat-input textarea", "Enter")
     page.wait_for_function("n => document.querySelectorAll('#chat-bot .bot').length > n", arg=answers)
     page.wait_for_selector(f"#chat-bot .bot:last-of-type >> text=/{mode}\\s*· TPF/")
+
+
+CODE_PROMPT = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
+"""A raw-completion prompt that keeps a tiny model going until max_new_tokens."""
+
+
+def start_long_raw_run(page: Any, mode: str, max_new_tokens: int) -> None:
+    """Send CODE_PROMPT raw in `mode` and return once its run has started (its id is in #chat-run)."""
+    choose(page, "#chat-mode", mode)
+    page.wait_for_selector(f"text={mode}:")
+    set_number(page, "#param-max_new_tokens", max_new_tokens)
+    page.check("#param-raw input[type=checkbox]")
+    before = page.input_value("#chat-run textarea")
+    page.fill("#chat-input textarea", CODE_PROMPT)
+    page.click("#chat-send")
+    page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)

@@ -14,7 +14,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import ARTIFACTS, NEEDS_BROWSER, PROMPT, chat, choose, new_page, set_number, shot
+from browser import (
+    ARTIFACTS,
+    CODE_PROMPT,
+    NEEDS_BROWSER,
+    PROMPT,
+    chat,
+    choose,
+    new_page,
+    set_number,
+    shot,
+    start_long_raw_run,
+)
 from fastapi import FastAPI
 from live_server import free_port, serving
 
@@ -212,14 +223,7 @@ def test_raw_answers_are_text_conversation_answers_markdown(page) -> None:
 
 def test_stop_ends_the_run_and_shows_it(page) -> None:
     """Issue 16.6: Stop cancels the run; the answer keeps its text with a "stopped" note and the run's stats."""
-    choose(page, "#chat-mode", "spiffy")
-    page.wait_for_selector("text=spiffy:")
-    set_number(page, "#param-max_new_tokens", 256)
-    page.check("#param-raw input[type=checkbox]")
-    before = page.input_value("#chat-run textarea")
-    page.fill("#chat-input textarea", "import os\n\n\nclass Config:\n    def __init__(self, path):\n        ")
-    page.click("#chat-send")
-    page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
+    start_long_raw_run(page, "spiffy", 256)
     page.click("#chat-stop")
     page.wait_for_selector("#chat-bot .bot:last-of-type >> text=stopped")
     assert "(cancelled)" in last_answer(page) and "TPF" in last_answer(page)
@@ -276,7 +280,7 @@ def test_visualizer_follows_a_chat_run_live(page) -> None:
     set_number(page, "#param-max_new_tokens", 900)  # near the context: the run is still going when Stop comes
     page.check("#param-raw input[type=checkbox]")
     before = page.input_value("#chat-run textarea")
-    page.fill("#chat-input textarea", "import os\n\n\nclass Config:\n    def __init__(self, path):\n        ")
+    page.fill("#chat-input textarea", CODE_PROMPT)
     page.click("#chat-send")
     page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
     run_id = page.input_value("#chat-run textarea")
@@ -455,7 +459,7 @@ def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -
     page.wait_for_selector("text=specfold:")
     set_number(page, "#param-max_new_tokens", 120)
     page.check("#param-raw input[type=checkbox]")
-    for text in ("import os\n\n\nclass Config:\n    def __init__(self, path):\n        ", "first queued",
+    for text in (CODE_PROMPT, "first queued",
                  "second queued"):   # sent at once: without the queue the second and third Enter were dropped
         page.fill("#chat-input textarea", text)
         page.press("#chat-input textarea", "Enter")
@@ -466,7 +470,7 @@ def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -
     assert page.locator("#chat-queued").count() == 0
     page.click("#chat-clear")
     set_number(page, "#param-max_new_tokens", 900)
-    page.fill("#chat-input textarea", "import os\n\n\nclass Config:\n    def __init__(self, path):\n        ")
+    page.fill("#chat-input textarea", CODE_PROMPT)
     page.press("#chat-input textarea", "Enter")
     page.wait_for_function("() => document.querySelectorAll('#chat-bot .bot').length === 1")  # it streams
     page.fill("#chat-input textarea", "never answered")

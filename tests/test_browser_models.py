@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import NEEDS_BROWSER, chat, choose, new_page, set_number, shot
+from browser import NEEDS_BROWSER, chat, choose, new_page, shot, start_long_raw_run
 from hf_tiny import save_hf
 from serve_process import Served
 
@@ -87,14 +87,7 @@ def test_switch_models_run_each_and_list_which_model_ran(page, server) -> None:
 def test_a_run_cancelled_by_a_model_switch_says_so(page, server) -> None:
     """Issue 31.10: an answer cut short by a model switch (made elsewhere) says so, not "⏹ stopped"."""
     page.get_by_role("tab", name="Chat").click()
-    choose(page, "#chat-mode", "specfold")   # hundreds of traced rounds: still going when the switch comes
-    page.wait_for_selector("text=specfold:")
-    set_number(page, "#param-max_new_tokens", 900)
-    page.check("#param-raw input[type=checkbox]")
-    before = page.input_value("#chat-run textarea")
-    page.fill("#chat-input textarea", "import os\n\n\nclass Config:\n    def __init__(self, path):\n        ")
-    page.click("#chat-send")
-    page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
+    start_long_raw_run(page, "specfold", 900)   # hundreds of traced rounds: still going when the switch comes
     httpx.post(f"{server}/api/models/rand-b", timeout=60).raise_for_status()
     page.wait_for_selector("#chat-bot .bot:last-of-type >> text=switched models")
     assert "⏹ stopped" not in page.locator("#chat-bot .bot").last.inner_text()

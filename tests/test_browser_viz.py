@@ -9,13 +9,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from browser import ARTIFACTS, NEEDS_BROWSER, TIMEOUT_MS, new_page, shot
+from browser import ARTIFACTS, CODE_PROMPT, NEEDS_BROWSER, TIMEOUT_MS, new_page, shot
 from live_server import free_port, serving
 
 pytest_plugins = ["browser"]  # the browser and errors fixtures
 pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
 
-CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
 SMALL = {"block_size": 16, "branches": 3}  # short blocks, few branches: quick to record, still with cache hits
 MODES = {"ar": {}, "block_diffusion": {"block_size": 16}, "linear_spec": {}, "isd": {"temperature": 0.7, "seed": 1},
          "spiffy": SMALL, "specfold": SMALL}
@@ -36,10 +35,10 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
     runs = {}
     for mode, params in MODES.items():
         tracer = RecordingTracer(sink=store.record)
-        engine.generate(CODE, mode, {"max_new_tokens": 12, "raw": True, **params}, tracer=tracer)
+        engine.generate(CODE_PROMPT, mode, {"max_new_tokens": 12, "raw": True, **params}, tracer=tracer)
         runs[mode] = tracer.run_id
     tracer = RecordingTracer(sink=store.record)   # with each position's top-3 alternatives
-    engine.generate(CODE, "linear_spec", {"max_new_tokens": 12, "raw": True, "trace_topk": 3}, tracer=tracer)
+    engine.generate(CODE_PROMPT, "linear_spec", {"max_new_tokens": 12, "raw": True, "trace_topk": 3}, tracer=tracer)
     runs["topk"] = tracer.run_id
     port = free_port()
     app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}")
@@ -266,7 +265,7 @@ def test_a_running_run_is_followed_until_it_ends(page, server) -> None:
     from backend.tracing import RecordingTracer
 
     events = []
-    server["engine"].generate(CODE, "ar", {"max_new_tokens": 12, "raw": True},
+    server["engine"].generate(CODE_PROMPT, "ar", {"max_new_tokens": 12, "raw": True},
                               tracer=RecordingTracer(sink=events.append))
     run_id = "r_live000000000001"
     events = [dict(e, run_id=run_id) for e in events]
