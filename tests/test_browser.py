@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import re
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -546,6 +547,30 @@ def open_in_visualizer(page, run_id: str) -> None:
     box.fill(run_id)
     box.press("Enter")
     page.wait_for_function("id => document.querySelector('#viz-summary')?.innerText.includes(id)", arg=run_id)
+
+
+def test_the_status_banner_follows_runs_within_two_seconds(page, server) -> None:
+    """Issue 31.10: the banner's active-run count catches up with a run's start and end within ~2 s (it polled
+    every 3 s, so a run could be over before the banner showed it)."""
+    import openai
+
+    client = openai.OpenAI(base_url=server["url"] + "v1", api_key="none", max_retries=0)
+    banner = "n => document.querySelector('#ss-up')?.innerText.includes('active runs ' + n)"
+    lags = []
+    for _ in range(2):
+        page.wait_for_function(banner, arg=0)
+        stream = client.completions.create(model="tiny:specfold", prompt=CODE_PROMPT, max_tokens=400, stream=True)
+        chunks = iter(stream)
+        next(chunks)
+        started = time.perf_counter()
+        page.wait_for_function(banner, arg=1, polling=50)
+        lags.append(time.perf_counter() - started)
+        for _ in chunks:
+            pass
+        ended = time.perf_counter()
+        page.wait_for_function(banner, arg=0, polling=50)
+        lags.append(time.perf_counter() - ended)
+    assert max(lags) < 2.0, lags
 
 
 def test_stored_markup_is_shown_as_text(page, server) -> None:
