@@ -198,7 +198,8 @@ def test_adapter_rows_equal_eager(lib, config):
             got = fused(ids, positions, kv=KVContext(fused_cache, prefix, valid, write), lora=lora)
             plain = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write))
         assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0)
-        assert torch.allclose(fused_cache.k, eager_cache.k, atol=1e-4)
+        # relative to K's scale, like the logits: float32 sums in another order (torch's GEMM differs by CPU)
+        assert torch.allclose(fused_cache.k, eager_cache.k, atol=1e-4 * max(eager_cache.k.abs().max().item(), 1.0))
         assert not torch.allclose(got, plain, atol=1e-3)     # the adapter did something
         if lora is some:   # request 0's row 0 precedes its adapted rows: untouched by them
             assert torch.equal(got[0, 0], plain[0, 0])
