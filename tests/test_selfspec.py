@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from backend.engine.engine import Engine
+from backend.model.adapters import save_adapter
 from backend.model.chat_prompts import HELD_OUT, TEMPLATES, prompt_set
 from backend.model.checkpoint import load_checkpoint
 from backend.model.source import TINY
@@ -122,3 +123,15 @@ def test_training_resumes_exports_and_keeps_ar_exact(tmp_path):
         assert ours.generate(prompt, "ar", {"max_new_tokens": 16}).output_ids == ar
         for mode in ("isd", "quadratic", "linear_spec"):
             assert ours.generate(prompt, mode, {"max_new_tokens": 16}).output_ids == ar, (mode, prompt)
+
+
+def test_init_adapter_starts_from_a_saved_adapter(trainee, tmp_path):
+    """--init-adapter: the trainee's LoRA and MASK row, saved as PEFT writes them, are what training starts from."""
+    model, embed = trainee
+    save_adapter(model, tmp_path, tokens={"embed_tokens": {embed.mask_id: embed.row.detach()}})
+    again, again_embed = prepare_model(TINY, rank=8, alpha=1.0, device="cpu", init=tmp_path)
+    want = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    got = {n: p for n, p in again.named_parameters() if "lora_" in n}
+    assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
+    assert all(p.requires_grad for p in got.values())
+    assert torch.equal(again_embed.row, embed.row)
