@@ -276,14 +276,7 @@ def test_visualizer_follows_a_chat_run_live(page) -> None:
     """Issue 16.2: a run opened while it streams is followed round by round and settles when it ends (here: when
     the chat's Stop cancels it)."""
     page.get_by_role("tab", name="Chat").click()
-    choose(page, "#chat-mode", "specfold")  # a run of ~870 traced rounds: it outlasts the checks
-    page.wait_for_selector("text=specfold:")
-    set_number(page, "#param-max_new_tokens", 900)  # near the context: the run is still going when Stop comes
-    page.check("#param-raw input[type=checkbox]")
-    before = page.input_value("#chat-run textarea")
-    page.fill("#chat-input textarea", CODE_PROMPT)
-    page.click("#chat-send")
-    page.wait_for_function("old => document.querySelector('#chat-run textarea').value !== old", arg=before)
+    start_long_raw_run(page, "specfold", 900)   # ~870 traced rounds, near the context: still going when Stop comes
     run_id = page.input_value("#chat-run textarea")
     page.click("#chat-open")
     page.wait_for_function("id => document.querySelector('#viz-summary')?.innerText.includes(id)", arg=run_id)
