@@ -1,11 +1,11 @@
 """Triton kernels for SpecFold's folded verification and I-DLM's fused verify, each with a PyTorch twin.
 
 Every op lives in one module as `<op>_triton` and `<op>_torch` with identical signatures. CUDA tensors run the
-kernels, anything else the twins (`on_triton`): `folded_forward.FoldOps` picks the six SpecFold ops together,
-`isd_verify.isd_verify` dispatches on its own. Tests run the Triton versions on CPU under TRITON_INTERPRET=1
-(set before these modules are imported) by calling them directly; `compile_check` compiles them for a GPU.
-SpecFold's folded verify has three backends behind `folded_forward.make_folded_forward`: the kernel pipeline
-(`folded_forward`), the packed float32 CPU path (`packed_forward`) and the float64 oracle (`reference`).
+kernels, anything else the twins (`on_triton`): backend/forward/folded.py's `FoldOps` picks the six SpecFold ops
+together, `isd_verify.isd_verify` dispatches on its own. Tests run the Triton versions on CPU under
+TRITON_INTERPRET=1 (set before these modules are imported) by calling them directly; `compile_check` compiles them
+for a GPU. The C kernels (cpu_decode.c, cpu_fold.c) build through `cpu_decode.build`. Nothing here imports
+`backend/` (the forwards that call these kernels are backend/forward/), except the `bench` script.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ A synthetic model with random weights (default: hidden 2048, 16 layers, GQA 16/4
 Per (branches B, prefix P, target fold ratio f): branch rows copy their parent's layer input at a share f of
 positions (ρ = 0, folded at δ = 0.05) and differ elsewhere; every layer runs on that input, so the fold
 pattern stays controlled. One verify step = all layers, dense (the engine's batched block-attention layer
-over a gathered prefix) or folded (kernels.folded_forward.fold_layer: Triton on CUDA). Reports time per
+over a gathered prefix) or folded (backend.forward.folded.fold_layer: Triton on CUDA). Reports time per
 step, speedup, measured QKV/FFN fold ratios, achieved TFLOP/s and GB/s against ceilings measured here
 (a large fp16 matmul and a device-to-device copy), and layer 0's largest output difference folded vs dense
 (at target 0 nothing folds, so it is rounding only). Writes JSON (default docs/bench/kernels.json).
@@ -26,9 +26,9 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from backend.forward.folded import TORCH_OPS, TRITON_OPS, fold_layer
 from backend.model.config import ModelConfig
 from backend.model.transformer import DecoderLayer, KVContext, PagedKV, Transformer, build_mask, rope_cos_sin
-from kernels.folded_forward import TORCH_OPS, TRITON_OPS, fold_layer
 from kernels.gate import parent_rows
 
 DELTA = 0.05

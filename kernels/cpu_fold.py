@@ -3,7 +3,7 @@
 
 On a CPU the folded verify's layers are op-bound outside their matmuls: the gate and the packing were some
 twenty tensor ops a layer (~0.13 ms), the packed rows' norms and RoPE some thirty more. Each function here
-gives kernels/packed_forward.py what its tensor ops give (the gate's flags up to float32 rounding at the
+gives backend/forward/packed.py what its tensor ops give (the gate's flags up to float32 rounding at the
 threshold), or None / False where it does not apply (not float32 on the CPU, no C compiler,
 SPECSCOPE_FUSED_DECODE=0): the caller then runs the tensor ops."""
 from __future__ import annotations

@@ -98,11 +98,12 @@ def batch_for(rows: list[dict], step: int, seed: int, size: int, mask_id: int, p
     return pack([r["seq"] for r in picked], chunks, mask_id, pad_id)
 
 
-def losses(model: Transformer, p: Packed, device: str) -> dict[str, torch.Tensor]:
+def losses(model: Transformer, p: Packed, device: str,
+           kv_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Mean cross-entropy per layout kind over its trained rows."""
     p = p.to(device)
     b, width = p.clean_ids.shape
-    logits = chunk_logits(model, p, PagedKV.empty(model.cfg, b * width, torch.float32, device))
+    logits = chunk_logits(model, p, PagedKV.empty(model.cfg, b * width, kv_dtype, device))
     kind_of = torch.zeros_like(p.targets)
     for i, spans in enumerate(p.kinds):
         for kind, row, n in spans:
@@ -161,6 +162,8 @@ def main() -> None:
     p.add_argument("--init-adapter", type=Path, default=None,
                    help="start from this PEFT folder (e.g. the shipped adapter) with a fresh optimizer")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast for the training forward (fp32 master weights; held-out figures stay fp32)")
     args = p.parse_args()
     torch.manual_seed(args.seed)
     folder = resolve(args.model).folder
@@ -181,16 +184,19 @@ def main() -> None:
     print(f"{len(rows)} training sequences, {len(held)} held out; {sum(x.numel() for x in params)} trainable",
           flush=True)
     mix = Mix()
-    if step == 0:    # the untrained adapter's figures: the baseline the model card compares with
+    if step == 0:    # the starting adapter's figures; an --init-adapter's are what an export must beat
         figures = heldout_figures(model, held, embed.mask_id, args.device)
         with (args.workdir / "heldout.jsonl").open("a") as f:
             f.write(json.dumps({"step": 0, **figures}) + "\n")
         print("heldout", json.dumps(figures), flush=True)
+        if args.init_adapter:
+            best = figures["score"]
     model.train()
     t0 = time.perf_counter()
     while step < args.steps:
         batch = batch_for(rows, step, args.seed, args.batch, embed.mask_id, pad_id, mix)
-        parts = losses(model, batch, args.device)
+        with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
+            parts = losses(model, batch, args.device, torch.bfloat16 if args.bf16 else torch.float32)
         weights = [args.kind_weights[k] for k in parts]
         loss = sum(w * v for w, v in zip(weights, parts.values(), strict=True)) / sum(weights)
         for group in opt.param_groups:
@@ -200,7 +206,8 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
-        row = {"step": step, "loss": float(loss), **{k: round(float(v), 4) for k, v in parts.items()},
+        row = {"step": step, "loss": round(loss.detach().item(), 4),
+               **{k: round(v.detach().item(), 4) for k, v in parts.items()},
                "rows": int((batch.targets != IGNORE).sum()), "s": round(time.perf_counter() - t0, 1)}
         with (args.workdir / "curves.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")

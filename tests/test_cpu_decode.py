@@ -17,22 +17,12 @@ import torch
 
 from backend.engine.engine import Engine
 from backend.engine.modes.quadratic import quadratic_mask
+from backend.forward.fused_step import MAX_CHUNK, FusedDecode, fused_decode, supported, weight_format
 from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
 from backend.model.transformer import KVContext, PagedKV, Transformer
 from kernels import cpu_decode
-from kernels.cpu_decode import (
-    FLAGS,
-    MAX_CHUNK,
-    NON_TEMPORAL,
-    FusedDecode,
-    build,
-    fused_decode,
-    load,
-    native_flags,
-    supported,
-    weight_format,
-)
+from kernels.cpu_decode import FLAGS, NON_TEMPORAL, build, load, native_flags
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

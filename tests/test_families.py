@@ -170,7 +170,7 @@ def test_qwen_families(tmp_path, config_cls, arch, extra, family, block, mask):
 def test_folded_verify_uses_the_models_rope_variant(ministral, backend):
     """SpecFold's folded forward applies the model's own RoPE (YaRN, llama-4 query scale): with the strict
     gate at δ = 0 its logits equal the dense block forward of every branch."""
-    from kernels.folded_forward import make_folded_forward
+    from backend.forward.folded import make_folded_forward
 
     model = load_checkpoint(ministral[2]).model
     p, b, parents = 6, 8, [-1, 0, 0, 1]

@@ -25,9 +25,9 @@ from transformers import (  # noqa: E402
     Qwen3Config,
 )
 
+from backend.forward.fused_step import fused_decode  # noqa: E402
 from backend.model.checkpoint import load_model  # noqa: E402
 from backend.model.transformer import KVContext, PagedKV, Transformer  # noqa: E402
-from kernels.cpu_decode import fused_decode  # noqa: E402
 
 ATOL = 1e-4
 SEQ = 14

@@ -109,7 +109,7 @@ def test_packed_qkv_matches_twin_and_leaves_folded_slots(dtype, bias, norm, kind
 def test_packed_qkv_twin_equals_the_model_projection(loaded):
     layer = loaded.model.layers[0]
     cfg = loaded.model.cfg
-    from kernels.folded_forward import layer_weights
+    from backend.forward.folded import layer_weights
     w, _ = layer_weights(layer, cfg.rms_norm_eps)
     n = 9
     h = torch.randn(n, cfg.hidden_size)

@@ -1,17 +1,11 @@
-"""The packed float32 CPU folded verify (kernels/packed_forward.py) against the float64 reference and dense."""
+"""The packed float32 CPU folded verify (backend/forward/packed.py) against the float64 reference and dense."""
 import pytest
 import torch
 from support.branches import BRANCH_CASES, CHAIN, TREE, random_branches, reference_attention
 
 from backend.engine.modes.spiffy import DenseVerify
-from backend.model.config import ModelConfig
-from backend.model.rope import RopeSpec
-from backend.model.transformer import Transformer
-from kernels import cpu_fold
-from kernels.cpu_decode import FLAGS, build
-from kernels.folded_forward import make_folded_forward
-from kernels.gate import parent_rows, recompute_flags
-from kernels.packed_forward import (
+from backend.forward.folded import make_folded_forward
+from backend.forward.packed import (
     BlockRope,
     Packing,
     ancestor_table,
@@ -21,7 +15,13 @@ from kernels.packed_forward import (
     norm_packed,
     packed_qkv,
 )
-from kernels.reference import resolve_sources
+from backend.forward.reference import resolve_sources
+from backend.model.config import ModelConfig
+from backend.model.rope import RopeSpec
+from backend.model.transformer import Transformer
+from kernels import cpu_fold
+from kernels.cpu_decode import FLAGS, build
+from kernels.gate import parent_rows, recompute_flags
 
 
 @pytest.mark.parametrize("parents", [CHAIN, TREE])

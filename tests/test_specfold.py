@@ -5,9 +5,9 @@ from support.branches import BRANCH_CASES, random_branches, reference_attention
 from support.modes import HELDOUT_GEN
 
 from backend.engine.modes.spiffy import DenseVerify
+from backend.forward.folded import make_folded_forward
+from backend.forward.reference import FoldedForward, branch_attention, resolve_sources
 from backend.tracing import RecordingTracer
-from kernels.folded_forward import make_folded_forward
-from kernels.reference import FoldedForward, branch_attention, resolve_sources
 
 GEN = {"max_new_tokens": 32}
 
@@ -103,7 +103,7 @@ def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy
     """A whole verification step through the Triton kernels (TRITON_INTERPRET=1): at δ=0.1 (paper gate) it
     equals the float64 PyTorch reference, at δ=0 with the strict FFN gate the dense forward, both within 1e-3.
     One step: the interpreter is slow."""
-    from kernels.folded_forward import KernelFoldedForward
+    from backend.forward.folded import KernelFoldedForward
     dense = DenseVerify.__call__
     results = []
 

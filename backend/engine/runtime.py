@@ -11,10 +11,10 @@ from torch import Tensor
 from backend.engine.kv import KVPool
 from backend.engine.request import Request
 from backend.engine.sampling import alternatives, pick
+from backend.forward.fused_step import fused_decode
 from backend.model.checkpoint import LoadedModel
 from backend.model.transformer import KVContext
 from backend.tracing import Phase
-from kernels.cpu_decode import fused_decode
 
 MAX_ALTERNATIVES = 8   # top-k entries kept per position and round (one per forward that predicted it)
 

@@ -20,8 +20,8 @@ from backend.engine.modes.spiffy import BatchVerify, DenseVerify, Spiffy
 from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from backend.forward.folded import make_folded_forward
 from backend.tracing import RoundEvent
-from kernels.folded_forward import make_folded_forward
 from kernels.gate import FFN_GATES
 
 

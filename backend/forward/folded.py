@@ -2,7 +2,7 @@
 prefix+block attention (recomputed rows) → folded correction (folded rows) → o_proj and residual on every
 row → (ffn_gate=strict: FFN gate → sources) → packed FFN → every row adds its source's FFN output.
 
-Same contract and counters as the float64 reference kernels/reference.FoldedForward. The ops run as
+Same contract and counters as the float64 reference backend/forward/reference.FoldedForward. The ops run as
 Triton kernels on CUDA tensors and as their PyTorch twins elsewhere (`triton` forces either)."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from backend.forward.packed import PackedFoldedForward
+from backend.forward.reference import FoldedForward, shared_slots
 from backend.model.transformer import DecoderLayer, KVContext, Transformer
 from kernels import attention, ffn, gate, on_triton, qkv, sources
-from kernels.packed_forward import PackedFoldedForward
-from kernels.reference import FoldedForward, shared_slots
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,9 @@
+"""The forward layer: the ways a model's forward runs besides its own modules (model ← forward ← engine).
+
+- `fused_step`: short causal chunks (decode steps, few-row verifies and drafts) in one C call (kernels/cpu_decode.c).
+- `folded`: SpecFold's folded verify of a branch tree, by backend: the Triton kernel pipeline (`KernelFoldedForward`),
+  the packed float32 CPU path (`packed`, with kernels/cpu_fold.c) and the float64 oracle (`reference`).
+
+`kernels/` holds the kernels themselves (Triton ops and their PyTorch twins, the C sources and their build) and
+imports nothing from here.
+"""

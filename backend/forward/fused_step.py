@@ -1,0 +1,244 @@
+"""The fused CPU decode step: one C call (kernels/cpu_decode.c) per decode forward instead of ~200 eager ops.
+
+`fused_decode(model, cache)` returns a drop-in for the model's forward that runs causal chunks of up to
+MAX_CHUNK rows per request (decode steps, few-row verifies and drafts, a LoRA adapter on at any of their rows) in
+C and everything else eagerly; None where it does not apply (a model not in float32 on the CPU, no C compiler,
+SPECSCOPE_FUSED_DECODE=0).
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from backend.model.transformer import KVContext, PagedKV, Transformer
+from kernels.cpu_decode import ENABLED, FORMATS, library
+
+log = logging.getLogger(__name__)
+
+LAYER_TENSORS = ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm",
+                 "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+"""Per layer, in cpu_decode.c's enum order: norms by weight, projections by weight, then q/k/v/o biases."""
+PROJECTIONS = LAYER_TENSORS[4:]
+CAUSAL = ("causal", "strict_causal")
+"""Attention modes whose query chunk attends causally to itself (they differ only in a model's logit convention,
+which the runtime applies)."""
+MAX_CHUNK = 32
+"""Query rows per request the fused step takes (verify chunks, short prompts' prefills); longer chunks are
+compute-bound, where eager GEMMs win (measured crossover ~40 rows at prefix 60, one thread)."""
+BIASES = LAYER_TENSORS[4:8]
+
+
+def weight_format(weights: list[Tensor]) -> torch.dtype:
+    """The narrowest format that holds every weight exactly (a float16 checkpoint loaded as float32: float16)."""
+    for dtype in (torch.float16, torch.bfloat16):
+        if all(torch.equal(w.to(dtype).float(), w) for w in weights):
+            return dtype
+    return torch.float32
+
+
+def supported(model: Transformer, cache: PagedKV) -> str | None:
+    """Why the fused step cannot run this model (None: it can)."""
+    weight = model.embed_tokens.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or cache.k.dtype != torch.float32:
+        return "float32 on the CPU only"
+    if not (cache.k.is_contiguous() and cache.v.is_contiguous()):
+        return "the KV cache is not contiguous"
+    if model.cfg.head_dim % 2:
+        return "odd head_dim"
+    return None
+
+
+def chunk_prefixes(kv: KVContext, queries: int, block: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Each query row's slot table and length, one row per (request, query): a request's committed prefix
+    followed by its chunk's slots, of which query m reads the first m (causal). The kernel writes every row's K/V
+    before any row attends, so row m sees exactly what a 1-row step at its position would: the same numbers. A
+    bidirectional `block` reads its committed prefix only (the kernel adds the whole block from the step's own
+    K/V). (In NumPy: a decode step runs this per token, and a NumPy op costs a fraction of a torch one.)"""
+    table = kv.prefix_slots.numpy()
+    requests, width = table.shape
+    held = np.full(requests, width) if kv.prefix_valid is None else kv.prefix_valid.numpy().sum(1)
+    rows = held[:, None] + (np.zeros(queries, dtype=np.int64) if block else np.arange(queries))[None, :]
+    if kv.write_slots is not None and not block:
+        write = kv.write_slots.numpy()
+        table = np.concatenate([table, write], axis=1)
+        if kv.prefix_valid is not None:   # a padded row's chunk follows its own prefix, over its padding
+            np.put_along_axis(table, rows, write, axis=1)
+    if queries > 1:
+        table = np.repeat(table, queries, axis=0)
+    return np.ascontiguousarray(table, dtype=np.int64), np.ascontiguousarray(rows.reshape(-1), dtype=np.int64)
+
+
+def masked_prefixes(kv: KVContext, mask: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each query row's slot table and length from an attention mask [R, 1, Q, P+Q] over [prefix ‖ chunk] of a
+    chunk that writes its K/V: the prefix and other chunk slots the row sees, in the mask's column order
+    (quadratic's verify; like the eager forward, the mask alone decides, prefix_valid included). The kernel
+    writes every row's K/V before any row attends, and each row attends to its own K/V after its table: None for
+    a mask with a row that does not see itself."""
+    see = mask.numpy()[:, 0]
+    requests, queries, width = see.shape
+    prefix = kv.prefix_slots.numpy()
+    if kv.write_slots is None or width != prefix.shape[1] + queries:
+        return None
+    diagonal = np.arange(queries)
+    if not see[:, diagonal, prefix.shape[1] + diagonal].all():
+        return None
+    see = see.copy()
+    see[:, diagonal, prefix.shape[1] + diagonal] = False       # the kernel appends the row's own K/V
+    slots = np.concatenate([prefix, kv.write_slots.numpy()], axis=1)[:, None, :].repeat(queries, axis=1)
+    lengths = see.sum(-1)
+    first = np.argsort(~see, axis=-1, kind="stable")[..., :max(int(lengths.max()), 1)]  # seen columns, in order
+    table = np.take_along_axis(slots, first, axis=-1)
+    return (np.ascontiguousarray(table.reshape(requests * queries, -1), dtype=np.int64),
+            np.ascontiguousarray(lengths.reshape(-1), dtype=np.int64))
+
+
+def _flat(t: Tensor) -> np.ndarray:
+    """A CPU int tensor's values as one contiguous int64 array (a view where it already is one)."""
+    return np.ascontiguousarray(t.numpy().reshape(-1), dtype=np.int64)
+
+
+class RopeTable:
+    """cos, sin [P, head_dim] and the query scale [P] (None when unscaled) of positions 0..P-1, made by the
+    model's own Rotary, so the kernel reads the numbers the eager forward computes per call; grown by doubling
+    when a position reaches past P."""
+
+    def __init__(self, model: Transformer):
+        self.rotary = model.rotary
+        self.size = 0
+        self.cos = self.sin = torch.empty(0)
+        self.q_scale: Tensor | None = None
+
+    def cover(self, last: int) -> None:
+        """Make sure position `last` is in the table."""
+        if last < self.size:
+            return
+        size = max(64, 1 << last.bit_length())
+        cos, sin, q_scale = self.rotary(torch.arange(size)[None])
+        self.cos, self.sin = cos.reshape(size, -1).contiguous(), sin.reshape(size, -1).contiguous()
+        self.q_scale = None if q_scale is None else q_scale.reshape(size).contiguous()
+        self.size = size
+
+
+class FusedDecode:
+    """The model's forward for short causal chunks (decode steps, few-row verifies and drafts, the adapter on at
+    any rows), as one call into cpu_decode.c; anything else runs the model's own forward. It reads its own copies
+    of the weights (row-major, in weight_format's dtype): rebuild it if they change."""
+
+    def __init__(self, model: Transformer, lib: ctypes.CDLL):
+        cfg = model.cfg
+        self.model, self.lib = model, lib
+        with torch.no_grad():
+            layers = [dict(layer.named_modules()) for layer in model.layers]
+            head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+            projections = [m[name].weight for m in layers for name in PROJECTIONS] + [model.embed_tokens.weight, head]
+            self.format = weight_format(projections)
+            copies: dict[int, Tensor] = {}   # one copy per distinct weight (a tied head is the embedding)
+
+            def copy(w: Tensor | None, dtype: torch.dtype) -> int:
+                if w is None:
+                    return 0
+                if id(w) not in copies:
+                    copies[id(w)] = w.detach().to(dtype).contiguous()
+                return copies[id(w)].data_ptr()
+
+            self.tensors = torch.tensor(
+                [[copy(getattr(m.get(name), "weight", None), torch.float32) for name in LAYER_TENSORS[:4]]
+                 + [copy(m[name].weight, self.format) for name in PROJECTIONS]
+                 + [copy(m[name].bias, torch.float32) for name in BIASES] for m in layers], dtype=torch.long)
+            self.embed, self.head = copy(model.embed_tokens.weight, self.format), copy(head, self.format)
+            self.final_norm = copy(model.norm.weight, torch.float32)
+            self.has_adapter = any(getattr(m[name], "lora_A", None) is not None for m in layers for name in PROJECTIONS)
+            self.lora, self.lora_rank, self.lora_scale = self._lora_table(layers, copy)
+            self.copies = list(copies.values())   # keeps what the pointers point at alive
+        self.dims = torch.tensor([cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
+                                  cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                                  cfg.vocab_size, FORMATS.index(self.format)], dtype=torch.long)
+        self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
+        self.vocab = cfg.vocab_size
+        self.rope = RopeTable(model)
+
+    @staticmethod
+    def _lora_table(layers: list[dict], copy) -> tuple[Tensor | None, int, float]:
+        """[layers, 2 x 7] pointers to each projection's float32 LoRA A and B (0 where it has none), its rank and
+        scale; None when no projection has an adapter, or when their ranks or scales differ (the adapter then
+        runs eagerly)."""
+        adapted = [m[name] for m in layers for name in PROJECTIONS if getattr(m[name], "lora_A", None) is not None]
+        shapes = {(int(p.lora_A.shape[0]), float(p.lora_scale)) for p in adapted}
+        if len(shapes) != 1:
+            return None, 0, 0.0
+        (rank, scale), = shapes
+        table = [[ptr for name in PROJECTIONS for ptr in
+                  ((copy(m[name].lora_A, torch.float32), copy(m[name].lora_B, torch.float32))
+                   if getattr(m[name], "lora_A", None) is not None else (0, 0))] for m in layers]
+        return torch.tensor(table, dtype=torch.long), rank, scale
+
+    def adapter_rows(self, lora: bool | Tensor, rows: int) -> np.ndarray | None | bool:
+        """The rows the adapter is on, one uint8 each (None: nowhere; False: the kernel cannot apply it)."""
+        if lora is False or not self.has_adapter:
+            return None
+        if self.lora is None:
+            return False
+        if isinstance(lora, Tensor):
+            return np.ascontiguousarray(lora.numpy().reshape(-1), dtype=np.uint8)
+        return np.ones(rows, dtype=np.uint8)
+
+    @staticmethod
+    def accepts(queries: int, attn: str, mask: Tensor | None, writes: bool, requests: int = 1) -> bool:
+        """Whether the fused step may compute a forward of this shape: up to MAX_CHUNK query rows per request;
+        causal (more than one row only when they write their K/V: each row reads the rows
+        before it from the cache), bidirectional `block` rows of up to MAX_CHUNK in all (each attends to its whole
+        block from the step's own K/V; spiffy's 8 branches of 32 rows run faster as eager GEMMs), or under a mask
+        override when they write (`masked_prefixes` then checks that the kernel can follow it)."""
+        if queries > MAX_CHUNK:
+            return False
+        if mask is not None:
+            return writes
+        if attn == "block":
+            return requests * queries <= MAX_CHUNK
+        return attn in CAUSAL and (queries == 1 or writes)
+
+    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "causal", kv: KVContext | None = None,
+                 mask: Tensor | None = None, lora: bool | Tensor = False) -> Tensor:
+        requests, queries = ids.shape
+        adapter = self.adapter_rows(lora, requests * queries)
+        if kv is None or adapter is False or not self.accepts(queries, attn, mask, kv.write_slots is not None,
+                                                              requests):
+            return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
+        block = attn == "block" and mask is None
+        tables = chunk_prefixes(kv, queries, block) if mask is None else masked_prefixes(kv, mask)
+        if tables is None:
+            return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
+        prefix, lengths = tables
+        at, ids_ = _flat(positions), _flat(ids)
+        write = None if kv.write_slots is None else _flat(kv.write_slots)
+        self.rope.cover(int(at.max()))
+        rope = self.rope
+        logits = torch.empty(requests, queries, self.vocab, dtype=torch.float32)
+        status = self.lib.decode_step(
+            self.dims.data_ptr(), self.eps.data_ptr(), self.tensors.data_ptr(), self.embed, self.final_norm,
+            self.head, requests * queries, ids_.ctypes.data, at.ctypes.data, rope.cos.data_ptr(), rope.sin.data_ptr(),
+            None if rope.q_scale is None else rope.q_scale.data_ptr(), prefix.ctypes.data, prefix.shape[1],
+            lengths.ctypes.data, None if write is None else write.ctypes.data, kv.cache.k.data_ptr(),
+            kv.cache.v.data_ptr(), kv.cache.k.stride(0), queries if block else 0,
+            None if adapter is None else self.lora.data_ptr(), self.lora_rank, self.lora_scale,
+            None if adapter is None else adapter.ctypes.data, logits.data_ptr())
+        if status:
+            raise MemoryError("fused decode step: out of memory")
+        return logits
+
+
+def fused_decode(model: Transformer, cache: PagedKV) -> FusedDecode | None:
+    """The fused decode step for this model and KV memory, or None where it does not apply."""
+    if not ENABLED:
+        return None
+    reason = supported(model, cache)
+    lib = None if reason else library()
+    if reason or lib is None:
+        log.info("decoding eagerly: %s", reason or "no C compiler")
+        return None
+    return FusedDecode(model, lib)
