@@ -45,6 +45,8 @@ from backend.model.options import DTYPES
 from backend.model.source import DEFAULT_MODEL, resolve
 from backend.model.tasks import Task, checkpoint_tasks
 from backend.tracing import NULL_TRACER, RecordingTracer
+from backend.verify_rows import markdown as verify_rows_markdown
+from backend.verify_rows import verify_rows
 
 STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "kv_peak",
             "kv_leaked", "rounds"}
@@ -408,6 +410,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     llama = benches.pop(LLAMA_CPP).row() if LLAMA_CPP in benches else None
     rows = {label: b.row() for label, b in benches.items()}
     compare_to_references(rows, peer)
+    rows_cost = verify_rows(engine, tasks[0].prompt)
     if llama is not None:
         for row in rows.values():
             row["vs_llama_cpp"] = row["tok_per_s"] / llama["tok_per_s"]
@@ -416,9 +419,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "model": engine.model_name, "threads": torch.get_num_threads(), "clock": args.clock, "dtype": args.dtype}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer, "llama_cpp": llama},
-                                               indent=1))
-    text = markdown(rows, peer, meta) + llama_cpp_lines(rows, llama, meta)
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer, "llama_cpp": llama,
+                                                           "verify_rows": rows_cost}, indent=1))
+    text = markdown(rows, peer, meta) + llama_cpp_lines(rows, llama, meta) + verify_rows_markdown(rows_cost)
     (out / "bench.md").write_text(text)
     print(text)
     return rows

@@ -35,3 +35,18 @@ def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
     assert 0 < rows["specfold"]["mode_metrics"]["fold_ratio"] <= 1 and rows["spiffy"]["fold_ratio"] is None
     assert rows["specfold"]["verify_speedup_vs_reference"] > 0
     assert "transformers generate (peer)" in (tmp_path / "bench.md").read_text()
+    cost = doc["verify_rows"]
+    assert list(cost["ms"]) == ["1", "2", "4", "8", "16"] and all(ms > 0 for ms in cost["ms"].values())
+    assert cost["vs_one_row"]["1"] == 1.0 and "Verify forward of k rows" in (tmp_path / "bench.md").read_text()
+
+
+def test_verify_rows_leaves_the_kv_pool_as_it_found_it(loaded):
+    """Every slot a timed forward takes (the prompt's and the rows') is freed again."""
+    from backend.engine.engine import Engine
+    from backend.verify_rows import verify_rows
+
+    engine = Engine(loaded, num_slots=512)
+    free = engine.rt.pool.free_count
+    figures = verify_rows(engine, "Copy: a b c", repeats=2, rows=(1, 3))
+    assert engine.rt.pool.free_count == free
+    assert set(figures["ms"]) == {1, 3} and figures["prefix"] > 3

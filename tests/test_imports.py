@@ -9,8 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("backend", "kernels", "app", "selfspec")
-TOOLS = ("backend.server", "backend.cli", "backend.bench", "backend.loadtest", "backend.calibrate",
-         "backend.delta_sweep", "backend.gpu_check", "backend.evaluate")
+TOOLS = ("backend.server", "backend.cli", "backend.bench", "backend.verify_rows", "backend.loadtest",
+         "backend.calibrate", "backend.delta_sweep", "backend.gpu_check", "backend.evaluate")
 # Upward imports docs/deviations.md explains (importer prefix, imported prefix).
 KNOWN_UPWARD = {("backend.server.app", "app.ui"), ("kernels.bench", "backend.")}
 
