@@ -67,7 +67,7 @@ def main() -> None:
     with Store(args.db) as store, StoreWriter(store) as writer:
         runs = {"ar 512 tokens": record(engine, writer, "ar", 512),
                 "block_diffusion 900 tokens": record(engine, writer, "block_diffusion", 900)}
-        client = TestClient(create_app(engine, store, ui=False))
+        client = TestClient(create_app(engine, store))
         vocab = client.get("/api/vocab").json()["pieces"]
         for label, run_id in runs.items():
             measure(client, vocab, label, run_id)

@@ -27,6 +27,7 @@ from backend.store.db import DEFAULT_URL
 
 if TYPE_CHECKING:
     from backend.engine.engine import Engine, RunResult
+    from backend.server.app import UIMount
 
 Event = dict[str, Any]
 NUMBER = re.compile(r"^(-?\d+(\.\d+)?|-)$")
@@ -137,6 +138,16 @@ def serve_build(args: argparse.Namespace, folder: str | Path | None) -> Engine:
     return build_engine(args if folder is None else folder_options(args, folder))
 
 
+def installed_ui() -> UIMount | None:
+    """The Gradio UI's mount (app/ui.py), or None where it is not installed (no app package or no Gradio): the
+    CLI composes the server and the UI, so the server never imports upward."""
+    try:
+        from app.ui import mount_ui
+    except ImportError:
+        return None
+    return mount_ui
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -161,7 +172,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CLIError(str(e)) from None
     try:
         store = Store(args.db, server=f"{socket.gethostname()}:{args.port}")
-        app = create_app(engine, store, token=args.token, ui=not args.no_ui,
+        app = create_app(engine, store, token=args.token, ui=None if args.no_ui else installed_ui(),
                          backend_url=args.backend or f"ws://127.0.0.1:{args.port}", models_dir=args.models,
                          lease_timeout_s=args.lease_timeout)
         try:

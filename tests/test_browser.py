@@ -81,6 +81,7 @@ def loaded_engine(loaded):
 
 @pytest.fixture(scope="module")
 def server(loaded_engine, tmp_path_factory) -> Iterator[dict]:
+    from app.ui import mount_ui
     from backend.server import create_app
     from backend.store import Store
 
@@ -88,7 +89,7 @@ def server(loaded_engine, tmp_path_factory) -> Iterator[dict]:
     store = Store(f"sqlite:///{tmp_path_factory.mktemp('ui') / 'runs.db'}")
     xss_run = store_xss_run(loaded_engine, store)
     long_run = store_long_run(store)
-    app = create_app(loaded_engine, store, backend_url=f"ws://127.0.0.1:{port}")
+    app = create_app(loaded_engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
     with serving(app, port):
         yield {"url": f"http://127.0.0.1:{port}/", "xss_run": xss_run, "long_run": long_run}
 
@@ -638,7 +639,7 @@ def test_backend_unavailable_then_recovery(browser, loaded_engine, tmp_path) -> 
 
     ui_port, backend_port = free_port(), free_port()
     ui_app = mount_ui(FastAPI(), f"ws://127.0.0.1:{backend_port}")
-    backend = create_app(loaded_engine, Store(f"sqlite:///{tmp_path / 'b.db'}"), ui=False)
+    backend = create_app(loaded_engine, Store(f"sqlite:///{tmp_path / 'b.db'}"))
     page = new_page(browser)
     with serving(ui_app, ui_port):
         page.goto(f"http://127.0.0.1:{ui_port}/")

@@ -25,6 +25,7 @@ NAVIGATION_NOISE = ("AbortError", "Connection errored out")
 
 @pytest.fixture(scope="module")
 def server(loaded, tmp_path_factory) -> Iterator[dict]:
+    from app.ui import mount_ui
     from backend.engine.engine import Engine
     from backend.server import create_app
     from backend.store import Store
@@ -41,7 +42,7 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
     engine.generate(CODE_PROMPT, "linear_spec", {"max_new_tokens": 12, "raw": True, "trace_topk": 3}, tracer=tracer)
     runs["topk"] = tracer.run_id
     port = free_port()
-    app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}")
+    app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
     with serving(app, port):
         yield {"url": f"http://127.0.0.1:{port}/", "runs": runs, "store": store, "engine": engine}
 

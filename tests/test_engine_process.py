@@ -127,7 +127,7 @@ def test_a_dead_engine_process_ends_its_runs_with_an_error(tmp_path) -> None:
     """Through the app: the client gets error + run_end, the store keeps the run as an error, health says 503."""
     engine = EngineProcess(build)
     engine.start()
-    with Store(f"sqlite:///{tmp_path / 'dead.db'}") as store, TestClient(create_app(engine, store, ui=False)) as c:
+    with Store(f"sqlite:///{tmp_path / 'dead.db'}") as store, TestClient(create_app(engine, store)) as c:
         with c.websocket_connect("/ws/generate") as ws:
             ws.send_json({"type": "generate", "prompt": LONG_PROMPT, "mode": "block_diffusion",   # ~2.6 s
                           "params": {"max_new_tokens": 512, "raw": True}})

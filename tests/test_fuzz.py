@@ -42,7 +42,7 @@ def served(request, loaded, tmp_path_factory) -> Iterator[tuple[httpx.Client, En
     url = (f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'fuzz.db'}" if request.param == "sqlite"
            else request.getfixturevalue("pg_cluster").new_database())
     engine = Engine(loaded, num_slots=4096)
-    with Store(url) as store, serving(create_app(engine, store, ui=False)) as port, \
+    with Store(url) as store, serving(create_app(engine, store)) as port, \
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
         with connect(f"ws://127.0.0.1:{port}/ws/generate") as ws:
             ws.send(json.dumps({"type": "generate", "prompt": PROMPT, "mode": "ar", "params": {"max_new_tokens": 4}}))

@@ -57,14 +57,14 @@ def test_app_switches_the_served_model(tmp_path, loaded):
     shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / "models" / "b")
     engine = Engine(loaded, num_slots=256)
     store = Store(f"sqlite:///{tmp_path / 'runs.db'}")
-    plain = create_app(engine, store, ui=False)
+    plain = create_app(engine, store)
     with TestClient(plain) as client:
         listing = client.get("/api/models").json()
         assert (listing["current"], listing["weights_hash"]) == ("tiny", loaded.weights_hash)
         assert [m["name"] for m in listing["models"]] == ["smollm2-135m", "tiny"]   # the models known by name
         assert all(m["builtin"] for m in listing["models"])
         assert client.post("/api/models/nope").status_code == 404
-    app = create_app(engine, store, ui=False, models_dir=tmp_path / "models",
+    app = create_app(engine, store, models_dir=tmp_path / "models",
                      build=lambda path: Engine(load_checkpoint(path), num_slots=256))
     with TestClient(app) as client:
         assert client.get("/api/health").json()["model"] == "tiny"

@@ -26,7 +26,7 @@ def served(loaded, tmp_path_factory) -> Iterator[dict[str, Any]]:
     engine = Engine(loaded, num_slots=4096, check_invariants=True)
     reference = Engine(loaded, num_slots=4096)
     store = Store(f"sqlite:///{tmp_path_factory.mktemp('v1') / 'runs.db'}")
-    with serving(create_app(engine, store, token=TOKEN, ui=False)) as port:
+    with serving(create_app(engine, store, token=TOKEN)) as port:
         url = f"http://127.0.0.1:{port}"
         yield {"url": url, "engine": engine, "reference": reference,
                "client": openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0)}
@@ -155,7 +155,7 @@ def test_errors_have_openais_classes_and_status_codes(served):
 def test_a_full_server_answers_429(loaded, tmp_path):
     from backend.engine.engine import Engine
 
-    app = create_app(Engine(loaded, num_slots=4096), Store(f"sqlite:///{tmp_path / 'runs.db'}"), ui=False,
+    app = create_app(Engine(loaded, num_slots=4096), Store(f"sqlite:///{tmp_path / 'runs.db'}"),
                      max_queued=0)
     with serving(app) as port:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)

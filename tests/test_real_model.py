@@ -101,7 +101,7 @@ def test_multi_turn_conversation_through_the_websocket(smollm, tmp_path):
     engine = Engine(smollm, num_slots=4096)
     conv = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Nice to meet you, Ada!"},
             {"role": "user", "content": "What is my name?"}]
-    with Store(f"sqlite:///{tmp_path / 'runs.db'}") as store, TestClient(create_app(engine, store, ui=False)) as c:
+    with Store(f"sqlite:///{tmp_path / 'runs.db'}") as store, TestClient(create_app(engine, store)) as c:
         with c.websocket_connect("/ws/generate") as ws:
             ws.send_text(json.dumps({"type": "generate", "messages": conv, "mode": "ar",
                                      "params": {"max_new_tokens": 12}}))

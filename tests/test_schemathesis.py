@@ -26,7 +26,7 @@ EXAMPLES = int(os.environ.get("SCHEMATHESIS_N", 6))   # per operation and genera
 def served(loaded, tmp_path_factory) -> Iterator[tuple[str, Engine]]:
     """A live server (uvicorn on loopback) on the tiny model; its base URL."""
     engine = Engine(loaded, num_slots=4096, check_invariants=True)
-    app = create_app(engine, Store(f"sqlite:///{tmp_path_factory.mktemp('st') / 'runs.db'}"), ui=False)
+    app = create_app(engine, Store(f"sqlite:///{tmp_path_factory.mktemp('st') / 'runs.db'}"))
     with serving(app) as port:
         yield f"http://127.0.0.1:{port}", engine
 

@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.machinery
 import json
 import logging
 import sys
 import threading
 import time
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,7 +39,7 @@ def store(store_url: str) -> Iterator[Store]:
 
 @pytest.fixture
 def client(engine, store) -> Iterator[TestClient]:
-    with TestClient(create_app(engine, store, ui=False)) as c:
+    with TestClient(create_app(engine, store)) as c:
         yield c
 
 
@@ -159,7 +157,7 @@ def test_every_read_right_after_run_end_sees_the_whole_run(engine, store, monkey
     recording (only its run_start stored)."""
     monkeypatch.setattr(app_module, "StoreWriter", functools.partial(StoreWriter, interval_s=5.0))
     shown, whole = READS_OF_A_RUN[read]
-    with TestClient(create_app(engine, store, ui=False)) as c:
+    with TestClient(create_app(engine, store)) as c:
         with c.websocket_connect("/ws/generate") as ws:
             events = generate(ws, "ar", max_new_tokens=8)
         assert shown(c, events[0]["run_id"]) == whole(events)
@@ -319,7 +317,7 @@ def test_a_live_follower_of_a_dead_servers_run_gets_interrupted_within_the_lease
         dead.renew_lease()
         run_id = start_run(dead)
         with Store(store_url, server="live:2") as store, \
-                TestClient(create_app(engine, store, ui=False, lease_timeout_s=timeout)) as c, \
+                TestClient(create_app(engine, store, lease_timeout_s=timeout)) as c, \
                 c.websocket_connect(f"/ws/replay/{run_id}?speed=0") as follower:
             assert follower.receive_json()["type"] == "run_start"
             started = time.monotonic()
@@ -385,7 +383,7 @@ def test_second_generate_while_busy_is_refused_and_cancel_stops_the_run(client, 
 
 def test_server_wide_bound_on_queued_runs(engine, store, monkeypatch):
     """With max_queued=2, a third concurrent run (on any connection) gets `busy`; once one ends there is room."""
-    with TestClient(create_app(engine, store, ui=False, max_queued=2)) as c:
+    with TestClient(create_app(engine, store, max_queued=2)) as c:
         gate = StepGate(engine.scheduler, monkeypatch)
         try:
             with c.websocket_connect("/ws/generate") as a, c.websocket_connect("/ws/generate") as b, \
@@ -508,7 +506,7 @@ def test_bench_serves_the_stored_benchmarks(client, tmp_path):
     assert page.status_code == 200 and "not installed" in page.text
 
 
-def test_ui_is_mounted_when_installed(engine, store, monkeypatch):
+def test_the_ui_the_caller_passes_is_mounted(engine, store):
     mounted = []
 
     def mount_ui(app, backend_url, token=None):
@@ -516,14 +514,19 @@ def test_ui_is_mounted_when_installed(engine, store, monkeypatch):
         app.get("/")(lambda: {"ui": "fake"})
         return app
 
-    fake = types.ModuleType("app.ui")
-    fake.__spec__ = importlib.machinery.ModuleSpec("app.ui", None)
-    fake.mount_ui = mount_ui
-    monkeypatch.setitem(sys.modules, "app.ui", fake)
-    with TestClient(create_app(engine, store, backend_url="ws://127.0.0.1:9")) as c:
+    with TestClient(create_app(engine, store, backend_url="ws://127.0.0.1:9", ui=mount_ui)) as c:
         assert c.get("/").json() == {"ui": "fake"}
         assert c.get("/api/health").status_code == 200
     assert mounted == [("ws://127.0.0.1:9", None)]
+
+
+def test_the_cli_composes_the_installed_ui(monkeypatch):
+    """`specscope serve` mounts app/ui.py's UI, and serves without one where it cannot be imported."""
+    from app.ui import mount_ui
+    from backend.cli import installed_ui
+    assert installed_ui() is mount_ui
+    monkeypatch.setitem(sys.modules, "app.ui", None)     # an import of app.ui now raises ImportError
+    assert installed_ui() is None
 
 
 def test_run_listing_filters_and_unknown_ids(client):
@@ -590,14 +593,14 @@ def test_comparisons(client):
 # -- restart, auth, bind ---------------------------------------------------------------------------------------------
 
 def test_restart_keeps_completed_runs_and_marks_crashed_ones(engine, store_url):
-    with Store(store_url) as store, TestClient(create_app(engine, store, ui=False)) as c:
+    with Store(store_url) as store, TestClient(create_app(engine, store)) as c:
         with c.websocket_connect("/ws/generate") as ws:
             events = generate(ws, "ar", max_new_tokens=8)
     crashed = Store(store_url)  # a process that died mid-run: run_start stored, nothing else
     crashed.record({**events[0], "run_id": "r_crashed"})
     crashed.engine.dispose()
 
-    with Store(store_url) as store, TestClient(create_app(engine, store, ui=False)) as c:
+    with Store(store_url) as store, TestClient(create_app(engine, store)) as c:
         run = c.get(f"/api/runs/{events[0]['run_id']}").json()
         assert run["status"] == "done" and run["n_tokens"] == len(events[-1]["output_ids"])
         assert c.get("/api/runs/r_crashed").json()["status"] == "interrupted"
@@ -606,7 +609,7 @@ def test_restart_keeps_completed_runs_and_marks_crashed_ones(engine, store_url):
 
 
 def test_token_is_required_for_rest_websockets_and_pages(engine, store):
-    with TestClient(create_app(engine, store, token="s3cret", ui=False)) as c:
+    with TestClient(create_app(engine, store, token="s3cret")) as c:
         assert c.get("/api/health").status_code == 401
         assert c.get("/").status_code == 401
         assert c.get("/api/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401

@@ -22,7 +22,7 @@ CLIENTS = 8
 @pytest.fixture
 def served(engine, tmp_path: Path) -> Iterator[tuple[str, Store]]:
     """(host:port, store) of a live server, stopped (runs cancelled, worker joined) afterwards."""
-    with Store(f"sqlite:///{tmp_path / 'specscope.db'}") as store, serving(create_app(engine, store, ui=False)) as port:
+    with Store(f"sqlite:///{tmp_path / 'specscope.db'}") as store, serving(create_app(engine, store)) as port:
         yield f"127.0.0.1:{port}", store
 
 

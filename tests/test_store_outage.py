@@ -63,7 +63,7 @@ def test_writer_waits_out_an_outage_and_stores_every_event_in_order(cluster: Clu
 
 def test_server_answers_503_through_an_outage_and_recovers_without_restart(cluster: Cluster, engine) -> None:
     store = Store(cluster.new_database(), server="127.0.0.1:1")
-    with TestClient(create_app(engine, store, ui=False)) as client:
+    with TestClient(create_app(engine, store)) as client:
         assert client.get("/api/health").json()["store"]["status"] == "ok"
         cluster.pg_ctl("-m", "fast", "stop")
         health = client.get("/api/health").json()

@@ -90,7 +90,7 @@ def test_client_against_live_server(engine, tmp_path) -> None:
     from backend.store import Store
 
     port = free_port()
-    app = create_app(engine, Store(f"sqlite:///{tmp_path / 'ui.db'}"), ui=False)
+    app = create_app(engine, Store(f"sqlite:///{tmp_path / 'ui.db'}"))
     client = Client(f"ws://127.0.0.1:{port}")
 
     async def run(mode: str) -> list[dict]:

@@ -1,8 +1,8 @@
-"""create_app: the FastAPI app around one engine service and one store, with the Gradio UI mounted when installed."""
+"""create_app: the FastAPI app around one engine service and one store, with a UI mounted when the caller passes one
+(`specscope serve` passes app/ui.py's Gradio UI)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -34,11 +34,8 @@ websockets under <code>/ws/generate</code> and <code>/ws/replay/{run_id}</code>.
 </body></html>"""
 
 
-def ui_installed() -> bool:
-    try:
-        return importlib.util.find_spec("app.ui") is not None
-    except ModuleNotFoundError:
-        return False
+UIMount = Callable[[FastAPI, str | None, str | None], FastAPI]
+"""Mounts a UI at "/" on the app (app/ui.py:mount_ui), given the backend it drives and the token; the CLI passes it."""
 
 
 async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
@@ -82,7 +79,7 @@ async def keep_lease(store: Store, timeout_s: float) -> None:
             log.exception("could not renew the server lease")
 
 
-def create_app(engine: Engine | EngineService, store: Store, token: str | None = None, ui: bool = True,
+def create_app(engine: Engine | EngineService, store: Store, token: str | None = None, ui: UIMount | None = None,
                backend_url: str | None = None, max_queued: int = MAX_QUEUED_RUNS,
                models_dir: str | Path | None = None, build: Callable[[str | Path], Engine] | None = None,
                lease_timeout_s: float = LEASE_TIMEOUT_S) -> FastAPI:
@@ -144,9 +141,8 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
         await ws.accept()
         await replay(ws, store, run_id, writer.settle)
 
-    if ui and ui_installed():
-        from app.ui import mount_ui
-        return mount_ui(app, backend_url, token=token)
+    if ui is not None:
+        return ui(app, backend_url, token)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index() -> str:
