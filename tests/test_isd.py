@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from backend.engine.modes.isd import verify_specs
+from backend.engine.modes.isd import pq_table, verify_specs
 from backend.engine.request import Request
 from backend.tracing import RecordingTracer
 
@@ -31,6 +31,10 @@ def test_trim_counts_follow_the_case_table(engine, heldout_prompts, n):
                 assert count == {"mask": n - 1, "rejected": n - 1 - i} and commits == 1 + i
             assert r["extra"]["trim"] == count["mask"] + count["rejected"]
             assert allocs - commits == r["extra"]["trim"]
+            if r["case"] != "C":     # the p/q table of every verified spec (built only for a listening tracer)
+                tested = [x for x in r["pq"] if x["tested"]]
+                assert len(r["pq"]) == n - 1 and len(tested) == min(n - 1, r["extra"].get("rejected_at", n) + 1)
+                assert all(0 <= x["p"] <= 1 and 0 <= x["q"] <= 1 for x in tested)
             seen.add(r["case"])
     assert {"C", "R"} <= seen
 
@@ -55,11 +59,14 @@ def test_pq_rule_accepts_when_p_matches_q_and_corrects_from_the_residual():
     q[1, 3], q[1, 4] = 0.5, 0.5              # spec 1 = 3 has p = 0: always reject
     draft_logits = q.log().clamp_min(-1e4)
     req = _req(1.0)
-    v, pq = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=1.0)
+    v, uniforms = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=1.0)
+    pq = pq_table(specs, v, 1.0, 1.0, uniforms)
     assert v.accepted == 1 and [x["accepted"] for x in pq] == [True, False]
     assert v.correction == 4                 # the only token where p - q > 0
-    nothing, pq = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=0.0)
+    assert pq[0]["u"] == float(uniforms[0]) and pq[0]["accept_prob"] == 1.0
+    nothing, uniforms = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=0.0)
     assert nothing.accepted == 0               # where(alpha*q > 0, p/q, 0): a zero scaled proposal rejects
+    pq = pq_table(specs, nothing, 1.0, 0.0, uniforms)
     assert pq[0]["accept_prob"] == 0.0 and pq[1]["tested"] is False
 
 

@@ -40,9 +40,10 @@ class ISDState:
 
 
 def verify_specs(specs: list[int], logits: Tensor, draft_logits: Tensor, req: Request, rt: Runtime,
-                 alpha: float) -> tuple[Verdict, list[dict]]:
+                 alpha: float) -> tuple[Verdict, Tensor | None]:
     """Left-to-right check of specs against clean logits [K, V] (logits[i] predicts spec i) by the fused
-    verify (kernels/isd_verify.py); the noise for T > 0 comes from the request's generator."""
+    verify (kernels/isd_verify.py); the noise for T > 0 comes from the request's generator, and its uniforms
+    come back for the trace."""
     k, v = logits.shape
     uniforms = gumbel = None
     if req.temperature > 0:
@@ -51,13 +52,19 @@ def verify_specs(specs: list[int], logits: Tensor, draft_logits: Tensor, req: Re
         gumbel = gumbel.to(logits.device)
     verdict = isd_verify(logits, draft_logits, torch.tensor(specs, device=logits.device), req.temperature,
                          alpha, rt.mask, uniforms, gumbel)
+    return verdict, uniforms
+
+
+def pq_table(specs: list[int], verdict: Verdict, temperature: float, alpha: float,
+             uniforms: Tensor | None) -> list[dict]:
+    """The trace's p/q table: each spec's p, q, acceptance test and uniform (untested after the first reject)."""
     pq = [{"i": i, "token": specs[i], "p": p, "q": q, "accepted": i < verdict.accepted, "tested": True,
-           "accept_prob": None if req.temperature <= 0 else min(1.0, p / (alpha * q)) if alpha * q > 0 else 0.0,
+           "accept_prob": None if temperature <= 0 else min(1.0, p / (alpha * q)) if alpha * q > 0 else 0.0,
            "u": None if uniforms is None else float(uniforms[i])}
           for i, (p, q) in enumerate(zip(verdict.p, verdict.q, strict=True))]
     pq += [{"i": i, "token": specs[i], "p": None, "q": None, "accepted": False, "tested": False,
-            "accept_prob": None, "u": None} for i in range(len(pq), k)]
-    return verdict, pq
+            "accept_prob": None, "u": None} for i in range(len(pq), len(specs))]
+    return pq
 
 
 @register
@@ -104,7 +111,9 @@ class ISD(Mode):
         if not st.specs:
             return self._cold_start(req, rt, st, logits, slots, start, block)
         assert st.draft_logits is not None, "specs without draft logits"
-        verdict, pq = verify_specs(st.specs, logits[:k], st.draft_logits, req, rt, req.params["alpha"])
+        alpha = req.params["alpha"]
+        verdict, uniforms = verify_specs(st.specs, logits[:k], st.draft_logits, req, rt, alpha)
+        pq = pq_table(st.specs, verdict, req.temperature, alpha, uniforms) if req.tracer.enabled else []
         st.accepted_specs += verdict.accepted
         if verdict.correction is None:
             return self._all_accepted(req, rt, st, logits, slots, start, block, pq)
