@@ -1,6 +1,7 @@
 """The project as a built wheel installs it: every file the code reads at run time is in the wheel (the C sources
 the CPU kernels compile, the UI's scripts and styles, the shipped adapter and its card), and the installed
-package builds its fused CPU step from there, outside this checkout."""
+package builds its fused CPU step from there, outside this checkout, and runs every mode (the lossless ones equal
+to their references)."""
 from __future__ import annotations
 
 import subprocess
@@ -25,6 +26,17 @@ import app.ui, kernels.cpu_decode as cd, kernels.cpu_fold as cf
 assert not str(Path(cd.__file__)).startswith(sys.argv[1]), cd.__file__   # the installed copy, not the checkout
 assert app.ui.STATIC.joinpath("viz.js").is_file(), app.ui.STATIC
 assert cd.library() is not None and cf.library() is not None   # both C sources built from the installed package
+from backend.engine.engine import Engine
+from backend.engine.modes import get_mode, mode_names
+from backend.model.checkpoint import load_checkpoint
+from backend.model.source import TINY
+engine = Engine(load_checkpoint(TINY), num_slots=1024)
+assert engine.rt.decode_step is not None   # the fused step, from the installed C source
+outputs = {m: engine.generate("Copy: a b c", m, {"max_new_tokens": 8}) for m in mode_names()}
+for mode, result in outputs.items():
+    assert result.status == "done" and result.output_ids, (mode, result.error)
+    reference = get_mode(mode).lossless_vs
+    assert reference is None or result.output_ids == outputs[reference].output_ids, mode
 print("ok")
 """
 
