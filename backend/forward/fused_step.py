@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -177,7 +178,7 @@ class FusedDecode:
                    if getattr(m[name], "lora_A", None) is not None else (0, 0))] for m in layers]
         return torch.tensor(table, dtype=torch.long), rank, scale
 
-    def adapter_rows(self, lora: bool | Tensor, rows: int) -> np.ndarray | None | bool:
+    def adapter_rows(self, lora: bool | Tensor, rows: int) -> np.ndarray | None | Literal[False]:
         """The rows the adapter is on, one uint8 each (None: nowhere; False: the kernel cannot apply it)."""
         if lora is False or not self.has_adapter:
             return None
@@ -214,6 +215,7 @@ class FusedDecode:
         if tables is None:
             return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
         prefix, lengths = tables
+        adapter_table = None if adapter is None else cast(Tensor, self.lora).data_ptr()
         at, ids_ = _flat(positions), _flat(ids)
         write = None if kv.write_slots is None else _flat(kv.write_slots)
         self.rope.cover(int(at.max()))
@@ -225,7 +227,7 @@ class FusedDecode:
             None if rope.q_scale is None else rope.q_scale.data_ptr(), prefix.ctypes.data, prefix.shape[1],
             lengths.ctypes.data, None if write is None else write.ctypes.data, kv.cache.k.data_ptr(),
             kv.cache.v.data_ptr(), kv.cache.k.stride(0), queries if block else 0,
-            None if adapter is None else self.lora.data_ptr(), self.lora_rank, self.lora_scale,
+            adapter_table, self.lora_rank, self.lora_scale,
             None if adapter is None else adapter.ctypes.data, logits.data_ptr())
         if status:
             raise MemoryError("fused decode step: out of memory")
