@@ -144,6 +144,7 @@ def test_serve_refuses_a_public_bind_without_a_token(capsys, db):
     assert code == 2 and "token" in err
 
 
+@pytest.mark.slow   # several seconds: left out of make test-fast
 def test_console_script(tmp_path):
     script = Path(sys.executable).with_name("specscope")
     result = subprocess.run([str(script), "runs", "ls", "--db", f"sqlite:///{tmp_path / 'empty.db'}"],

@@ -359,6 +359,7 @@ def test_unsupported_models_and_missing_compiler_decode_eagerly():
     assert build("cc", source=Path("/nonexistent/cpu_fold.c")) is None   # a wheel without the C source: eager
 
 
+@pytest.mark.slow   # several seconds: left out of make test-fast
 def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
     """The shipped (float16-stored) checkpoint decodes through the C step, streaming half the bytes, with the
     same tokens as the eager forward: alone, as a batch of requests of different lengths, linear_spec's drafts

@@ -233,6 +233,7 @@ def test_kernel_bench_runs_the_tiny_config_on_cpu(tmp_path):
     assert "speedup" in bench.table(result)
 
 
+@pytest.mark.slow   # several seconds: left out of make test-fast
 def test_every_kernel_compiles_for_an_h200_without_one(tmp_path):
     """The GPU compiler (not the interpreter) accepts every kernel for sm_90a, with no register spills."""
     import os

@@ -47,6 +47,7 @@ def served_runs(case, model: str) -> None:
         case.body["max_tokens"] = min(case.body["max_tokens"], 8)
 
 
+@pytest.mark.slow   # several seconds: left out of make test-fast
 def test_no_operation_answers_a_server_error(served) -> None:
     """Schemathesis' generated requests, valid (positive) and invalid (negative), for each operation (the pytest
     plugin's lazy loader does not run on this pytest, so each strategy is driven here)."""
