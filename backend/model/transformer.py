@@ -80,9 +80,11 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor
 
 @functools.cache
 def rotate_half_sign(head_dim: int, device: torch.device) -> Tensor:
-    """[-1]*half + [+1]*half: rotate_half(x) * sin == roll(x, half) * sin * sign, the same products exactly."""
+    """[-1]*half + [+1]*half: rotate_half(x) * sin == roll(x, half) * sin * sign, the same products exactly. Made
+    outside inference mode, so a process that trains after an inference forward can still use it in autograd."""
     half = head_dim // 2
-    return torch.cat([-torch.ones(half), torch.ones(head_dim - half)]).to(device)
+    with torch.inference_mode(False):
+        return torch.cat([-torch.ones(half), torch.ones(head_dim - half)]).to(device)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -125,10 +127,12 @@ class KVContext:
         return k.index_select(0, flat).view(shape), v.index_select(0, flat).view(shape)
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> None:
+        """Store K/V in the cache's dtype (under autocast a layer's K/V come out bf16 or float32, by its last op)."""
         if self.write_slots is not None:
             slots = self.write_slots.reshape(-1)
-            self.cache.k[layer].index_copy_(0, slots, k.reshape(-1, *k.shape[2:]))
-            self.cache.v[layer].index_copy_(0, slots, v.reshape(-1, *v.shape[2:]))
+            cache_k, cache_v = self.cache.k[layer], self.cache.v[layer]
+            cache_k.index_copy_(0, slots, k.reshape(-1, *k.shape[2:]).to(cache_k.dtype))
+            cache_v.index_copy_(0, slots, v.reshape(-1, *v.shape[2:]).to(cache_v.dtype))
 
 
 def chunk_mask(q_len: int, attn: str, device: torch.device) -> Tensor:
