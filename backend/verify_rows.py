@@ -19,13 +19,13 @@ def verify_ms(engine: Engine, prompt: str, rows: int, repeats: int) -> float:
     """Median ms of a forward of `rows` new causal rows after the prompt's prefill (slots freed after each)."""
     rt = engine.rt
     req = engine.new_request(prompt, "ar", {"max_new_tokens": 1})
-    rt.prefill(req)
-    start = req.cached
-    ids = torch.full((1, rows), int(req.prompt_ids[-1]))
     times = []
     try:
+        rt.prefill(req)
+        start = req.cached
+        ids = torch.full((1, rows), int(req.prompt_ids[-1]))
+        positions = list(range(start, start + rows))
         for _ in range(repeats + 1):    # the first call warms up (RoPE table, allocator)
-            positions = list(range(start, start + rows))
             slots = rt.alloc(req, positions)
             t0 = time.perf_counter()
             rt.forward([req], ids, [start], "causal", kind="verify", write=[slots])
@@ -39,8 +39,8 @@ def verify_ms(engine: Engine, prompt: str, rows: int, repeats: int) -> float:
 def verify_rows(engine: Engine, prompt: str, repeats: int = 7, rows: tuple[int, ...] = ROWS) -> dict[str, Any]:
     """{"prefix": prompt tokens, "ms": {k: median ms}, "vs_one_row": {k: ms / ms at 1 row}}."""
     ms = {k: verify_ms(engine, prompt, k, repeats) for k in rows}
-    prefix = len(engine.new_request(prompt, "ar", {"max_new_tokens": 1}).prompt_ids)
-    return {"prefix": prefix, "ms": ms, "vs_one_row": {k: ms[k] / ms[rows[0]] for k in rows}}
+    return {"prefix": len(engine.encode_prompt(prompt, raw=False)), "ms": ms,
+            "vs_one_row": {k: ms[k] / ms[rows[0]] for k in rows}}
 
 
 def markdown(figures: dict[str, Any]) -> str:
