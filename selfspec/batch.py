@@ -55,12 +55,15 @@ def pack(seqs: list[list[int]], chunks: list[list[Chunk]], mask_id: int, pad_id:
     return Packed(clean, [len(s) for s in seqs], ids, positions, targets, mask, kinds)
 
 
-def chunk_logits(model: Transformer, p: Packed, cache: PagedKV) -> Tensor:
-    """Logits [B, Q, V] of every chunk row (grad flows through the chunk rows only)."""
+def chunk_logits(model: Transformer, p: Packed, cache: PagedKV, scope: str = "mask") -> Tensor:
+    """Logits [B, Q, V] of every chunk row (grad flows through the chunk rows only). The adapter is on at the
+    chunks' MASK rows (scope "mask") or at every chunk row (scope "draft": a whole draft forward, as the runtime
+    applies a draft-scoped adapter); the clean prefix never sees it."""
     b, width = p.clean_ids.shape
     slots = torch.arange(b * width).view(b, width)
     with torch.no_grad():
         pos = torch.arange(width)[None].expand(b, width)
         model(p.clean_ids, pos, kv=KVContext(cache, torch.zeros(b, 0, dtype=torch.long), None, slots))
     kv = KVContext(cache, slots)
-    return model(p.ids, p.positions, kv=kv, mask=p.mask, lora=p.ids == model.cfg.mask_token_id)
+    lora = p.ids == model.cfg.mask_token_id if scope == "mask" else True
+    return model(p.ids, p.positions, kv=kv, mask=p.mask, lora=lora)

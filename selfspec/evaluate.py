@@ -20,7 +20,7 @@ LAYOUTS = (("block", 8), ("causal", 4))
 
 
 def heldout_figures(model: Transformer, rows: list[dict], mask_id: int, device: str, sequences: int = 16,
-                    stride: int = 9, batch: int = 4) -> dict[str, float]:
+                    stride: int = 9, batch: int = 4, scope: str = "mask") -> dict[str, float]:
     was_training = model.training
     model.eval()
     totals = {f"{k}{n}": [0, 0] for k, n in LAYOUTS}
@@ -36,7 +36,7 @@ def heldout_figures(model: Transformer, rows: list[dict], mask_id: int, device: 
             b, width = p.clean_ids.shape
             with torch.no_grad():
                 cache = PagedKV.empty(model.cfg, b * width, torch.float32, device)
-                logits = chunk_logits(model, p.to(device), cache)
+                logits = chunk_logits(model, p.to(device), cache, scope)
             logits[..., mask_id] = float("-inf")
             pred = logits.argmax(-1).cpu()
             for i, spans in enumerate(p.kinds):

@@ -1,7 +1,9 @@
 """Train the self-speculation adapter: a LoRA on every projection, on at MASK positions only (the gated LoRA of
 "Your LLM Knows the Future"; I-DLM's R-ISD scope), plus the MASK token's embedding, on the base model's own
 greedy answers in every mode's draft layout (selfspec/layouts.py). Ordinary tokens never see the adapter, so
-the model's next-token outputs, and every lossless claim, stay exact.
+the model's next-token outputs, and every lossless claim, stay exact. `--scope draft` trains the other scope
+instead (Nemotron's linear-spec LoRA: on for whole draft forwards, which only linear_spec and the block modes
+have), to compare the two on the modes that can use either.
 
     python -m selfspec.train --workdir train_runs/selfspec/run --data train_runs/selfspec/train.jsonl \\
         --heldout train_runs/selfspec/heldout.jsonl --steps 800 --export backend/model/checkpoints/smollm2-135m-selfspec
@@ -98,12 +100,12 @@ def batch_for(rows: list[dict], step: int, seed: int, size: int, mask_id: int, p
     return pack([r["seq"] for r in picked], chunks, mask_id, pad_id)
 
 
-def losses(model: Transformer, p: Packed, device: str,
-           kv_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def losses(model: Transformer, p: Packed, device: str, kv_dtype: torch.dtype = torch.float32,
+           scope: str = "mask") -> dict[str, torch.Tensor]:
     """Mean cross-entropy per layout kind over its trained rows."""
     p = p.to(device)
     b, width = p.clean_ids.shape
-    logits = chunk_logits(model, p, PagedKV.empty(model.cfg, b * width, kv_dtype, device))
+    logits = chunk_logits(model, p, PagedKV.empty(model.cfg, b * width, kv_dtype, device), scope)
     kind_of = torch.zeros_like(p.targets)
     for i, spans in enumerate(p.kinds):
         for kind, row, n in spans:
@@ -127,6 +129,16 @@ def kind_weights(text: str) -> dict[str, float]:
     return weights
 
 
+def mix_for(weights: dict[str, float]) -> Mix:
+    """The default layout mix, without the kinds weighted 0 (their chunks would cost a forward for nothing)."""
+    return Mix(**{kind: 0 for kind, w in weights.items() if w == 0})
+
+
+def score(figures: dict[str, float], weights: dict[str, float]) -> float:
+    """What an export must improve: the held-out figures of the trained layout kinds."""
+    return figures["block8"] + (figures["causal4"] if weights["causal"] > 0 else 0.0)
+
+
 def lr_at(step: int, steps: int, peak: float, warmup: int = 20) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -136,7 +148,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int = 20) -> float:
 def export(model: Transformer, embed: MaskRow, folder: Path, figures: dict, args: argparse.Namespace) -> None:
     save_adapter(model, folder, base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
                  tokens={"embed_tokens": {embed.mask_id: embed.row.detach()}})
-    (folder / ADAPTER_META).write_text(json.dumps({"adapter_scope": "mask"}))
+    (folder / ADAPTER_META).write_text(json.dumps({"adapter_scope": args.scope}))
     recipe = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     (folder / "training.json").write_text(json.dumps({"recipe": recipe, "heldout": figures}, indent=1))
 
@@ -158,6 +170,9 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--kind-weights", type=kind_weights, default=kind_weights(""),
                    help="loss weight per layout kind, e.g. causal=2 (default 1 each)")
+    p.add_argument("--scope", choices=("mask", "draft"), default="mask",
+                   help="where the adapter is on: MASK rows (every mode, lossless everywhere) or whole draft "
+                        "forwards (linear_spec and the block modes only; train it with causal=0)")
     p.add_argument("--export", type=Path, default=None)
     p.add_argument("--init-adapter", type=Path, default=None,
                    help="start from this PEFT folder (e.g. the shipped adapter) with a fresh optimizer")
@@ -183,20 +198,20 @@ def main() -> None:
         print(f"resumed at step {step} (best held-out {best:.3f})", flush=True)
     print(f"{len(rows)} training sequences, {len(held)} held out; {sum(x.numel() for x in params)} trainable",
           flush=True)
-    mix = Mix()
+    mix = mix_for(args.kind_weights)
     if step == 0:    # the starting adapter's figures; an --init-adapter's are what an export must beat
-        figures = heldout_figures(model, held, embed.mask_id, args.device)
+        figures = heldout_figures(model, held, embed.mask_id, args.device, scope=args.scope)
         with (args.workdir / "heldout.jsonl").open("a") as f:
             f.write(json.dumps({"step": 0, **figures}) + "\n")
         print("heldout", json.dumps(figures), flush=True)
         if args.init_adapter:
-            best = figures["score"]
+            best = score(figures, args.kind_weights)
     model.train()
     t0 = time.perf_counter()
     while step < args.steps:
         batch = batch_for(rows, step, args.seed, args.batch, embed.mask_id, pad_id, mix)
         with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
-            parts = losses(model, batch, args.device, torch.bfloat16 if args.bf16 else torch.float32)
+            parts = losses(model, batch, args.device, torch.bfloat16 if args.bf16 else torch.float32, args.scope)
         weights = [args.kind_weights[k] for k in parts]
         loss = sum(w * v for w, v in zip(weights, parts.values(), strict=True)) / sum(weights)
         for group in opt.param_groups:
@@ -213,13 +228,13 @@ def main() -> None:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
         if step % args.eval_every == 0 or step == args.steps:
-            figures = heldout_figures(model, held, embed.mask_id, args.device)
+            figures = heldout_figures(model, held, embed.mask_id, args.device, scope=args.scope)
             with (args.workdir / "heldout.jsonl").open("a") as f:
                 f.write(json.dumps({"step": step, **figures}) + "\n")
             print("heldout", json.dumps(figures), flush=True)
-            score = figures["score"]
-            if score > best:
-                best = score
+            now = score(figures, args.kind_weights)
+            if now > best:
+                best = now
                 if args.export:
                     export(model, embed, args.export, {"step": step, **figures}, args)
                     print(f"exported to {args.export}", flush=True)

@@ -63,11 +63,12 @@ def trainee():
     return model.eval(), embed
 
 
-@pytest.mark.parametrize("kind", ["block", "causal"])
-def test_packed_chunks_equal_the_engines_forwards(trainee, kind):
+@pytest.mark.parametrize(("kind", "scope"), [("block", "mask"), ("causal", "mask"), ("block", "draft")])
+def test_packed_chunks_equal_the_engines_forwards(trainee, kind, scope):
     """Each chunk row of the packed training forward gives the logits the mode's own forward gives: the prefix
     written causally into KV slots, then the chunk read-only in `block` (linear_spec's draft) or `causal`
-    (isd's MASK specs) attention, the adapter on at MASK."""
+    (isd's MASK specs) attention, the adapter on at MASK (scope "mask") or on the whole draft forward (scope
+    "draft", as the runtime applies a draft-scoped adapter to linear_spec's draft pass)."""
     model, embed = trainee
     mask = embed.mask_id
     g = torch.Generator().manual_seed(3)
@@ -76,7 +77,8 @@ def test_packed_chunks_equal_the_engines_forwards(trainee, kind):
     chunks = [[make(seqs[0], 6, 5, mask), make(seqs[0], 14, 4, mask)], [make(seqs[1], 9, 6, mask)]]
     p = pack(seqs, chunks, mask, pad_id=1)
     with torch.no_grad():
-        got = chunk_logits(model, p, PagedKV.empty(model.cfg, 2 * p.clean_ids.shape[1], torch.float32, "cpu"))
+        got = chunk_logits(model, p, PagedKV.empty(model.cfg, 2 * p.clean_ids.shape[1], torch.float32, "cpu"),
+                           scope)
     for i, (seq, cs) in enumerate(zip(seqs, chunks, strict=True)):
         for (_, row, n), c in zip(p.kinds[i], cs, strict=True):
             cache = PagedKV.empty(model.cfg, 64, torch.float32, "cpu")
@@ -86,7 +88,7 @@ def test_packed_chunks_equal_the_engines_forwards(trainee, kind):
                       kv=KVContext(cache, torch.zeros(1, 0, dtype=torch.long), None, slots))
                 ids = torch.tensor([c.ids])
                 want = model(ids, torch.tensor([c.positions]), attn=kind, kv=KVContext(cache, slots),
-                             lora=ids == mask)
+                             lora=ids == mask if scope == "mask" else True)
             assert (got[i, row:row + n] - want[0]).abs().max().item() < 1e-4
 
 
@@ -155,3 +157,14 @@ def test_bf16_autocast_losses_follow_float32_and_train_the_adapter(trainee):
     assert embed.row.grad is not None and all(p.grad is not None for p in lora)
     assert any(p.grad.abs().sum() > 0 for p in lora)
     model.zero_grad(set_to_none=True)
+
+
+def test_a_kind_weighted_zero_gets_no_chunks():
+    """--kind-weights causal=0 (the draft-scope recipe): no causal chunks are built, and the export score is the
+    block figure alone."""
+    from selfspec.train import kind_weights, mix_for, score
+    weights = kind_weights("causal=0")
+    chunks = chunks_for(list(range(100, 160)), 10, 0, mix_for(weights), random.Random(0))
+    assert chunks and {c.kind for c in chunks} == {"block", "partial"}
+    assert score({"block8": 2.5, "causal4": 1.5}, weights) == 2.5
+    assert score({"block8": 2.5, "causal4": 1.5}, kind_weights("")) == 4.0
