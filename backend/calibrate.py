@@ -71,9 +71,8 @@ def record(engine: Engine, prompts: list[str], params: dict[str, Any], top_k: in
     """The denoise steps of block_diffusion on each prompt, grouped by block."""
     blocks: list[list[Step]] = []
     for prompt in tqdm(prompts, desc="block_diffusion", leave=False):
-        req = engine.new_request(prompt, "block_diffusion", params)
-        req.mode = recorder = Recorder(top_k)
-        engine.run([req])
+        recorder = engine.scheduler.policies["block_diffusion"] = Recorder(top_k)
+        engine.run([engine.new_request(prompt, "block_diffusion", params)])
         for _, steps in itertools.groupby(recorder.steps, key=lambda s: s[0]):
             blocks.append([s for _, s in steps])
     return blocks

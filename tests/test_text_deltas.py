@@ -26,9 +26,9 @@ def test_deltas_spell_text_with_characters_split_across_tokens(loaded):
     ids = tok.encode(TEXT, add_special_tokens=False)
     assert any(tok.decode([i]).endswith("\ufffd") for i in ids)   # characters split across tokens
     assert isinstance(text_stream(tok), StreamedText)
-    recorder = RunRecorder(tok, pool_held=lambda rid: [])
+    recorder = RunRecorder(tok, pool_held=lambda rid: [], policy=get_mode)
     assert isinstance(text_stream(tok, recorder.bytes_of), ByteText)   # the shipped tokenizer is byte-level BPE
-    req = Request("r", prompt_ids=[7], mode=get_mode("ar"), params={}, eos_id=1)
+    req = Request("r", prompt_ids=[7], mode="ar", params={}, eos_id=1)
     deltas, steps, at = [], itertools.cycle((1, 2, 1, 3, 1, 1, 5)), 0   # rounds emitting 1 to 5 tokens
     while at < len(ids):
         step = next(steps)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.engine.messages import Prompt, check_messages, last_user
-from backend.engine.modes import get_mode, param_specs
+from backend.engine.modes import param_specs
 from backend.engine.params import ParamError, PromptTooLong, validate
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
@@ -79,7 +79,7 @@ class Engine:
         string or a conversation: a list of {"role": system / user / assistant, "content": str}."""
         if isinstance(prompt, str) and not prompt.strip():
             raise ParamError("prompt is empty")
-        m = get_mode(mode)
+        m = self.scheduler.policy(mode)
         checked = validate(param_specs(m), params)
         if m.needs_mask and self.rt.mask_id is None:
             raise ParamError(f"this model has no mask token (mask_token_id); {mode} needs one")
@@ -92,7 +92,7 @@ class Engine:
         if checked["max_new_tokens"] > room:
             raise ParamError(f"max_new_tokens {checked['max_new_tokens']} does not fit: prompt {len(ids)} "
                              f"tokens + block leaves room for {max(room, 0)} in context {ctx}")
-        req = Request(rid=tracer.run_id or new_run_id(), prompt_ids=ids, mode=m, params=checked,
+        req = Request(rid=tracer.run_id or new_run_id(), prompt_ids=ids, mode=m.name, params=checked,
                       eos_id=self.rt.eos_id, tracer=tracer, cancel=cancel or threading.Event())
         need = self.scheduler.worst_case_slots(req)
         if need > self.rt.pool.num_slots:
@@ -110,7 +110,7 @@ class Engine:
 
     def result(self, req: Request) -> RunResult:
         out = self.scheduler.recorder.outcome(req)
-        return RunResult(req.rid, req.mode.name, req.status, out["output_ids"], out["text"], out["metrics"], req.error)
+        return RunResult(req.rid, req.mode, req.status, out["output_ids"], out["text"], out["metrics"], req.error)
 
     def run(self, reqs: list[Request]) -> list[RunResult]:
         """Run several requests together (continuous batching) until all finish."""

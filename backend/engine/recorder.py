@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
+from backend.engine.modes.base import Mode
 from backend.engine.request import Request
 from backend.model.tokenizer import byte_table, text_decoder, text_stream
 from backend.tracing import Phase, RoundEvent
@@ -14,8 +16,9 @@ SHOWN_EOS_STATES = ("accepted", "committed", "bonus")
 
 
 class RunRecorder:
-    def __init__(self, tokenizer: Any, pool_held: Any):
+    def __init__(self, tokenizer: Any, pool_held: Any, policy: Callable[[str], Mode]):
         self.tokenizer = tokenizer
+        self.policy = policy              # mode name -> its policy (mode-specific metrics)
         self.decode = text_decoder(tokenizer)
         self.pool_held = pool_held        # rid -> slots still held (kv_leaked)
 
@@ -42,7 +45,7 @@ class RunRecorder:
     def round(self, req: Request, view: RoundEvent | None, accepted_len: int, emitted: list[int]) -> None:
         """Hand the mode's view of the round to the tracer, to be completed with the bookkeeping when it is made."""
         if view is None:
-            raise ValueError(f"mode {req.mode.name} returned no view while tracing is on")
+            raise ValueError(f"mode {req.mode} returned no view while tracing is on")
         if req.alternatives:
             view.topk = self.alternatives(view, req.alternatives)
             req.alternatives = {}
@@ -96,5 +99,5 @@ class RunRecorder:
             "accept_len_mean": sum(req.accept_lens) / len(req.accept_lens) if req.accept_lens else None,
             "accept_hist": hist, "rounds": req.round, "kv_peak": req.kv_peak,
             "kv_leaked": self.pool_held(req.rid),
-            **req.mode.metrics(req),
+            **self.policy(req.mode).metrics(req),
         }

@@ -11,7 +11,6 @@ import torch
 from backend.tracing import NULL_TRACER, Phase, Tracer
 
 if TYPE_CHECKING:
-    from backend.engine.modes.base import Mode
     from backend.model.tokenizer import TextStream
 
 
@@ -25,7 +24,7 @@ class Request:
     """
     rid: str
     prompt_ids: list[int]
-    mode: Mode
+    mode: str                                # the mode's name; its policy is the scheduler's (Scheduler.policy)
     params: dict[str, Any]
     eos_id: int | None
     tracer: Tracer = NULL_TRACER

@@ -18,7 +18,8 @@ from functools import partial
 from typing import Any
 
 from backend.engine.kv import KVError
-from backend.engine.modes.base import RoundResult
+from backend.engine.modes import get_mode
+from backend.engine.modes.base import Mode, RoundResult
 from backend.engine.params import ParamError
 from backend.engine.recorder import RunRecorder
 from backend.engine.request import Request
@@ -64,10 +65,17 @@ class Scheduler:
         self.max_running = max_running
         self.tiers = check_tiers(tiers or [], max_running)
         self.check_invariants = check_invariants
-        self.recorder = RunRecorder(rt.tokenizer, rt.pool.held)
+        self.policies: dict[str, Mode] = {}
+        self.recorder = RunRecorder(rt.tokenizer, rt.pool.held, self.policy)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._lock = threading.Lock()
+
+    def policy(self, mode: str) -> Mode:
+        """The stateless policy of a mode, by name: one instance per engine (ParamError if unknown)."""
+        if mode not in self.policies:
+            self.policies[mode] = get_mode(mode)
+        return self.policies[mode]
 
     @property
     def has_work(self) -> bool:
@@ -91,7 +99,7 @@ class Scheduler:
 
     def worst_case_slots(self, req: Request) -> int:
         return (len(req.prompt_ids) + req.params["max_new_tokens"]
-                + req.mode.extra_positions(self.sizing_params(req.params)))
+                + self.policy(req.mode).extra_positions(self.sizing_params(req.params)))
 
     def step(self) -> list[Request]:
         """Admit what fits, run one round of every running request; return the requests that finished."""
@@ -102,7 +110,7 @@ class Scheduler:
         for req in self.running:
             if "block_size" in req.params:
                 req.block_size = tier
-            groups.setdefault(req.mode.name, []).append(req)
+            groups.setdefault(req.mode, []).append(req)
         for reqs in groups.values():
             self._run_group(reqs)
         finished += [r for r in self.running if r.finished]
@@ -132,7 +140,7 @@ class Scheduler:
     def _prefill(self, req: Request) -> None:
         req.status = "running"
         first = self.rt.prefill(req)
-        req.state = req.mode.start(req, self.rt)
+        req.state = self.policy(req.mode).start(req, self.rt)
         view = RoundEvent(len(req.prompt_ids), [first], ["accepted"]) if req.tracer.enabled else None
         self.apply(req, RoundResult([first], 1, view=view))
 
@@ -140,7 +148,7 @@ class Scheduler:
         live = [r for r in reqs if not r.finished]
         if not live:
             return
-        mode = live[0].mode
+        mode = self.policy(live[0].mode)
         if mode.batchable:
             self._guarded(live, lambda: self._apply_all(live, mode.round_batch(live, self.rt)))
         else:
@@ -148,7 +156,7 @@ class Scheduler:
                 self._guarded([r], partial(self._round, r))
 
     def _round(self, req: Request) -> None:
-        self.apply(req, req.mode.round(req, self.rt))
+        self.apply(req, self.policy(req.mode).round(req, self.rt))
 
     def _apply_all(self, reqs: list[Request], results: list[RoundResult]) -> None:
         for r, res in zip(reqs, results, strict=True):
