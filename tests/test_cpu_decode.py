@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from backend.engine.engine import Engine
-from backend.engine.modes.quadratic import quadratic_mask
 from backend.forward.fused_step import MAX_CHUNK, FusedDecode, fused_decode, supported, weight_format
 from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
-from backend.model.transformer import KVContext, PagedKV, Transformer
+from backend.model.transformer import KVContext, PagedKV, Transformer, interleaved_mask
 from kernels import cpu_decode
 from kernels.cpu_decode import FLAGS, NON_TEMPORAL, build, load, native_flags
 
@@ -145,7 +144,7 @@ def test_masked_chunk_equals_eager(lib, config, fmt):
     for lengths in ([0], [7]):
         ids, _, prefix, _, write = batch(lengths, 9, cfg.vocab_size)
         positions = torch.tensor([[lengths[0] + o for o in (0, 1, 2, 1, 2, 3, 2, 3, 4)]])
-        cases.append((ids, positions, prefix, write, quadratic_mask(3, 2, lengths[0])))
+        cases.append((ids, positions, prefix, write, interleaved_mask(3, 2, lengths[0])))
     for lengths in ([10], [12, 3, 9]):
         ids, positions, prefix, _, write = batch(lengths, 6, cfg.vocab_size)
         cases.append((ids, positions, prefix, write, random_mask(6, lengths, max(lengths))))

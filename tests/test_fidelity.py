@@ -7,6 +7,7 @@ from backend.engine.blocks import guesses
 from backend.engine.modes import mode_names
 from backend.engine.modes.isd import ISD, ISDState
 from backend.engine.request import Request
+from backend.engine.scores import Scores
 from backend.tracing import RecordingTracer
 from kernels.isd_verify import isd_verify_torch
 
@@ -81,11 +82,12 @@ def test_isd_argmax_drafts_take_the_argmax_of_q_at_any_temperature(engine):
     st = ISDState()
     logits = torch.randn(3, engine.rt.model.cfg.vocab_size)
     logits[:, engine.rt.mask] = 100.0                      # MASK is never drafted
-    ISD()._draft(req, engine.rt, st, logits)
+    masks = Scores(logits, req, engine.rt.mask)
+    ISD()._draft(req, st, masks)
     without_mask = logits.clone()
     without_mask[:, engine.rt.mask] = float("-inf")
     assert st.specs == without_mask.argmax(-1).tolist()
-    assert st.draft_logits is logits
+    assert st.draft is masks
 
 
 def test_unshifted_logits_are_realigned_by_the_runtime(loaded):

@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from backend.engine.modes.isd import pq_table, verify_specs
+from backend.engine.modes.isd import pq_table
 from backend.engine.request import Request
+from backend.engine.scores import Scores, verify_specs
 from backend.tracing import RecordingTracer
 
 
@@ -43,9 +44,9 @@ def _req(temperature: float, seed: int = 0) -> Request:
     return Request("r", [1], None, {"temperature": temperature, "seed": seed}, None)
 
 
-class _RT:
-    """Just what verify_specs reads from the runtime."""
-    mask = 0
+def _verify(specs, logits, draft_logits, req, alpha):
+    """verify_specs on the rows of one request whose MASK id is 0."""
+    return verify_specs(Scores(logits, req, 0), Scores(draft_logits, req, 0), specs, alpha)
 
 
 def test_pq_rule_accepts_when_p_matches_q_and_corrects_from_the_residual():
@@ -59,12 +60,12 @@ def test_pq_rule_accepts_when_p_matches_q_and_corrects_from_the_residual():
     q[1, 3], q[1, 4] = 0.5, 0.5              # spec 1 = 3 has p = 0: always reject
     draft_logits = q.log().clamp_min(-1e4)
     req = _req(1.0)
-    v, uniforms = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=1.0)
+    v, uniforms = _verify(specs, logits, draft_logits, req, alpha=1.0)
     pq = pq_table(specs, v, 1.0, 1.0, uniforms)
     assert v.accepted == 1 and [x["accepted"] for x in pq] == [True, False]
     assert v.correction == 4                 # the only token where p - q > 0
-    assert pq[0]["u"] == float(uniforms[0]) and pq[0]["accept_prob"] == 1.0
-    nothing, uniforms = verify_specs(specs, logits, draft_logits, req, _RT(), alpha=0.0)
+    assert pq[0]["u"] == uniforms[0] and pq[0]["accept_prob"] == 1.0
+    nothing, uniforms = _verify(specs, logits, draft_logits, req, alpha=0.0)
     assert nothing.accepted == 0               # where(alpha*q > 0, p/q, 0): a zero scaled proposal rejects
     pq = pq_table(specs, nothing, 1.0, 0.0, uniforms)
     assert pq[0]["accept_prob"] == 0.0 and pq[1]["tested"] is False
@@ -72,7 +73,7 @@ def test_pq_rule_accepts_when_p_matches_q_and_corrects_from_the_residual():
 
 def test_greedy_verify_is_argmax_equality():
     logits = torch.tensor([[0.0, 1.0, 3.0, 2.0], [0.0, 5.0, 1.0, 1.0]])
-    v, _ = verify_specs([2, 3], logits, torch.zeros(2, 4), _req(0.0), _RT(), alpha=1.0)
+    v, _ = _verify([2, 3], logits, torch.zeros(2, 4), _req(0.0), alpha=1.0)
     assert v.accepted == 1 and v.correction == 1
 
 

@@ -11,6 +11,7 @@ from torch import Tensor
 from backend.engine.kv import KVPool
 from backend.engine.request import Request
 from backend.engine.sampling import alternatives, pick
+from backend.engine.scores import Scores
 from backend.forward.fused_step import fused_decode
 from backend.model.checkpoint import LoadedModel
 from backend.model.transformer import KVContext
@@ -94,6 +95,7 @@ class Runtime:
         positions = torch.tensor(rows_at, device=self.device)
         kv = self._context(reqs, write)
         ids = ids.to(self.device)
+        mask = None if mask is None else mask.to(self.device)
         adapter = self.adapter(ids, lora)
         with torch.inference_mode():
             logits = (model or self.decode_step or self.model)(ids, positions, attn=attn, kv=kv, mask=mask,
@@ -113,6 +115,21 @@ class Runtime:
                 if req.tracer.enabled:
                     req.tracer.kv(kv_op, slots, row, req.round)
         return logits
+
+    def score(self, req: Request, ids: list[int], start: int, attn: str, *, kind: str,
+              write: list[int] | None = None, lora: bool = False, mask: Tensor | None = None,
+              offsets: Sequence[int] | None = None) -> Scores:
+        """One request's forward of the query row `ids` at positions start + offsets (see `forward`), its logits
+        as Scores."""
+        logits = self.forward([req], torch.tensor([ids]), [start], attn, kind=kind,
+                              write=None if write is None else [write], lora=lora, mask=mask, offsets=offsets)
+        return Scores(logits[0], req, self.mask_id)
+
+    def decode(self, reqs: list[Request], slots: list[list[int]]) -> list[Scores]:
+        """One causal decode step of several requests: each feeds its last token, writing its K/V to its slot."""
+        ids = torch.tensor([[r.tokens[-1]] for r in reqs])
+        logits = self.forward(reqs, ids, [r.cached for r in reqs], "causal", kind="decode", write=slots)
+        return [Scores(row, r, self.mask_id) for r, row in zip(reqs, logits, strict=True)]
 
     def _note_alternatives(self, reqs: list[Request], rows_at: list[list[int]], logits: Tensor, kind: str) -> None:
         """For each traced request that asked (params.trace_topk): the top-k of every row's next position, kept per

@@ -144,6 +144,19 @@ def chunk_mask(q_len: int, attn: str, device: torch.device) -> Tensor:
     return torch.ones(q_len, q_len, dtype=torch.bool, device=device).tril()
 
 
+def interleaved_mask(groups: int, k: int, prefix: int) -> Tensor:
+    """[1, 1, Q, P+Q] attention mask over [prefix ‖ chunk] of quadratic decoding's interleaved layout
+    [d0, M×k, d1, M×k, …]: the d's form a causal chain, each group of k masks sees d_0..d_j and its own earlier
+    masks (backend/engine/modes/quadratic.py)."""
+    q = groups * (k + 1)
+    u = torch.arange(q)
+    group, first = u // (k + 1), u % (k + 1) == 0
+    chain = first[None, :] & (group[None, :] <= group[:, None])            # d_0..d_g, every row
+    own = ~first[:, None] & (group[None, :] == group[:, None]) & (u[None, :] <= u[:, None])
+    chunk = chain | own
+    return torch.cat([torch.ones(q, prefix, dtype=torch.bool), chunk], dim=1)[None, None]
+
+
 def build_mask(q_len: int, attn: str, kv: KVContext | None, batch: int, device: torch.device) -> Tensor | None:
     """Attention mask [B, 1, Q, P+Q] over [prefix ‖ chunk] for one attention mode; None when every row sees
     every key (a 1-row or bidirectional chunk over an unpadded prefix), so attention runs unmasked."""

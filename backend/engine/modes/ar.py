@@ -1,8 +1,6 @@
 """`ar`: causal one-token decode with a KV cache. NFE = decode forwards (the prefill is not counted)."""
 from __future__ import annotations
 
-import torch
-
 from backend.engine.modes import register
 from backend.engine.modes.base import Mode, RoundResult
 from backend.engine.request import Request
@@ -30,12 +28,9 @@ class AR(Mode):
         """Feed each request's last token (writing its KV) and take the next one."""
         starts = [r.cached for r in reqs]
         slots = [rt.alloc(r, [s]) for r, s in zip(reqs, starts, strict=True)]
-        ids = torch.tensor([[r.tokens[-1]] for r in reqs])
-        logits = rt.forward(reqs, ids, starts, "causal", kind="decode", write=slots)
         results = []
-        for r, row, s, start in zip(reqs, logits, slots, starts, strict=True):
-            tok, prob = rt.pick(r, row[0])
-            token = int(tok)
-            view = RoundEvent(start + 1, [token], ["accepted"], [float(prob)]) if r.tracer.enabled else None
+        for r, scores, s, start in zip(reqs, rt.decode(reqs, slots), slots, starts, strict=True):
+            (token,), (prob,) = scores.pick()
+            view = RoundEvent(start + 1, [token], ["accepted"], [prob]) if r.tracer.enabled else None
             results.append(RoundResult([token], 1, commit=s, view=view))
         return results

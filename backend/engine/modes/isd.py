@@ -18,49 +18,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-from torch import Tensor
-
 from backend.engine.modes import register
 from backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
-from backend.engine.sampling import pick
+from backend.engine.scores import Scores, Verdict, verify_specs
 from backend.tracing import RoundEvent
-from kernels.isd_verify import Verdict, isd_verify
 
 
 @dataclass
 class ISDState:
     specs: list[int] = field(default_factory=list)   # drafts awaiting verification (empty: cold start)
-    draft_logits: Tensor | None = None              # [N-1, V] the MASK-position logits that drafted the specs
+    draft: Scores | None = None                      # the N-1 MASK rows that drafted the specs (their proposal q)
     cases: dict[str, int] = field(default_factory=lambda: {"V": 0, "R": 0, "C": 0})
     accepted_specs: int = 0
 
 
-def verify_specs(specs: list[int], logits: Tensor, draft_logits: Tensor, req: Request, rt: Runtime,
-                 alpha: float) -> tuple[Verdict, Tensor | None]:
-    """Left-to-right check of specs against clean logits [K, V] (logits[i] predicts spec i) by the fused
-    verify (kernels/isd_verify.py); the noise for T > 0 comes from the request's generator, and its uniforms
-    come back for the trace."""
-    k, v = logits.shape
-    uniforms = gumbel = None
-    if req.temperature > 0:
-        uniforms = torch.rand(k, generator=req.generator).to(logits.device)
-        gumbel = -torch.log(-torch.log(torch.rand(k, v, generator=req.generator).clamp_min(1e-20)))
-        gumbel = gumbel.to(logits.device)
-    verdict = isd_verify(logits, draft_logits, torch.tensor(specs, device=logits.device), req.temperature,
-                         alpha, rt.mask, uniforms, gumbel)
-    return verdict, uniforms
-
-
 def pq_table(specs: list[int], verdict: Verdict, temperature: float, alpha: float,
-             uniforms: Tensor | None) -> list[dict]:
+             uniforms: list[float] | None) -> list[dict]:
     """The trace's p/q table: each spec's p, q, acceptance test and uniform (untested after the first reject)."""
     pq = [{"i": i, "token": specs[i], "p": p, "q": q, "accepted": i < verdict.accepted, "tested": True,
            "accept_prob": None if temperature <= 0 else min(1.0, p / (alpha * q)) if alpha * q > 0 else 0.0,
-           "u": None if uniforms is None else float(uniforms[i])}
+           "u": None if uniforms is None else uniforms[i]}
           for i, (p, q) in enumerate(zip(verdict.p, verdict.q, strict=True))]
     pq += [{"i": i, "token": specs[i], "p": None, "q": None, "accepted": False, "tested": False,
             "accept_prob": None, "u": None} for i in range(len(pq), len(specs))]
@@ -106,58 +86,54 @@ class ISD(Mode):
         start = req.cached
         block = [req.tokens[-1]] + (st.specs if st.specs else [rt.mask] * k) + [rt.mask] * k
         slots = rt.alloc(req, range(start, start + len(block)))
-        logits = rt.forward([req], torch.tensor([block]), [start], "strict_causal", kind="verify",
-                            write=[slots])[0]
+        scores = rt.score(req, block, start, "strict_causal", kind="verify", write=slots)
         if not st.specs:
-            return self._cold_start(req, rt, st, logits, slots, start, block)
-        assert st.draft_logits is not None, "specs without draft logits"
+            return self._cold_start(req, rt, st, scores, slots, start, block)
+        assert st.draft is not None, "specs without their draft rows"
         alpha = req.params["alpha"]
-        verdict, uniforms = verify_specs(st.specs, logits[:k], st.draft_logits, req, rt, alpha)
+        verdict, uniforms = verify_specs(scores.rows(slice(0, k)), st.draft, st.specs, alpha)
         pq = pq_table(st.specs, verdict, req.temperature, alpha, uniforms) if req.tracer.enabled else []
         st.accepted_specs += verdict.accepted
         if verdict.correction is None:
-            return self._all_accepted(req, rt, st, logits, slots, start, block, pq)
+            return self._all_accepted(req, rt, st, scores, slots, start, block, pq)
         return self._rejected(req, st, slots, start, block, verdict.accepted, verdict.correction, pq)
 
-    def _draft(self, req: Request, rt: Runtime, st: ISDState, mask_logits: Tensor) -> None:
-        """New specs, drawn from (or argmax of) the logits of N-1 masks, which are kept as their proposal q."""
-        if req.params["draft"] == "argmax":
-            st.specs = pick(mask_logits, 0.0, None, rt.mask)[0].tolist()
-        else:
-            st.specs = rt.pick(req, mask_logits)[0].tolist()
-        st.draft_logits = mask_logits
+    def _draft(self, req: Request, st: ISDState, masks: Scores) -> None:
+        """New specs, drawn from (or the argmax of) the rows of N-1 masks, which are kept as their proposal q."""
+        st.specs = masks.argmax() if req.params["draft"] == "argmax" else masks.tokens()
+        st.draft = masks
 
-    def _cold_start(self, req: Request, rt: Runtime, st: ISDState, logits: Tensor, slots: list[int],
+    def _cold_start(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int],
                     start: int, block: list[int]) -> RoundResult:
         n = req.params["n"]
-        clean, p_clean = rt.pick(req, logits[0])
-        self._draft(req, rt, st, logits[1:n])
+        (clean,), (p_clean,) = scores.rows(slice(0, 1)).pick()
+        self._draft(req, st, scores.rows(slice(1, n)))
         st.cases["C"] += 1
         release = SlotRelease(slots[1:], list(range(start + 1, start + len(block))), "mask")
         view = None
         if req.tracer.enabled:
-            tokens = [block[0], int(clean)] + st.specs + [rt.mask] * (len(block) - n)
+            tokens = [block[0], clean] + st.specs + [rt.mask] * (len(block) - n)
             states = ["pending", "bonus"] + ["draft"] * (n - 1) + ["padding"] * (len(block) - n)
-            view = RoundEvent(start, tokens, states, [None, float(p_clean)] + [None] * (len(tokens) - 2),
+            view = RoundEvent(start, tokens, states, [None, p_clean] + [None] * (len(tokens) - 2),
                              case="C", extra={"n": n, "trim": len(block) - 1})
-        return RoundResult([int(clean)], 1, commit=slots[:1], free=[release], view=view)
+        return RoundResult([clean], 1, commit=slots[:1], free=[release], view=view)
 
-    def _all_accepted(self, req: Request, rt: Runtime, st: ISDState, logits: Tensor, slots: list[int],
+    def _all_accepted(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int],
                       start: int, block: list[int], pq: list[dict]) -> RoundResult:
         n = req.params["n"]
         k = n - 1
         specs = st.specs
-        clean, p_clean = rt.pick(req, logits[k])
-        self._draft(req, rt, st, logits[n:])
+        (clean,), (p_clean,) = scores.rows(slice(k, n)).pick()
+        self._draft(req, st, scores.rows(slice(n, None)))
         st.cases["V"] += 1
         release = SlotRelease(slots[n:], list(range(start + n, start + len(block))), "mask")
         view = None
         if req.tracer.enabled:
-            tokens = [block[0]] + specs + [int(clean)] + st.specs
+            tokens = [block[0]] + specs + [clean] + st.specs
             states = ["pending"] + ["accepted"] * k + ["bonus"] + ["draft"] * k
-            view = RoundEvent(start, tokens, states, [None] * k + [None, float(p_clean)] + [None] * k,
+            view = RoundEvent(start, tokens, states, [None] * k + [None, p_clean] + [None] * k,
                              case="V", pq=pq, extra={"n": n, "trim": k})
-        return RoundResult(specs + [int(clean)], n, commit=slots[:n], free=[release], view=view)
+        return RoundResult(specs + [clean], n, commit=slots[:n], free=[release], view=view)
 
     def _rejected(self, req: Request, st: ISDState, slots: list[int], start: int, block: list[int],
                   i: int, fix: int, pq: list[dict]) -> RoundResult:
@@ -165,7 +141,7 @@ class ISD(Mode):
         n = req.params["n"]
         k = n - 1
         specs = st.specs
-        st.specs, st.draft_logits = [], None
+        st.specs, st.draft = [], None
         st.cases["R"] += 1
         keep = 1 + i
         rejected = SlotRelease(slots[keep:n], list(range(start + keep, start + n)), "rejected")

@@ -8,8 +8,6 @@ suffix is freed. Greedy output equals `ar`. NFE = draft passes + 1 verify per ro
 """
 from __future__ import annotations
 
-import torch
-
 from backend.engine.blocks import block_size, check_block_params, fill_block, longest_match
 from backend.engine.modes import register
 from backend.engine.modes.base import Mode, RoundResult, SlotRelease
@@ -44,8 +42,7 @@ class LinearSpec(Mode):
         lora = req.params["lora"]
         conf = fill_block(req, rt, block, start, lora, req.params["threshold"])
         slots = rt.alloc(req, range(start, start + size))
-        logits = rt.forward([req], torch.tensor([block]), [start], "causal", kind="verify", write=[slots])
-        ar = rt.pick(req, logits[0])[0].tolist()
+        ar = rt.score(req, block, start, "causal", kind="verify", write=slots).tokens()
         accepted = longest_match(ar, block[1:])
         keep = accepted + 1
         release = SlotRelease(slots[keep:], list(range(start + keep, start + size)), "rejected")

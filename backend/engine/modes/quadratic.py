@@ -17,15 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-from torch import Tensor
-
 from backend.engine.blocks import longest_match
 from backend.engine.modes import register
 from backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from backend.model.transformer import interleaved_mask
 from backend.tracing import RoundEvent
 
 
@@ -42,17 +40,6 @@ def interleaved(drafts: list[int], k: int, mask_id: int) -> tuple[list[int], lis
         ids += [d] + [mask_id] * k
         offsets += list(range(j, j + k + 1))
     return ids, offsets
-
-
-def quadratic_mask(groups: int, k: int, prefix: int) -> Tensor:
-    """[1, 1, Q, P+Q] attention mask of the interleaved layout over [prefix ‖ chunk]."""
-    q = groups * (k + 1)
-    u = torch.arange(q)
-    group, first = u // (k + 1), u % (k + 1) == 0
-    chain = first[None, :] & (group[None, :] <= group[:, None])            # d_0..d_g, every row
-    own = ~first[:, None] & (group[None, :] == group[:, None]) & (u[None, :] <= u[:, None])
-    chunk = chain | own
-    return torch.cat([torch.ones(q, prefix, dtype=torch.bool), chunk], dim=1)[None, None]
 
 
 @register
@@ -80,14 +67,14 @@ class Quadratic(Mode):
         drafts = [req.tokens[-1]] + st.specs
         ids, offsets = interleaved(drafts, k, rt.mask)
         slots = rt.alloc(req, [start + o for o in offsets])
-        logits = rt.forward([req], torch.tensor([ids]), [start], "strict_causal", kind="verify", write=[slots],
-                            mask=quadratic_mask(len(drafts), k, start).to(rt.device), offsets=offsets)[0]
-        grouped = logits.view(len(drafts), k + 1, -1)
-        ar = rt.pick(req, grouped[:, 0])[0].tolist()
+        scores = rt.score(req, ids, start, "strict_causal", kind="verify", write=slots,
+                          mask=interleaved_mask(len(drafts), k, start), offsets=offsets)
+        firsts = [j * (k + 1) for j in range(len(drafts))]
+        ar = scores.rows(firsts).tokens()
         accepted = longest_match(ar, st.specs)
         seeded = st.seeded_by
-        st.specs, st.seeded_by = rt.pick(req, grouped[accepted, 1:])[0].tolist(), accepted
-        firsts = [j * (k + 1) for j in range(len(drafts))]
+        group = firsts[accepted]
+        st.specs, st.seeded_by = scores.rows(slice(group + 1, group + k + 1)).tokens(), accepted
         keep = firsts[:accepted + 1]
         rejected = firsts[accepted + 1:]
         masks = [u for u in range(len(ids)) if u % (k + 1)]

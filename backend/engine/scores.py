@@ -1,0 +1,59 @@
+"""What a forward gives back to a mode: one request's query rows behind plain-data reads (tokens and their
+probabilities under the request's sampling rule, I-DLM's p/q verify), so a mode file holds no tensor code."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from backend.engine.request import Request
+from backend.engine.sampling import pick
+from kernels.isd_verify import Verdict, isd_verify
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The logits [Q, V] of one request's query rows; row j predicts the position after row j's."""
+    logits: Tensor
+    req: Request
+    mask_id: int | None
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    def rows(self, index: slice | Sequence[int]) -> Scores:
+        """These rows alone: a slice is a view, a list of rows gathers them."""
+        return Scores(self.logits[index if isinstance(index, slice) else list(index)], self.req, self.mask_id)
+
+    def pick(self) -> tuple[list[int], list[float]]:
+        """Each row's token under the request's rule (argmax at T = 0, else a seeded draw, MASK never) and its
+        probability."""
+        ids, probs = pick(self.logits, self.req.temperature, self.req.generator, self.mask_id)
+        return ids.tolist(), probs.tolist()
+
+    def tokens(self) -> list[int]:
+        return self.pick()[0]
+
+    def argmax(self) -> list[int]:
+        """Each row's most likely token (MASK excluded), whatever the request's temperature."""
+        return pick(self.logits, 0.0, None, self.mask_id)[0].tolist()
+
+
+def verify_specs(clean: Scores, draft: Scores, specs: list[int], alpha: float) -> tuple[Verdict, list[float] | None]:
+    """I-DLM's left-to-right check of specs against the clean rows (row i predicts spec i), with the rows that
+    drafted them as the proposal q, by the fused verify (kernels/isd_verify.py). The noise at T > 0 comes from
+    the request's generator; its uniforms come back for the trace."""
+    logits, req = clean.logits, clean.req
+    if clean.mask_id is None:
+        raise RuntimeError("isd's verify needs the model's mask token")
+    k, v = logits.shape
+    uniforms = gumbel = None
+    if req.temperature > 0:
+        uniforms = torch.rand(k, generator=req.generator).to(logits.device)
+        gumbel = -torch.log(-torch.log(torch.rand(k, v, generator=req.generator).clamp_min(1e-20)))
+        gumbel = gumbel.to(logits.device)
+    verdict = isd_verify(logits, draft.logits, torch.tensor(specs, device=logits.device), req.temperature,
+                         alpha, clean.mask_id, uniforms, gumbel)
+    return verdict, None if uniforms is None else uniforms.tolist()
