@@ -20,7 +20,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
 from tqdm import tqdm
 
 from backend.engine.blocks import BlockState, Dense, candidates
@@ -29,6 +28,7 @@ from backend.engine.engine import Engine
 from backend.engine.modes.block_diffusion import BlockDiffusion
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from backend.engine.scores import Scores
 from backend.model.chat_prompts import CATEGORIES, prompt_set
 from backend.model.checkpoint import load_checkpoint
 from backend.model.source import resolve
@@ -50,10 +50,10 @@ class RecordingDense(Dense):
     def __init__(self, top_k: int, steps: list[tuple[int, Step]]):
         self.top_k, self.steps = top_k, steps
 
-    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Tensor:
-        logits = super().logits(req, rt, block)
-        self.steps.append((block.start, Step(tuple(block.tokens), Ranking.from_logits(logits, rt.mask, self.top_k))))
-        return logits
+    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Scores:
+        scores = super().logits(req, rt, block)
+        self.steps.append((block.start, Step(tuple(block.tokens), Ranking.of(scores, self.top_k))))
+        return scores
 
 
 class Recorder(BlockDiffusion):

@@ -58,7 +58,7 @@ def test_nothing_after_eos_is_accepted_or_shown(engine, heldout_prompts, mode):
 def test_block_confidence_is_the_t1_probability_at_any_temperature(engine):
     req = Request("t", [1, 2, 3], None, {"temperature": 2.0, "seed": 3, "max_new_tokens": 4}, None)
     logits = torch.randn(6, engine.rt.model.cfg.vocab_size) * 4
-    ids, conf = guesses(req, engine.rt, logits)
+    ids, conf = guesses(Scores(logits, req, engine.rt.mask))
     plain = logits[:-1].clone()
     plain[:, engine.rt.mask] = float("-inf")
     want = torch.softmax(plain, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]

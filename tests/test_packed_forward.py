@@ -2,6 +2,7 @@
 import pytest
 import torch
 from support.branches import BRANCH_CASES, CHAIN, TREE, random_branches, reference_attention
+from support.spiffy import branch_logits
 
 from backend.engine.modes.spiffy import DenseVerify
 from backend.forward.folded import make_folded_forward
@@ -156,21 +157,21 @@ def test_packed_forward_equals_float64_reference_on_the_shipped_model(spiffy_eng
     dense = DenseVerify.__call__
     compared = []
 
-    def verify_compare(self, req, rt, start, ids, parents):
-        logits = dense(self, req, rt, start, ids, parents)
-        r = ids.shape[0]
+    def verify_compare(self, req, rt, start, states, parents):
+        scores = dense(self, req, rt, start, states, parents)
+        r = len(states)
         if r > 1:
             for delta in (0.05, 0.2):
                 outs = []
                 for backend in ("reference", "torch"):
                     f = make_folded_forward(rt.model, parents, delta, ffn_gate=ffn_gate, backend=backend)
-                    outs.append((rt.forward([req] * r, ids, [start] * r, "block", kind="verify", model=f), f))
+                    outs.append((branch_logits(rt, req, start, states, f), f))
                 (want, ref), (got, fast) = outs
                 assert fast.recomputed == ref.recomputed and fast.ffn_recomputed == ref.ffn_recomputed
                 torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-                draft_rows = (r - 1) * ids.shape[1] * len(ref.recomputed)
+                draft_rows = (r - 1) * len(states[0]) * len(ref.recomputed)
                 compared.append(sum(sum(layer[1:]) for layer in ref.recomputed) / draft_rows)
-        return logits
+        return scores
 
     monkeypatch.setattr(DenseVerify, "__call__", verify_compare)
     for prompt in heldout_prompts[::4]:

@@ -3,6 +3,7 @@ import pytest
 import torch
 from support.branches import BRANCH_CASES, random_branches, reference_attention
 from support.modes import HELDOUT_GEN
+from support.spiffy import branch_logits, stacked
 
 from backend.engine.modes.spiffy import DenseVerify
 from backend.forward.folded import make_folded_forward
@@ -36,19 +37,20 @@ def test_strict_delta_zero_logits_match_the_dense_forward_for_every_branch(spiff
     dense = DenseVerify.__call__
     errors, paper_errors, folded_rows = [], [], []
 
-    def verify_twice(self, req, rt, start, ids, parents):
-        logits = dense(self, req, rt, start, ids, parents)
-        if ids.shape[0] > 1:
+    def verify_twice(self, req, rt, start, states, parents):
+        scores = dense(self, req, rt, start, states, parents)
+        if len(states) > 1:
+            logits = stacked(scores)
+
             def run(gate):
                 folded = make_folded_forward(rt.model, parents, 0.0, ffn_gate=gate, backend=backend)
-                out = rt.forward([req] * ids.shape[0], ids, [start] * ids.shape[0], "block", kind="verify",
-                                 model=folded)
+                out = branch_logits(rt, req, start, states, folded)
                 return float((out - logits).abs().max()), folded
             err, folded = run("strict")
             errors.append(err)
             paper_errors.append(run("paper")[0])
-            folded_rows.append(sum(ids.shape[1] - c for c in folded.recomputed[0][1:]))
-        return logits
+            folded_rows.append(sum(len(states[0]) - c for c in folded.recomputed[0][1:]))
+        return scores
 
     monkeypatch.setattr(DenseVerify, "__call__", verify_twice)
     for prompt in heldout_prompts:
@@ -107,18 +109,16 @@ def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy
     dense = DenseVerify.__call__
     results = []
 
-    def verify_and_compare(self, req, rt, start, ids, parents):
-        logits = dense(self, req, rt, start, ids, parents)
-        if ids.shape[0] > 1 and not results:
-            r = ids.shape[0]
-
+    def verify_and_compare(self, req, rt, start, states, parents):
+        scores = dense(self, req, rt, start, states, parents)
+        if len(states) > 1 and not results:
             def run(model):
-                return rt.forward([req] * r, ids, [start] * r, "block", kind="verify", model=model)
+                return branch_logits(rt, req, start, states, model)
             ref = FoldedForward(rt.model, parents, 0.1)
             kern = KernelFoldedForward(rt.model, parents, 0.1, triton=True)
-            results.append((run(ref), run(kern), ref, kern, logits,
+            results.append((run(ref), run(kern), ref, kern, stacked(scores),
                             run(KernelFoldedForward(rt.model, parents, 0.0, "strict", triton=True))))
-        return logits
+        return scores
 
     monkeypatch.setattr(DenseVerify, "__call__", verify_and_compare)
     for prompt in heldout_prompts:

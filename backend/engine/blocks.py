@@ -12,14 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import torch
-from torch import Tensor
-
 from backend.engine.modes.base import RoundResult, SlotRelease
 from backend.engine.params import Param, ParamError
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
-from backend.engine.sampling import confidence
+from backend.engine.scores import Scores
 from backend.tracing import RoundEvent
 
 BLOCK_PARAMS: tuple[Param, ...] = (
@@ -32,8 +29,8 @@ BLOCK_PARAMS: tuple[Param, ...] = (
 class LogitsSource(Protocol):
     """Where a block state's logits come from; holds its own per-request data (caches, counters)."""
 
-    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Tensor:
-        """Logits [B, V] of the block's current state."""
+    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Scores:
+        """The rows [B] of the block's current state."""
         ...
 
     def block_done(self) -> None:
@@ -63,7 +60,7 @@ class BlockState:
 class Dense:
     """One read-only `block` forward per block state (block_diffusion's denoise pass)."""
 
-    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Tensor:
+    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Scores:
         return block_logits(req, rt, block.tokens, block.start, "denoise")
 
     def block_done(self) -> None:
@@ -108,17 +105,16 @@ def unmask_step(block: list[int], guess: list[int], conf: list[float], eligible:
 
 
 def block_logits(req: Request, rt: Runtime, block: list[int], start: int, kind: str,
-                 lora: bool = False) -> Tensor:
-    """Logits [B, V] of one read-only `block`-attention forward of a block state."""
-    return rt.forward([req], torch.tensor([block]), [start], "block", kind=kind, lora=lora)[0]
+                 lora: bool = False) -> Scores:
+    """The rows [B] of one read-only `block`-attention forward of a block state."""
+    return rt.score(req, block, start, "block", kind=kind, lora=lora)
 
 
-def guesses(req: Request, rt: Runtime, logits: Tensor) -> tuple[list[int], list[float]]:
-    """Per block position i >= 1 the guessed token (from logits[i-1], drawn at the request's temperature)
-    and its confidence under the T = 1 softmax."""
-    ids = rt.pick(req, logits[:-1])[0]
-    conf = confidence(logits[:-1], ids, rt.mask_id)
-    return [0] + ids.tolist(), [0.0] + conf.tolist()
+def guesses(block: Scores) -> tuple[list[int], list[float]]:
+    """Per block position i >= 1 the guessed token (from row i-1, drawn at the request's temperature) and its
+    confidence under the T = 1 softmax."""
+    ids, conf = block.rows(slice(0, -1)).pick_with_confidence()
+    return [0] + ids, [0.0] + conf
 
 
 def visible_end(block: list[int], eos_id: int | None, need: int) -> int:
@@ -143,7 +139,7 @@ def denoise_round(req: Request, rt: Runtime, st: BlockState) -> RoundResult:
     if not st.active:
         st.start, st.tokens = req.cached, [req.tokens[-1]] + [rt.mask] * (block_size(req) - 1)
     block, before = st.tokens, list(st.tokens)
-    guess, conf = guesses(req, rt, st.source.logits(req, rt, st))
+    guess, conf = guesses(st.source.logits(req, rt, st))
     chosen = unmask_step(block, guess, conf, candidates(block, rt.mask, req.params["sub_block"]),
                          req.params["threshold"])
     need = req.params["max_new_tokens"] - len(req.generated)
@@ -162,8 +158,7 @@ def refresh(req: Request, rt: Runtime, st: BlockState, accepted: int, view: Roun
     past the emitted tokens is trimmed."""
     positions = list(range(st.start, st.start + len(st.tokens)))
     slots = rt.alloc(req, positions)
-    logits = rt.forward([req], torch.tensor([st.tokens]), [st.start], "causal", kind="refresh",
-                        write=[slots], kv_op="refresh")
+    rows = rt.score(req, st.tokens, st.start, "causal", kind="refresh", write=slots, kv_op="refresh")
     tokens = st.tokens
     st.source.block_done()
     st.start, st.tokens = -1, []
@@ -171,7 +166,7 @@ def refresh(req: Request, rt: Runtime, st: BlockState, accepted: int, view: Roun
         keep = stop_at + 1
         trim = SlotRelease(slots[keep:], positions[keep:], "trim")
         return RoundResult(tokens[1:keep], accepted, commit=slots[:keep], free=[trim], view=view)
-    seed = int(rt.pick(req, logits[0, -1])[0])
+    (seed,) = rows.rows(slice(-1, None)).tokens()
     if view is not None:
         view.tokens.append(seed)
         view.states.append("bonus")
@@ -206,7 +201,7 @@ def fill_block(req: Request, rt: Runtime, block: list[int], start: int, lora: bo
     confidence each position was drafted with."""
     conf: list[float | None] = [None] * len(block)
     while rt.mask in block:
-        guess, probs = guesses(req, rt, block_logits(req, rt, block, start, "draft", lora))
+        guess, probs = guesses(block_logits(req, rt, block, start, "draft", lora))
         for i in unmask_step(block, guess, probs, candidates(block, rt.mask, 0), threshold):
             conf[i] = probs[i]
     return conf

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+
+from backend.engine.scores import Scores
 
 GRAPH_FILE = "draft_graph.json"
 VERSION = 1
@@ -127,10 +128,11 @@ class Ranking:
     top: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def from_logits(cls, logits: Tensor, mask_id: int, k: int) -> Ranking:
-        """Ranks from block logits [N, V]; confidence = the top token's probability."""
-        x = logits[:-1].float().clone()
-        x[:, mask_id] = float("-inf")
+    def of(cls, block: Scores, k: int) -> Ranking:
+        """Ranks from a block state's rows [N, V]; confidence = the top token's probability."""
+        x = block.logits[:-1].float().clone()
+        if block.mask_id is not None:
+            x[:, block.mask_id] = float("-inf")
         top = x.topk(k, dim=-1)
         conf = torch.softmax(x, dim=-1).gather(-1, top.indices[:, :1])[:, 0]
         order = torch.sort(conf, descending=True, stable=True).indices + 1

@@ -79,21 +79,38 @@ class Runtime:
     # -- forwards ------------------------------------------------------------------------------------
     def forward(self, reqs: list[Request], ids: Tensor, start: Sequence[int], attn: str, *,
                 kind: str, write: list[list[int]] | None = None, lora: bool = False,
-                kv_op: str = "write", mask: Tensor | None = None, model: Callable[..., Tensor] | None = None,
-                offsets: Sequence[int] | None = None) -> Tensor:
-        """Logits [R, Q, V] of query rows ids [R, Q], shifted: row j predicts position start[r] + j + 1
-        (realigned here for a model whose logits in `attn` predict their own position). Row r sits at
-        positions start[r] + offsets (default 0..Q-1) and attends to reqs[r]'s committed prefix. `write` gives
-        each row's slots (None = read-only forward); `mask` [R, 1, Q, P+Q] replaces the attention mode's mask.
-        `lora` asks for a draft-scope adapter in this pass. `model` replaces the model's own forward (same
-        signature), e.g. SpecFold's folded multi-branch forward. One call is one forward on the critical
-        path: +1 NFE for each distinct request (not for prefill)."""
+                kv_op: str = "write", mask: Tensor | None = None, offsets: Sequence[int] | None = None) -> Tensor:
+        """Logits [R, Q, V] of query rows ids [R, Q], one row per request, shifted: row j predicts position
+        start[r] + j + 1 (realigned here for a model whose logits in `attn` predict their own position). Row r
+        sits at positions start[r] + offsets (default 0..Q-1) and attends to reqs[r]'s committed prefix. `write`
+        gives each row's slots (None = read-only forward); `mask` [R, 1, Q, P+Q] replaces the attention mode's
+        mask. `lora` asks for a draft-scope adapter in this pass. One call is one forward on the critical path:
+        +1 NFE for each request (not for prefill)."""
+        return self._run(reqs, ids, start, attn, self._context(reqs, write), kind=kind, write=write, lora=lora,
+                         kv_op=kv_op, mask=mask, offsets=offsets)
+
+    def branches(self, req: Request, states: list[list[int]], start: int, *,
+                 model: Callable[..., Tensor] | None = None) -> list[Scores]:
+        """One read-only `block` forward of R states of one request's open block (row 0 the main state), as R
+        row groups over the request's one committed prefix (read once, `KVContext.shared`): +1 NFE. `model`
+        replaces the model's own forward (same signature), e.g. SpecFold's folded multi-branch forward."""
+        r = len(states)
+        kv = self._context([req], None)
+        kv.prefix_slots, kv.shared = kv.prefix_slots.expand(r, -1), True
+        logits = self._run([req], torch.tensor(states), [start] * r, "block", kv,
+                           kind="verify" if r > 1 else "denoise", model=model)
+        return [Scores(row, req, self.mask_id) for row in logits]
+
+    def _run(self, owners: list[Request], ids: Tensor, start: Sequence[int], attn: str, kv: KVContext, *,
+             kind: str, write: list[list[int]] | None = None, lora: bool = False, kv_op: str = "write",
+             mask: Tensor | None = None, model: Callable[..., Tensor] | None = None,
+             offsets: Sequence[int] | None = None) -> Tensor:
+        """The forward of `forward` and `branches`; `owners` are the distinct requests it serves (NFE, phases)."""
         t0 = time.perf_counter()
         q = ids.shape[1]
         steps = range(q) if offsets is None else offsets
         rows_at = [[s + j for j in steps] for s in start]
         positions = torch.tensor(rows_at, device=self.device)
-        kv = self._context(reqs, write)
         ids = ids.to(self.device)
         mask = None if mask is None else mask.to(self.device)
         adapter = self.adapter(ids, lora)
@@ -103,26 +120,27 @@ class Runtime:
         if not self.loaded.logits_shifted.get(attn, True):
             logits = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)   # the last row has no successor
         ms = (time.perf_counter() - t0) * 1000
-        if any(r.params.get("trace_topk") for r in reqs):
-            self._note_alternatives(reqs, rows_at, logits, kind)
+        if any(r.params.get("trace_topk") for r in owners):
+            self._note_alternatives(owners, rows_at, logits, kind)
         adapter_on = bool(adapter.any()) if isinstance(adapter, Tensor) else adapter
-        for req in {id(r): r for r in reqs}.values():
+        for req in owners:
             if kind != "prefill":
                 req.nfe += 1
             req.phases.append(Phase(kind, attn, adapter_on, q, round(ms, 3)))
         if write is not None:
-            for req, slots, row in zip(reqs, write, rows_at, strict=True):
+            for req, slots, row in zip(owners, write, rows_at, strict=True):
                 if req.tracer.enabled:
                     req.tracer.kv(kv_op, slots, row, req.round)
         return logits
 
     def score(self, req: Request, ids: list[int], start: int, attn: str, *, kind: str,
-              write: list[int] | None = None, lora: bool = False, mask: Tensor | None = None,
+              write: list[int] | None = None, lora: bool = False, kv_op: str = "write", mask: Tensor | None = None,
               offsets: Sequence[int] | None = None) -> Scores:
         """One request's forward of the query row `ids` at positions start + offsets (see `forward`), its logits
         as Scores."""
         logits = self.forward([req], torch.tensor([ids]), [start], attn, kind=kind,
-                              write=None if write is None else [write], lora=lora, mask=mask, offsets=offsets)
+                              write=None if write is None else [write], lora=lora, kv_op=kv_op, mask=mask,
+                              offsets=offsets)
         return Scores(logits[0], req, self.mask_id)
 
     def decode(self, reqs: list[Request], slots: list[list[int]]) -> list[Scores]:
@@ -133,14 +151,13 @@ class Runtime:
 
     def _note_alternatives(self, reqs: list[Request], rows_at: list[list[int]], logits: Tensor, kind: str) -> None:
         """For each traced request that asked (params.trace_topk): the top-k of every row's next position, kept per
-        position until its round is recorded. A request's first row only (one row group per branched verify); a
-        prefill's last row only (it predicts the first new token)."""
-        seen: set[int] = set()
-        for req, positions, rows in zip(reqs, rows_at, logits, strict=True):
+        position until its round is recorded. A request's first row group only (its main state, in a branched
+        verify); a prefill's last row only (it predicts the first new token)."""
+        n = len(reqs)     # a branched verify has one owner: its first row group
+        for req, positions, rows in zip(reqs, rows_at[:n], logits[:n], strict=True):
             k = req.params.get("trace_topk", 0)
-            if not k or not req.tracer.enabled or id(req) in seen:
+            if not k or not req.tracer.enabled:
                 continue
-            seen.add(id(req))
             if kind == "prefill":
                 positions, rows = positions[-1:], rows[-1:]
             for pos, entry in zip(positions, alternatives(rows, k, self.mask_id), strict=True):

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from backend.engine.request import Request
-from backend.engine.sampling import pick
+from backend.engine.sampling import confidence, pick
 from kernels.isd_verify import Verdict, isd_verify
 
 
@@ -35,6 +35,12 @@ class Scores:
 
     def tokens(self) -> list[int]:
         return self.pick()[0]
+
+    def pick_with_confidence(self) -> tuple[list[int], list[float]]:
+        """Each row's token under the request's rule and its probability under the plain (T = 1) softmax, MASK
+        excluded: the block modes' unmasking confidence at every temperature (as Nemotron's `generate` takes it)."""
+        ids = pick(self.logits, self.req.temperature, self.req.generator, self.mask_id)[0]
+        return ids.tolist(), confidence(self.logits, ids, self.mask_id).tolist()
 
     def argmax(self) -> list[int]:
         """Each row's most likely token (MASK excluded), whatever the request's temperature."""

@@ -175,8 +175,8 @@ def shared_prefix(kv: KVContext | None, slots: Tensor | None, layer: int, like: 
 
 
 def shared_slots(kv: KVContext) -> Tensor:
-    """The slot list [P] of the one read-only prefix that all rows share (else a ValueError)."""
-    if kv.write_slots is not None or kv.prefix_valid is not None or not bool(
-            (kv.prefix_slots == kv.prefix_slots[:1]).all()):
-        raise ValueError("the folded forward needs one shared, read-only prefix for all rows")
+    """The slot list [P] of the one read-only prefix that all rows share: the row groups of one request
+    (`KVContext.shared`, Runtime.branches), else a ValueError."""
+    if kv.write_slots is not None or kv.prefix_valid is not None or not (kv.shared or kv.prefix_slots.shape[0] == 1):
+        raise ValueError("the folded forward needs one shared, read-only prefix for all rows (Runtime.branches)")
     return kv.prefix_slots[0]

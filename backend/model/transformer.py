@@ -118,12 +118,18 @@ class KVContext:
     prefix_slots: Tensor                # [B, P] slot ids of each row's committed prefix (padded)
     prefix_valid: Tensor | None = None  # [B, P] bool; None = every prefix entry is real
     write_slots: Tensor | None = None   # [B, Q]; None = read-only forward
+    shared: bool = False
+    """Every row reads row 0's prefix: the row groups (branches) of one request, prefix_slots an expanded view."""
 
     def gather(self, layer: int) -> tuple[Tensor, Tensor]:
-        """The prefix K/V [B, P, Hkv, hd] of every row (one index_select per cache, cheaper than indexing)."""
-        flat = self.prefix_slots.reshape(-1)
+        """The prefix K/V [B, P, Hkv, hd] of every row (one index_select per cache, cheaper than indexing; a
+        shared prefix is read once)."""
         k, v = self.cache.k[layer], self.cache.v[layer]
         shape = (*self.prefix_slots.shape, *k.shape[1:])
+        if self.shared:
+            slots = self.prefix_slots[0]
+            return k.index_select(0, slots)[None].expand(shape), v.index_select(0, slots)[None].expand(shape)
+        flat = self.prefix_slots.reshape(-1)
         return k.index_select(0, flat).view(shape), v.index_select(0, flat).view(shape)
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> None:

@@ -7,8 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from backend.engine.draft_graph import GRAPH_FILE
+import torch
+
+from backend.engine.draft_graph import GRAPH_FILE, State
 from backend.engine.engine import Engine
+from backend.engine.scores import Scores
 from backend.model.checkpoint import LoadedModel
 
 # A typical calibrated shape: top-1 chains from the main state and its siblings (rank 2 position, 2nd token).
@@ -29,3 +32,13 @@ def engine_with_graph(loaded: LoadedModel, folder: Path, graph: dict[str, Any] |
     if graph is not None:
         (folder / GRAPH_FILE).write_text(graph if isinstance(graph, str) else json.dumps(graph))
     return Engine(dataclasses.replace(loaded, folder=folder), num_slots=4096, check_invariants=True)
+
+
+def stacked(scores: list[Scores]) -> torch.Tensor:
+    """The logits [R, N, V] of a branched verify's row groups."""
+    return torch.stack([s.logits for s in scores])
+
+
+def branch_logits(rt: Any, req: Any, start: int, states: list[State], model: Any) -> torch.Tensor:
+    """The logits [R, N, V] of states verified as one request's row groups through `model` (a folded forward)."""
+    return stacked(rt.branches(req, [list(s) for s in states], start, model=model))

@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from torch import Tensor
-
+from backend.engine.draft_graph import State
 from backend.engine.modes import register
 from backend.engine.modes.spiffy import BatchVerify, DenseVerify, Spiffy
 from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from backend.engine.scores import Scores
 from backend.forward.folded import make_folded_forward
 from backend.tracing import RoundEvent
 from kernels.gate import FFN_GATES
@@ -36,20 +36,20 @@ class FoldedVerify:
     folded: list[int] | None = None                 # draft (layer, position) rows folded: [QKV, FFN]
     draft_rows: int = 0                             # draft (layer, position) rows gated, per kind
 
-    def __call__(self, req: Request, rt: Runtime, start: int, ids: Tensor, parents: list[int]) -> Tensor:
-        r, n = ids.shape
+    def __call__(self, req: Request, rt: Runtime, start: int, states: list[State], parents: list[int]) -> list[Scores]:
+        r, n = len(states), len(states[0])
         if r == 1:
             self.recomputed = self.ffn_recomputed = None
-            return DenseVerify()(req, rt, start, ids, parents)
+            return DenseVerify()(req, rt, start, states, parents)
         folded = make_folded_forward(rt.model, parents, self.delta, ffn_gate=self.ffn_gate, backend=self.backend)
-        logits = rt.forward([req] * r, ids, [start] * r, "block", kind="verify", model=folded)
+        scores = rt.branches(req, [list(s) for s in states], start, model=folded)
         self.recomputed, self.ffn_recomputed = folded.recomputed, folded.ffn_recomputed
         rows = (r - 1) * n * len(folded.recomputed)
         self.draft_rows += rows
         self.folded = [a + rows - drafted(c) for a, c in zip(self.folded or [0, 0],
                                                                 (folded.recomputed, folded.ffn_recomputed),
                                                                 strict=True)]
-        return logits
+        return scores
 
     def annotate(self, view: RoundEvent) -> None:
         if self.recomputed is None or self.ffn_recomputed is None:

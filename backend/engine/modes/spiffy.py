@@ -15,9 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-import torch
-from torch import Tensor
-
 from backend.engine.blocks import BLOCK_PARAMS, BlockState, candidates
 from backend.engine.draft_graph import CALIBRATE_HINT, GRAPH_FILE, GraphError, Node, Ranking, State, expand, load_graph
 from backend.engine.modes import register
@@ -25,14 +22,15 @@ from backend.engine.modes.block_diffusion import BlockDiffusion
 from backend.engine.params import Param, ParamError
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from backend.engine.scores import Scores
 from backend.tracing import RoundEvent
 
 
 class BatchVerify(Protocol):
     """One batched read-only forward of R block states of one request (row 0 = main, parents[r] < r)."""
 
-    def __call__(self, req: Request, rt: Runtime, start: int, ids: Tensor, parents: list[int]) -> Tensor:
-        """Logits [R, N, V]."""
+    def __call__(self, req: Request, rt: Runtime, start: int, states: list[State], parents: list[int]) -> list[Scores]:
+        """The rows of each state."""
         ...
 
     def annotate(self, view: RoundEvent) -> None:
@@ -46,9 +44,8 @@ class BatchVerify(Protocol):
 class DenseVerify:
     """The dense batched forward: every row computed in full."""
 
-    def __call__(self, req: Request, rt: Runtime, start: int, ids: Tensor, parents: list[int]) -> Tensor:
-        r = ids.shape[0]
-        return rt.forward([req] * r, ids, [start] * r, "block", kind="verify" if r > 1 else "denoise")
+    def __call__(self, req: Request, rt: Runtime, start: int, states: list[State], parents: list[int]) -> list[Scores]:
+        return rt.branches(req, [list(s) for s in states], start)
 
     def annotate(self, view: RoundEvent) -> None:
         pass
@@ -59,8 +56,8 @@ class DenseVerify:
 
 @dataclass
 class Branch:
-    """A verified draft branch waiting in the cache: its logits and where it came from (for the trace)."""
-    logits: Tensor
+    """A verified draft branch waiting in the cache: its rows and where it came from (for the trace)."""
+    scores: Scores
     row: int             # row in its verify batch (0 = main)
     parent: int          # parent row
     node: int            # graph node id
@@ -78,35 +75,35 @@ class DraftCache:
     nodes: tuple[Node, ...]
     verify: BatchVerify = field(default_factory=DenseVerify)
     cache: dict[State, Branch] = field(default_factory=dict)
-    fresh: Tensor | None = None           # logits of the previous main state of this block
+    fresh: Scores | None = None           # the rows of the previous main state of this block
     verified: bool = False                # this round ran a verify forward
     hits: int = 0
     verifies: int = 0
     drafts: int = 0
     trace: list[dict[str, Any]] = field(default_factory=list)   # this round's branches
 
-    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Tensor:
+    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Scores:
         main = tuple(block.tokens)
         hit = self.cache.pop(main, None)
         self.verified = hit is None
         if hit is None:
-            logits = self._verify(req, rt, block, main)
+            scores = self._verify(req, rt, block, main)
         else:
             self.hits += 1
-            logits = hit.logits
+            scores = hit.scores
             if req.tracer.enabled:
                 self.trace = [{"id": hit.row, "parent": hit.parent, "node": hit.node, "tokens": list(main),
                                "cache_hit": True, "verified_round": hit.round}]
         self.cache = {s: b for s, b in self.cache.items() if reachable(s, main, rt.mask)}
-        self.fresh = logits
-        return logits
+        self.fresh = scores
+        return scores
 
     def _drafts(self, req: Request, rt: Runtime, main: State) -> tuple[list[State], list[int], list[int]]:
         """Rows [main + drafts], their parent rows and graph nodes (drafts need the freshest logits)."""
         rows, parents, nodes = [main], [-1], [-1]
         if self.fresh is None:
             return rows, parents, nodes
-        ranking = Ranking.from_logits(self.fresh, rt.mask, max(n.vocab_rank for n in self.nodes) + 1)
+        ranking = Ranking.of(self.fresh, max(n.vocab_rank for n in self.nodes) + 1)
         states = expand(self.nodes, main, ranking, lambda b: candidates(b, rt.mask, req.params["sub_block"]))
         row_of = {main: 0}
         for node, state in zip(self.nodes, states, strict=True):
@@ -119,17 +116,17 @@ class DraftCache:
             nodes.append(node.id)
         return rows, parents, nodes
 
-    def _verify(self, req: Request, rt: Runtime, block: BlockState, main: State) -> Tensor:
+    def _verify(self, req: Request, rt: Runtime, block: BlockState, main: State) -> Scores:
         rows, parents, nodes = self._drafts(req, rt, main)
-        logits = self.verify(req, rt, block.start, torch.tensor(rows), parents)
+        scores = self.verify(req, rt, block.start, rows, parents)
         self.verifies += 1
         self.drafts += len(rows) - 1
         for r in range(1, len(rows)):
-            self.cache[rows[r]] = Branch(logits[r], r, parents[r], nodes[r], req.round)
+            self.cache[rows[r]] = Branch(scores[r], r, parents[r], nodes[r], req.round)
         if req.tracer.enabled:
             self.trace = [{"id": r, "parent": parents[r] if r else None, "node": nodes[r] if r else None,
                            "tokens": list(rows[r]), "cache_hit": False} for r in range(len(rows))]
-        return logits[0]
+        return scores[0]
 
     def block_done(self) -> None:
         self.cache.clear()
