@@ -41,6 +41,7 @@ from backend.engine.engine import Engine, RunResult
 from backend.engine.modes import get_mode, mode_names
 from backend.model.chat_prompts import prompt_set
 from backend.model.checkpoint import load_checkpoint
+from backend.model.families import ADAPTER_SCOPES
 from backend.model.options import DTYPES
 from backend.model.source import DEFAULT_MODEL, resolve
 from backend.model.tasks import Task, checkpoint_tasks
@@ -67,6 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-kind", type=int, default=6,
                    help="held-out prompts per task kind, for a checkpoint that ships tasks.jsonl (the tiny model)")
     p.add_argument("--prompts", type=int, default=36, help="held-out chat prompts, for any other model")
+    p.add_argument("--adapter", default=None,
+                   help="PEFT adapter folder (default: the one shipped for the model, if any); 'none' benches without")
+    p.add_argument("--adapter-scope", choices=[s for s in ADAPTER_SCOPES if s], default=None,
+                   help="where the adapter applies: draft passes or MASK positions (default: the adapter's own)")
     p.add_argument("--adapter-off", action="store_true",
                    help="also bench every --modes mode that drafts with MASK (not the variants) on the model "
                         "without its adapter")
@@ -105,8 +110,8 @@ def paired_pass(engine: Engine, mode: str, tasks: list[Task], params: dict, cloc
 
 @dataclass
 class ForwardClock:
-    """Installed as the engine runtime's `forward`: times every forward with the bench's clock, by kind
-    (prefill, decode, denoise, verify, ...); the traces' phase times are wall times."""
+    """Installed as the engine runtime's `run` (the forward under every verb): times every forward with the
+    bench's clock, by kind (prefill, decode, denoise, verify, ...); the traces' phase times are wall times."""
     forward: Callable[..., Any]
     clock: Clock
     ms: dict[str, list[float]]
@@ -156,12 +161,12 @@ class ModeBench:
 
     def timed_pass(self) -> None:
         rt = self.engine.rt
-        rt.forward = ForwardClock(rt.forward, self.clock, self.forward_ms)  # type: ignore[method-assign]
+        rt.run = ForwardClock(rt.run, self.clock, self.forward_ms)  # type: ignore[method-assign]
         try:
             spent, self.outputs = paired_pass(self.engine, self.mode, self.tasks, self.params, self.clock,
                                               self.traced)
         finally:
-            del rt.forward                                   # the class's own method again
+            del rt.run                                       # the class's own method again
         for tracing, seconds in spent.items():
             if tracing in self.outputs and self.outputs[tracing]:
                 self.times[tracing].append(seconds)
@@ -329,7 +334,8 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
              f"{meta['date']}.\n\n"
              f"Prompts: {meta['prompts']} held-out {meta['prompt_kind']}, max_new_tokens {meta['max_new_tokens']}, "
              f"greedy, "
-             f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']}, "
+             f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']} "
+             f"(adapter scope {meta.get('adapter_scope')}), "
              f"{meta['threads']} torch thread(s), {meta['dtype']}. Ratios are tokens/s ratios from this one run; "
              f"verify ms: median per verify forward.\n\n")
     text = intro + head + "\n".join(lines) + "\n"
@@ -379,7 +385,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
     source = resolve(args.model)
-    engine = Engine(load_checkpoint(source.folder, dtype, adapter=source.adapter, name=source.name), num_slots=8192)
+    adapter = False if args.adapter == "none" else args.adapter or source.adapter
+    engine = Engine(load_checkpoint(source.folder, dtype, adapter=adapter, adapter_scope=args.adapter_scope,
+                                    name=source.name), num_slots=8192)
     tasks, prompt_kind = bench_prompts(source.folder, args)
     params = {"max_new_tokens": args.max_new_tokens}
     runs: list[tuple[str, str, dict[str, Any]]] = [(m, m, {}) for m in modes]
@@ -416,7 +424,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["vs_llama_cpp"] = row["tok_per_s"] / llama["tok_per_s"]
     meta = {**provenance(), "prompts": len(tasks), "prompt_kind": prompt_kind, "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats,
-            "model": engine.model_name, "threads": torch.get_num_threads(), "clock": args.clock, "dtype": args.dtype}
+            "model": engine.model_name, "adapter_scope": engine.rt.loaded.adapter_scope,
+            "threads": torch.get_num_threads(), "clock": args.clock, "dtype": args.dtype}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer, "llama_cpp": llama,

@@ -86,7 +86,7 @@ class Runtime:
         gives each row's slots (None = read-only forward); `mask` [R, 1, Q, P+Q] replaces the attention mode's
         mask. `lora` asks for a draft-scope adapter in this pass. One call is one forward on the critical path:
         +1 NFE for each request (not for prefill)."""
-        return self._run(reqs, ids, start, attn, self._context(reqs, write), kind=kind, write=write, lora=lora,
+        return self.run(reqs, ids, start, attn, self._context(reqs, write), kind=kind, write=write, lora=lora,
                          kv_op=kv_op, mask=mask, offsets=offsets)
 
     def branches(self, req: Request, states: list[list[int]], start: int, *,
@@ -97,15 +97,15 @@ class Runtime:
         r = len(states)
         kv = self._context([req], None)
         kv.prefix_slots, kv.shared = kv.prefix_slots.expand(r, -1), True
-        logits = self._run([req], torch.tensor(states), [start] * r, "block", kv,
+        logits = self.run([req], torch.tensor(states), [start] * r, "block", kv,
                            kind="verify" if r > 1 else "denoise", model=model)
         return [Scores(row, req, self.mask_id) for row in logits]
 
-    def _run(self, owners: list[Request], ids: Tensor, start: Sequence[int], attn: str, kv: KVContext, *,
+    def run(self, owners: list[Request], ids: Tensor, start: Sequence[int], attn: str, kv: KVContext, *,
              kind: str, write: list[list[int]] | None = None, lora: bool = False, kv_op: str = "write",
              mask: Tensor | None = None, model: Callable[..., Tensor] | None = None,
              offsets: Sequence[int] | None = None) -> Tensor:
-        """The forward of `forward` and `branches`; `owners` are the distinct requests it serves (NFE, phases)."""
+        """The one forward every verb goes through; `owners` are the distinct requests it serves (NFE, phases)."""
         t0 = time.perf_counter()
         q = ids.shape[1]
         steps = range(q) if offsets is None else offsets
