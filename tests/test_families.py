@@ -182,7 +182,7 @@ def test_folded_verify_uses_the_models_rope_variant(ministral, backend):
     slots = torch.arange(p)[None]
     model(prefix, _positions(1, 0, p), kv=KVContext(cache, slots[:, :0], write_slots=slots))
     pos = _positions(len(parents), p, p + b)
-    read = KVContext(cache, slots.expand(len(parents), p))
+    read = KVContext(cache, slots.expand(len(parents), p), shared=True)   # the row groups of one request
     dense = model(blocks, pos, attn="block", kv=read)
     folded = make_folded_forward(model, parents, 0.0, ffn_gate="strict", backend=backend)
     assert (folded(blocks, pos, attn="block", kv=read) - dense).abs().max().item() < 1e-4
