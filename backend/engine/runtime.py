@@ -10,7 +10,7 @@ from torch import Tensor
 
 from backend.engine.kv import KVPool
 from backend.engine.request import Request
-from backend.engine.sampling import alternatives, pick
+from backend.engine.sampling import alternatives
 from backend.engine.scores import Scores
 from backend.forward.fused_step import fused_decode
 from backend.model.checkpoint import LoadedModel
@@ -89,7 +89,7 @@ class Runtime:
         return self.run(reqs, ids, start, attn, self._context(reqs, write), kind=kind, write=write, lora=lora,
                          kv_op=kv_op, mask=mask, offsets=offsets)
 
-    def branches(self, req: Request, states: list[list[int]], start: int, *,
+    def branches(self, req: Request, states: Sequence[Sequence[int]], start: int, *,
                  model: Callable[..., Tensor] | None = None) -> list[Scores]:
         """One read-only `block` forward of R states of one request's open block (row 0 the main state), as R
         row groups over the request's one committed prefix (read once, `KVContext.shared`): +1 NFE. `model`
@@ -97,7 +97,7 @@ class Runtime:
         r = len(states)
         kv = self._context([req], None)
         kv.prefix_slots, kv.shared = kv.prefix_slots.expand(r, -1), True
-        logits = self.run([req], torch.tensor(states), [start] * r, "block", kv,
+        logits = self.run([req], torch.tensor([list(s) for s in states]), [start] * r, "block", kv,
                            kind="verify" if r > 1 else "denoise", model=model)
         return [Scores(row, req, self.mask_id) for row in logits]
 
@@ -208,15 +208,11 @@ class Runtime:
         write_t = None if write is None else torch.tensor(write, dtype=torch.long, device=self.device)
         return KVContext(self.pool.memory, prefix, valid, write_t)
 
-    def pick(self, req: Request, logits: Tensor) -> tuple[Tensor, Tensor]:
-        """The request's sampling rule on logits [..., V]: tokens and their probabilities."""
-        return pick(logits, req.temperature, req.generator, self.mask_id)
-
     def prefill(self, req: Request) -> int:
         """Write the prompt's KV (causal) and return the first generated token (not yet in the KV)."""
         positions = list(range(len(req.prompt_ids)))
         slots = self.alloc(req, positions)
-        ids = torch.tensor([req.prompt_ids])
-        logits = self.forward([req], ids, [0], "causal", kind="prefill", write=[slots])
+        scores = self.score(req, req.prompt_ids, 0, "causal", kind="prefill", write=slots)
         self.commit(req, slots)
-        return int(self.pick(req, logits[0, -1])[0])
+        (first,) = scores.rows(slice(-1, None)).tokens()
+        return first

@@ -41,4 +41,4 @@ def stacked(scores: list[Scores]) -> torch.Tensor:
 
 def branch_logits(rt: Any, req: Any, start: int, states: list[State], model: Any) -> torch.Tensor:
     """The logits [R, N, V] of states verified as one request's row groups through `model` (a folded forward)."""
-    return stacked(rt.branches(req, [list(s) for s in states], start, model=model))
+    return stacked(rt.branches(req, states, start, model=model))

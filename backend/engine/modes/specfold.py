@@ -42,7 +42,7 @@ class FoldedVerify:
             self.recomputed = self.ffn_recomputed = None
             return DenseVerify()(req, rt, start, states, parents)
         folded = make_folded_forward(rt.model, parents, self.delta, ffn_gate=self.ffn_gate, backend=self.backend)
-        scores = rt.branches(req, [list(s) for s in states], start, model=folded)
+        scores = rt.branches(req, states, start, model=folded)
         self.recomputed, self.ffn_recomputed = folded.recomputed, folded.ffn_recomputed
         rows = (r - 1) * n * len(folded.recomputed)
         self.draft_rows += rows

@@ -45,7 +45,7 @@ class DenseVerify:
     """The dense batched forward: every row computed in full."""
 
     def __call__(self, req: Request, rt: Runtime, start: int, states: list[State], parents: list[int]) -> list[Scores]:
-        return rt.branches(req, [list(s) for s in states], start)
+        return rt.branches(req, states, start)
 
     def annotate(self, view: RoundEvent) -> None:
         pass
