@@ -1,6 +1,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# one pytest-xdist worker a core; a module's tests stay on one worker, so its module fixtures are made once
+PARALLEL ?= -n auto --dist loadscope
 
 .PHONY: run test test-all test-fast lint install
 
@@ -17,15 +19,15 @@ run: $(STAMP)
 	$(VENV)/bin/specscope serve --host 127.0.0.1 --port 7860
 
 test: $(STAMP)  # everything but the extended tests (process kills, several servers, load, real-model browser, ...)
-	$(PY) -m pytest -q -m "not extended"
+	$(PY) -m pytest -q $(PARALLEL) -m "not extended"
 	$(VENV)/bin/ruff check .
 
 test-all: $(STAMP)  # the whole suite, extended tests included
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL)
 	$(VENV)/bin/ruff check .
 
 test-fast: $(STAMP)  # the core, without slow, browser, PostgreSQL, GPU or real-model tests
-	$(PY) -m pytest -q -m "not slow and not browser and not postgres and not gpu and not real_model and not extended"
+	$(PY) -m pytest -q $(PARALLEL) -m "not slow and not browser and not postgres and not gpu and not real_model and not extended"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -18,7 +18,8 @@ import torch  # noqa: E402
 from backend.model.checkpoint import load_checkpoint  # noqa: E402
 from backend.model.tasks import task_set  # noqa: E402
 
-torch.set_num_threads(2)
+# Under pytest-xdist (`make test`, `make test-fast`: one worker a core) each worker gets one thread.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(scope="session")

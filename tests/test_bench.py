@@ -2,6 +2,8 @@
 import argparse
 import json
 
+import pytest
+
 from backend import bench
 
 
@@ -11,6 +13,7 @@ def test_parse_variant_types_values():
     assert bench.parse_variant("ar") == ("ar", {})
 
 
+@pytest.mark.slow   # a whole bench run: every mode, twice, and the verify-rows table
 def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
     p = argparse.ArgumentParser()
     bench.add_arguments(p)

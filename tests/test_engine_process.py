@@ -65,6 +65,9 @@ def content(event: dict) -> dict:
     return out
 
 
+pytestmark = pytest.mark.slow   # a spawned engine process imports torch and loads the model: seconds
+
+
 @pytest.fixture(scope="module")
 def served():
     engine = EngineProcess(build, max_queued=2)

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 import torch
 
 from backend.model.kv_budget import auto_slots, slot_bytes
 from backend.model.options import add_model_args, load_from_args
+
+pytestmark = pytest.mark.real_model   # each test loads SmolLM2-135M
 
 
 def _parse(*argv: str) -> argparse.Namespace:

@@ -139,6 +139,7 @@ def test_init_adapter_starts_from_a_saved_adapter(trainee, tmp_path):
     assert torch.equal(again_embed.row, embed.row)
 
 
+@pytest.mark.slow   # a few training steps in float32 and bf16
 def test_bf16_autocast_losses_follow_float32_and_train_the_adapter(trainee):
     """--bf16: the training forward under bf16 autocast (bf16 KV for the packed cache) gives each layout kind's
     loss within bf16 rounding of float32's, and its gradients reach the LoRA and the MASK row."""

@@ -31,6 +31,12 @@ Event = dict[str, Any]
 
 
 @pytest.fixture
+def engine(shared_engine):
+    """One engine for the module (conftest's shared_engine checks that each test leaves it clean)."""
+    return shared_engine
+
+
+@pytest.fixture
 def store(store_url: str) -> Iterator[Store]:
     """The server's store, on SQLite, then on PostgreSQL; its runs are stamped as made by SERVER."""
     with Store(store_url, server=SERVER) as s:
