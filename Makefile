@@ -1,8 +1,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# one pytest-xdist worker a core; a module's tests stay on one worker, so its module fixtures are made once
-PARALLEL ?= -n auto --dist loadscope
+# one pytest-xdist worker a core; tests/conftest.py groups a module's tests, and those sharing the held-out runs, on one worker
+PARALLEL ?= -n auto --dist loadgroup
 
 .PHONY: run test test-all test-fast lint install
 
