@@ -26,7 +26,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from backend.forward.folded import TORCH_OPS, TRITON_OPS, fold_layer
+from backend.forward.folded import TORCH_OPS, TRITON_OPS, fold_layer, layer_weights
 from backend.model.config import ModelConfig
 from backend.model.transformer import DecoderLayer, KVContext, PagedKV, Transformer, build_mask, rope_cos_sin
 from kernels.gate import parent_rows
@@ -126,6 +126,7 @@ def bench_case(model: Transformer, cfg: BenchConfig, cache: PagedKV, branches: i
     kv = KVContext(cache, slots.long()[None].expand(branches, prefix))
     mask = build_mask(n, "block", kv, branches, torch.device(device))
     ops = TRITON_OPS if device == "cuda" else TORCH_OPS
+    weights = [layer_weights(layer, layer.self_attn.cfg.rms_norm_eps) for layer in layers]   # made once, as at load
     counts: list[Tensor] = []
 
     def dense() -> None:
@@ -135,14 +136,14 @@ def bench_case(model: Transformer, cfg: BenchConfig, cache: PagedKV, branches: i
     def folded() -> None:
         counts.clear()
         for i, layer in enumerate(layers):
-            counts.append(fold_layer(ops, layer, h0, parents, DELTA, cos[0, :, 0], sin[0, :, 0], cache.k[i],
-                                     cache.v[i], slots, FFN_GATE)[1])
+            counts.append(fold_layer(ops, layer, weights[i], h0, parents, DELTA, cos[0, :, 0], sin[0, :, 0],
+                                     cache.k[i], cache.v[i], slots, FFN_GATE)[1])
 
     with torch.no_grad():
         t_dense, t_folded = timed(dense, cfg.repeats, device), timed(folded, cfg.repeats, device)
         want = layers[0](0, h0, cos, sin, mask, kv, False, None).reshape(branches * n, -1)
-        got = fold_layer(ops, layers[0], h0, parents, DELTA, cos[0, :, 0], sin[0, :, 0], cache.k[0], cache.v[0],
-                         slots, FFN_GATE)[0]
+        got = fold_layer(ops, layers[0], weights[0], h0, parents, DELTA, cos[0, :, 0], sin[0, :, 0], cache.k[0],
+                         cache.v[0], slots, FFN_GATE)[0]
     draft_rows = (branches - 1) * n
     per_layer = torch.stack(counts)[:, :, 1:].sum(-1).float().mean(0).tolist()   # draft rows recomputed, QKV/FFN
     qkv_rec, ffn_rec = per_layer

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.plans import forward
 
 from backend.engine.engine import Engine
 from backend.forward.fused_step import MAX_CHUNK, FusedDecode, fused_decode, supported, weight_format
@@ -105,10 +106,10 @@ def test_fused_step_equals_eager(lib, config, fmt, queries):
         eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
         with torch.inference_mode():
             want = model(ids, positions, kv=KVContext(eager_cache, prefix, padded, write))
-            got = fused(ids, positions, kv=KVContext(fused_cache, prefix, padded, write))
+            got = forward(fused, ids, positions, kv=KVContext(fused_cache, prefix, padded, write))
             if queries == 1:   # read-only: the same logits, the cache untouched
                 untouched = filled_cache(cfg)
-                assert torch.equal(fused(ids, positions, kv=KVContext(untouched, prefix, padded, None)), got)
+                assert torch.equal(forward(fused, ids, positions, kv=KVContext(untouched, prefix, padded, None)), got)
                 assert torch.equal(untouched.k, filled_cache(cfg).k)
         scale = want.abs().max().item()
         assert (got - want).abs().max().item() <= 1e-5 * max(scale, 1.0), (config, lengths)
@@ -152,7 +153,8 @@ def test_masked_chunk_equals_eager(lib, config, fmt):
         eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
         with torch.inference_mode():
             want = model(ids, positions, "strict_causal", kv=KVContext(eager_cache, prefix, None, write), mask=mask)
-            got = fused(ids, positions, "strict_causal", kv=KVContext(fused_cache, prefix, None, write), mask=mask)
+            got = forward(fused, ids, positions, "strict_causal", kv=KVContext(fused_cache, prefix, None, write),
+                          mask=mask)
         assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0), mask.shape
         assert torch.allclose(fused_cache.k, eager_cache.k, atol=1e-5)
         assert torch.allclose(fused_cache.v, eager_cache.v, atol=1e-5)
@@ -184,8 +186,8 @@ def test_adapter_rows_equal_eager(lib, config):
         eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
         with torch.inference_mode():
             want = model(ids, positions, kv=KVContext(eager_cache, prefix, valid, write), lora=lora)
-            got = fused(ids, positions, kv=KVContext(fused_cache, prefix, valid, write), lora=lora)
-            plain = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write))
+            got = forward(fused, ids, positions, kv=KVContext(fused_cache, prefix, valid, write), lora=lora)
+            plain = forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write))
         assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0)
         # relative to K's scale, like the logits: float32 sums in another order (torch's GEMM differs by CPU)
         assert torch.allclose(fused_cache.k, eager_cache.k, atol=1e-4 * max(eager_cache.k.abs().max().item(), 1.0))
@@ -207,7 +209,8 @@ def test_threads_split_work_not_numbers(lib):
     for threads in (1, 2):
         torch.set_num_threads(threads)
         with torch.inference_mode():
-            outs.append(fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write), lora=lora))
+            outs.append(forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write),
+                                lora=lora))
     torch.set_num_threads(1)
     assert torch.equal(outs[0], outs[1])
 
@@ -227,7 +230,7 @@ def test_masks_the_kernel_cannot_follow_run_eagerly(lib, monkeypatch):
     for mask, writes in ((blind, write), (random_mask(4, [5], 5), None)):
         with torch.inference_mode():
             want = model(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, writes), mask=mask)
-            got = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, writes), mask=mask)
+            got = forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, writes), mask=mask)
         assert torch.equal(got, want)
     assert calls == []
 
@@ -249,7 +252,7 @@ def test_block_chunks_equal_eager(lib, config, fmt, writes):
         eager_cache, fused_cache = filled_cache(cfg), filled_cache(cfg)
         with torch.inference_mode():
             want = model(ids, positions, attn="block", kv=KVContext(eager_cache, prefix, padded, slots))
-            got = fused(ids, positions, attn="block", kv=KVContext(fused_cache, prefix, padded, slots))
+            got = forward(fused, ids, positions, attn="block", kv=KVContext(fused_cache, prefix, padded, slots))
         assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0), (config, lengths)
         assert torch.allclose(fused_cache.k, eager_cache.k, atol=1e-5)
         assert torch.allclose(fused_cache.v, eager_cache.v, atol=1e-5)
@@ -265,8 +268,8 @@ def test_a_chunk_row_is_the_decode_step_at_its_position(lib):
     ids, positions, prefix, _, write = batch([9], 5, cfg.vocab_size)
     chunk_cache, step_cache = filled_cache(cfg), filled_cache(cfg)
     with torch.inference_mode():
-        chunk = fused(ids, positions, kv=KVContext(chunk_cache, prefix, None, write))
-        steps = [fused(ids[:, m:m + 1], positions[:, m:m + 1],
+        chunk = forward(fused, ids, positions, kv=KVContext(chunk_cache, prefix, None, write))
+        steps = [forward(fused, ids[:, m:m + 1], positions[:, m:m + 1],
                        kv=KVContext(step_cache, torch.cat([prefix, write[:, :m]], 1), None, write[:, m:m + 1]))
                  for m in range(5)]
     assert torch.equal(chunk, torch.cat(steps, dim=1))
@@ -283,7 +286,7 @@ def test_the_prefetch_hint_changes_no_number():
         cache = filled_cache(cfg)
         with torch.inference_mode():
             fused = FusedDecode(model, load(build("cc", flags)))
-            out.append((fused(ids, positions, kv=KVContext(cache, prefix, None, write)), cache.k, cache.v))
+            out.append((forward(fused, ids, positions, kv=KVContext(cache, prefix, None, write)), cache.k, cache.v))
     assert all(torch.equal(a, b) for a, b in zip(*out, strict=True))
 
 
@@ -304,7 +307,7 @@ def test_rope_table_grows_and_holds_the_eager_numbers(lib):
         positions = positions + start
         with torch.inference_mode():
             want = model(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, write))
-            got = fused(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, write))
+            got = forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, write))
         assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0), start
     table = fused.rope
     assert table.size == 1024 and table.q_scale is not None
@@ -325,7 +328,7 @@ def test_other_forwards_run_eagerly(lib):
     prefix = torch.arange(6).view(2, 3)
     with torch.inference_mode():
         want = model(ids, positions, attn="causal", kv=KVContext(filled_cache(cfg), prefix))
-        got = fused(ids, positions, attn="causal", kv=KVContext(filled_cache(cfg), prefix))
+        got = forward(fused, ids, positions, attn="causal", kv=KVContext(filled_cache(cfg), prefix))
     assert torch.equal(got, want)
     assert not FusedDecode.accepts(4, "causal", torch.ones(1, 1, 4, 4, dtype=torch.bool), False)
     assert FusedDecode.accepts(4, "block", torch.ones(1, 1, 4, 4, dtype=torch.bool), True)   # mask decides
@@ -364,9 +367,9 @@ def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
     same tokens as the eager forward: alone, as a batch of requests of different lengths, linear_spec's drafts
     and verifies, quadratic's masked verifies and block_diffusion's bidirectional blocks."""
     fused_engine, eager_engine = Engine(loaded, num_slots=4096, check_invariants=True), Engine(loaded, 4096)
-    step = fused_engine.rt.decode_step
-    assert step is not None and step.format == torch.float16
-    eager_engine.rt.decode_step = None
+    step = fused_engine.rt.backend
+    assert isinstance(step, FusedDecode) and step.format == torch.float16
+    eager_engine.rt.backend = eager_engine.rt.eager
     calls = []
     original = step.lib.decode_step
 

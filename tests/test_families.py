@@ -170,7 +170,8 @@ def test_qwen_families(tmp_path, config_cls, arch, extra, family, block, mask):
 def test_folded_verify_uses_the_models_rope_variant(ministral, backend):
     """SpecFold's folded forward applies the model's own RoPE (YaRN, llama-4 query scale): with the strict
     gate at δ = 0 its logits equal the dense block forward of every branch."""
-    from backend.forward.folded import make_folded_forward
+    from backend.forward.folded import folded_backend
+    from backend.forward.plan import Fold, ForwardPlan
 
     model = load_checkpoint(ministral[2]).model
     p, b, parents = 6, 8, [-1, 0, 0, 1]
@@ -184,5 +185,5 @@ def test_folded_verify_uses_the_models_rope_variant(ministral, backend):
     pos = _positions(len(parents), p, p + b)
     read = KVContext(cache, slots.expand(len(parents), p), shared=True)   # the row groups of one request
     dense = model(blocks, pos, attn="block", kv=read)
-    folded = make_folded_forward(model, parents, 0.0, ffn_gate="strict", backend=backend)
-    assert (folded(blocks, pos, attn="block", kv=read) - dense).abs().max().item() < 1e-4
+    plan = ForwardPlan(blocks, pos, "block", read, fold=Fold(tuple(parents), 0.0, "strict"))
+    assert (folded_backend(model, backend).run(plan).logits - dense).abs().max().item() < 1e-4

@@ -16,6 +16,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 from hf_tiny import TINY, VOCAB, YARN, randomize  # noqa: E402
+from support.plans import forward  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     LlamaConfig,
@@ -183,7 +184,7 @@ def test_fused_cpu_decode_step(pair):
             valid = torch.arange(width)[None, :] < torch.tensor(at)[:, None]
             write = torch.stack([slots[r, at[r]:at[r] + 1] for r in range(2)])
             nxt = torch.stack([ids[r, at[r]:at[r] + 1] for r in range(2)])
-            got = step(nxt, torch.tensor(at)[:, None], kv=KVContext(cache, prefix, valid, write))
+            got = forward(step, nxt, torch.tensor(at)[:, None], kv=KVContext(cache, prefix, valid, write))
             for r in range(2):
                 _close(got[r], want[r][at[r]:at[r] + 1])
 

@@ -5,7 +5,7 @@ from support.branches import BRANCH_CASES, CHAIN, TREE, random_branches, referen
 from support.spiffy import branch_logits
 
 from backend.engine.modes.spiffy import DenseVerify
-from backend.forward.folded import make_folded_forward
+from backend.forward.folded import folded_backend
 from backend.forward.packed import (
     BlockRope,
     Packing,
@@ -16,6 +16,7 @@ from backend.forward.packed import (
     norm_packed,
     packed_qkv,
 )
+from backend.forward.plan import Fold, ForwardPlan
 from backend.forward.reference import resolve_sources
 from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
@@ -164,13 +165,13 @@ def test_packed_forward_equals_float64_reference_on_the_shipped_model(spiffy_eng
             for delta in (0.05, 0.2):
                 outs = []
                 for backend in ("reference", "torch"):
-                    f = make_folded_forward(rt.model, parents, delta, ffn_gate=ffn_gate, backend=backend)
-                    outs.append((branch_logits(rt, req, start, states, f), f))
+                    outs.append(branch_logits(rt, req, start, states, folded_backend(rt.model, backend),
+                                              Fold(tuple(parents), delta, ffn_gate)))
                 (want, ref), (got, fast) = outs
-                assert fast.recomputed == ref.recomputed and fast.ffn_recomputed == ref.ffn_recomputed
+                assert fast == ref
                 torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-                draft_rows = (r - 1) * len(states[0]) * len(ref.recomputed)
-                compared.append(sum(sum(layer[1:]) for layer in ref.recomputed) / draft_rows)
+                draft_rows = (r - 1) * len(states[0]) * len(ref.qkv)
+                compared.append(sum(sum(layer[1:]) for layer in ref.qkv) / draft_rows)
         return scores
 
     monkeypatch.setattr(DenseVerify, "__call__", verify_compare)
@@ -182,9 +183,15 @@ def test_packed_forward_equals_float64_reference_on_the_shipped_model(spiffy_eng
     assert min(compared) < 0.5 and max(compared) > 0      # both folded and recomputed draft rows were exercised
 
 
-def test_factory_rejects_unknown_backend_and_gate(loaded):
+def test_factory_and_plans_reject_what_they_cannot_run(loaded):
     with pytest.raises(ValueError, match="backend 'cuda'"):
-        make_folded_forward(loaded.model, [-1, 0], 0.1, backend="cuda")
+        folded_backend(loaded.model, "cuda")
+    with pytest.raises(ValueError, match="ffn_gate 'both'"):
+        Fold((-1, 0), 0.1, "both")
+    ids, positions = torch.zeros(2, 3, dtype=torch.long), torch.arange(3).expand(2, 3)
     for backend in ("torch", "reference", "triton"):
-        with pytest.raises(ValueError, match="ffn_gate 'both'"):
-            make_folded_forward(loaded.model, [-1, 0], 0.1, ffn_gate="both", backend=backend)
+        folded = folded_backend(loaded.model, backend)
+        with pytest.raises(ValueError, match="a fold, block attention"):
+            folded.run(ForwardPlan(ids, positions, "block", None))
+        with pytest.raises(ValueError, match="3 branches for 2 rows"):
+            folded.run(ForwardPlan(ids, positions, "block", None, fold=Fold((-1, 0, 0), 0.1)))

@@ -6,7 +6,8 @@ from support.modes import HELDOUT_GEN
 from support.spiffy import branch_logits, stacked
 
 from backend.engine.modes.spiffy import DenseVerify
-from backend.forward.folded import make_folded_forward
+from backend.forward.folded import folded_backend
+from backend.forward.plan import Fold
 from backend.forward.reference import FoldedForward, branch_attention, resolve_sources
 from backend.tracing import RecordingTracer
 
@@ -43,13 +44,13 @@ def test_strict_delta_zero_logits_match_the_dense_forward_for_every_branch(spiff
             logits = stacked(scores)
 
             def run(gate):
-                folded = make_folded_forward(rt.model, parents, 0.0, ffn_gate=gate, backend=backend)
-                out = branch_logits(rt, req, start, states, folded)
-                return float((out - logits).abs().max()), folded
-            err, folded = run("strict")
+                out, counts = branch_logits(rt, req, start, states, folded_backend(rt.model, backend),
+                                            Fold(tuple(parents), 0.0, gate))
+                return float((out - logits).abs().max()), counts
+            err, counts = run("strict")
             errors.append(err)
             paper_errors.append(run("paper")[0])
-            folded_rows.append(sum(len(states[0]) - c for c in folded.recomputed[0][1:]))
+            folded_rows.append(sum(len(states[0]) - c for c in counts.qkv[0][1:]))
         return scores
 
     monkeypatch.setattr(DenseVerify, "__call__", verify_twice)
@@ -112,12 +113,11 @@ def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy
     def verify_and_compare(self, req, rt, start, states, parents):
         scores = dense(self, req, rt, start, states, parents)
         if len(states) > 1 and not results:
-            def run(model):
-                return branch_logits(rt, req, start, states, model)
-            ref = FoldedForward(rt.model, parents, 0.1)
-            kern = KernelFoldedForward(rt.model, parents, 0.1, triton=True)
-            results.append((run(ref), run(kern), ref, kern, stacked(scores),
-                            run(KernelFoldedForward(rt.model, parents, 0.0, "strict", triton=True))))
+            def run(backend, delta, gate="paper"):
+                return branch_logits(rt, req, start, states, backend, Fold(tuple(parents), delta, gate))
+            kernels = KernelFoldedForward(rt.model, triton=True)
+            results.append((*run(FoldedForward(rt.model), 0.1), *run(kernels, 0.1), len(parents), stacked(scores),
+                            run(kernels, 0.0, "strict")[0]))
         return scores
 
     monkeypatch.setattr(DenseVerify, "__call__", verify_and_compare)
@@ -126,10 +126,10 @@ def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy
         if results:
             break
     assert results
-    want, got, ref, kern, dense_logits, got_zero = results[0]
-    assert kern.recomputed == ref.recomputed and kern.ffn_recomputed == ref.ffn_recomputed
-    draft_recomputed = sum(sum(layer[1:]) for layer in kern.recomputed)
-    assert 0 < draft_recomputed < (len(kern.parents) - 1) * len(kern.recomputed) * want.shape[1]  # some of each
+    want, ref, got, kern, branches, dense_logits, got_zero = results[0]
+    assert kern == ref
+    draft_recomputed = sum(sum(layer[1:]) for layer in kern.qkv)
+    assert 0 < draft_recomputed < (branches - 1) * len(kern.qkv) * want.shape[1]  # some of each
     torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
     torch.testing.assert_close(got_zero, dense_logits, atol=1e-3, rtol=0)
 

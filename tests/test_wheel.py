@@ -31,7 +31,7 @@ from backend.engine.modes import get_mode, mode_names
 from backend.model.checkpoint import load_checkpoint
 from backend.model.source import TINY
 engine = Engine(load_checkpoint(TINY), num_slots=1024)
-assert engine.rt.decode_step is not None   # the fused step, from the installed C source
+assert engine.rt.backend is not engine.rt.eager   # the fused step, from the installed C source
 outputs = {m: engine.generate("Copy: a b c", m, {"max_new_tokens": 8}) for m in mode_names()}
 for mode, result in outputs.items():
     assert result.status == "done" and result.output_ids, (mode, result.error)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import torch
@@ -12,7 +12,9 @@ from backend.engine.kv import KVPool
 from backend.engine.request import Request
 from backend.engine.sampling import alternatives
 from backend.engine.scores import Scores
+from backend.forward.folded import folded_backend
 from backend.forward.fused_step import fused_decode
+from backend.forward.plan import Eager, Fold, FoldCounts, ForwardBackend, ForwardPlan, ForwardResult
 from backend.model.checkpoint import LoadedModel
 from backend.model.transformer import KVContext
 from backend.tracing import Phase
@@ -31,11 +33,13 @@ class Runtime:
         param = next(self.model.parameters())
         self.device = param.device
         if self.device.type == "cpu":
-            self.model.store_weights_input_major()
+            self.model.store_weights_input_major()   # the eager backend's layout: x @ W for CPU matmuls
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
-        self.decode_step = fused_decode(self.model, self.pool.memory)
-        """The model's forward with short causal chunks (decode steps, few-row verifies) fused into one C call
-        (float32 models on the CPU), or None."""
+        self.eager = Eager(self.model)
+        self.backend: ForwardBackend = fused_decode(self.model, self.pool.memory) or self.eager
+        """Every plan but a fold: the fused CPU step (float32 models on the CPU; it runs what it cannot take
+        eagerly), else the eager backend."""
+        self._folded: dict[str, ForwardBackend] = {}
 
     @property
     def mask(self) -> int:
@@ -87,38 +91,52 @@ class Runtime:
         mask. `lora` asks for a draft-scope adapter in this pass. One call is one forward on the critical path:
         +1 NFE for each request (not for prefill)."""
         return self.run(reqs, ids, start, attn, self._context(reqs, write), kind=kind, write=write, lora=lora,
-                         kv_op=kv_op, mask=mask, offsets=offsets)
+                        kv_op=kv_op, mask=mask, offsets=offsets).logits
 
-    def branches(self, req: Request, states: Sequence[Sequence[int]], start: int, *,
-                 model: Callable[..., Tensor] | None = None) -> list[Scores]:
+    def branches(self, req: Request, states: Sequence[Sequence[int]], start: int) -> list[Scores]:
         """One read-only `block` forward of R states of one request's open block (row 0 the main state), as R
-        row groups over the request's one committed prefix (read once, `KVContext.shared`): +1 NFE. `model`
-        replaces the model's own forward (same signature), e.g. SpecFold's folded multi-branch forward."""
+        row groups over the request's one committed prefix (read once, `KVContext.shared`): +1 NFE."""
+        result = self.branch_forward(req, states, start, None, self.backend)
+        return [Scores(row, req, self.mask_id) for row in result.logits]
+
+    def folded_branches(self, req: Request, states: Sequence[Sequence[int]], start: int, fold: Fold,
+                        backend: str) -> tuple[list[Scores], FoldCounts]:
+        """`branches`, with the row groups folded along the fold's tree (SpecFold) by the named folded backend
+        (backend.forward.folded.FOLD_BACKENDS); also the fold counts."""
+        if backend not in self._folded:
+            self._folded[backend] = folded_backend(self.model, backend)
+        result = self.branch_forward(req, states, start, fold, self._folded[backend])
+        return [Scores(row, req, self.mask_id) for row in result.logits], cast(FoldCounts, result.folds)
+
+    def branch_forward(self, req: Request, states: Sequence[Sequence[int]], start: int, fold: Fold | None,
+                       backend: ForwardBackend) -> ForwardResult:
+        """The forward under `branches` and `folded_branches`, on the given backend."""
         r = len(states)
         kv = self._context([req], None)
         kv.prefix_slots, kv.shared = kv.prefix_slots.expand(r, -1), True
-        logits = self.run([req], torch.tensor([list(s) for s in states]), [start] * r, "block", kv,
-                           kind="verify" if r > 1 else "denoise", model=model)
-        return [Scores(row, req, self.mask_id) for row in logits]
+        return self.run([req], torch.tensor([list(s) for s in states]), [start] * r, "block", kv,
+                        kind="verify" if r > 1 else "denoise", fold=fold, backend=backend)
 
     def run(self, owners: list[Request], ids: Tensor, start: Sequence[int], attn: str, kv: KVContext, *,
              kind: str, write: list[list[int]] | None = None, lora: bool = False, kv_op: str = "write",
-             mask: Tensor | None = None, model: Callable[..., Tensor] | None = None,
-             offsets: Sequence[int] | None = None) -> Tensor:
-        """The one forward every verb goes through; `owners` are the distinct requests it serves (NFE, phases)."""
+             mask: Tensor | None = None, fold: Fold | None = None, backend: ForwardBackend | None = None,
+             offsets: Sequence[int] | None = None) -> ForwardResult:
+        """The one forward every verb goes through: builds its plan and runs it on `backend` (default: the
+        runtime's); `owners` are the distinct requests it serves (NFE, phases)."""
         t0 = time.perf_counter()
         q = ids.shape[1]
         steps = range(q) if offsets is None else offsets
         rows_at = [[s + j for j in steps] for s in start]
-        positions = torch.tensor(rows_at, device=self.device)
         ids = ids.to(self.device)
-        mask = None if mask is None else mask.to(self.device)
         adapter = self.adapter(ids, lora)
+        plan = ForwardPlan(ids, torch.tensor(rows_at, device=self.device), attn, kv,
+                           None if mask is None else mask.to(self.device), adapter, fold)
         with torch.inference_mode():
-            logits = (model or self.decode_step or self.model)(ids, positions, attn=attn, kv=kv, mask=mask,
-                                                               lora=adapter)
+            result = (backend or self.backend).run(plan)
+        logits = result.logits
         if not self.loaded.logits_shifted.get(attn, True):
             logits = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)   # the last row has no successor
+            result = ForwardResult(logits, result.folds)
         ms = (time.perf_counter() - t0) * 1000
         if any(r.params.get("trace_topk") for r in owners):
             self._note_alternatives(owners, rows_at, logits, kind)
@@ -131,7 +149,7 @@ class Runtime:
             for req, slots, row in zip(owners, write, rows_at, strict=True):
                 if req.tracer.enabled:
                     req.tracer.kv(kv_op, slots, row, req.round)
-        return logits
+        return result
 
     def score(self, req: Request, ids: list[int], start: int, attn: str, *, kind: str,
               write: list[int] | None = None, lora: bool = False, kv_op: str = "write", mask: Tensor | None = None,

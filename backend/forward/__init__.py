@@ -1,4 +1,5 @@
-"""The forward layer: the ways a model's forward runs besides its own modules (model ← forward ← engine).
+"""The forward layer (model ← forward ← engine): `plan` (a forward's `ForwardPlan`, the backends' `run(plan)`
+protocol, the `Eager` backend) and the backends besides the model's own modules.
 
 - `fused_step`: short causal chunks (decode steps, few-row verifies and drafts) in one C call (kernels/cpu_decode.c).
 - `folded`: SpecFold's folded verify of a branch tree, by backend: the Triton kernel pipeline (`KernelFoldedForward`),

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from backend.forward.packed import PackedFoldedForward
+from backend.forward.plan import Fold, FoldCounts, ForwardPlan, ForwardResult
 from backend.forward.reference import FoldedForward, shared_slots
 from backend.model.transformer import DecoderLayer, KVContext, Transformer
 from kernels import attention, ffn, gate, on_triton, qkv, sources
@@ -53,21 +54,27 @@ def layer_weights(layer: DecoderLayer, eps: float) -> tuple[qkv.QKVWeights, ffn.
     return attn_w, ffn_w
 
 
-@dataclass
 class KernelFoldedForward(FoldedForward):
-    """FoldedForward (same contract and recompute counters) through the kernels."""
-    triton: bool | None = None                 # None: Triton on CUDA, twins elsewhere
+    """FoldedForward (same plans and counts) through the kernels, on its own row-major copy of the layer weights,
+    made once here."""
 
-    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "block", kv: KVContext | None = None,
-                 mask: Tensor | None = None, lora: bool = False) -> Tensor:
-        self.check_call(attn, mask)
-        if lora:
-            raise ValueError("the kernel backend has no LoRA path; use backend=torch")
-        use_triton = on_triton(ids) if self.triton is None else self.triton
+    def __init__(self, model: Transformer, triton: bool | None = None):
+        super().__init__(model)
+        self.triton = triton                    # None: Triton on CUDA, twins elsewhere
         with torch.no_grad():
-            return self._forward(TRITON_OPS if use_triton else TORCH_OPS, ids, positions, kv)
+            self.weights = [layer_weights(layer, model.cfg.rms_norm_eps)
+                            for layer in cast(list[DecoderLayer], model.layers)]
 
-    def _forward(self, ops: FoldOps, ids: Tensor, positions: Tensor, kv: KVContext | None) -> Tensor:
+    def run(self, plan: ForwardPlan) -> ForwardResult:
+        fold = self.check(plan)
+        if plan.adapter is not False:
+            raise ValueError("the kernel backend has no LoRA path; use backend=torch")
+        use_triton = on_triton(plan.ids) if self.triton is None else self.triton
+        with torch.no_grad():
+            return self._forward(TRITON_OPS if use_triton else TORCH_OPS, fold, plan.ids, plan.positions, plan.kv)
+
+    def _forward(self, ops: FoldOps, fold: Fold, ids: Tensor, positions: Tensor,
+                 kv: KVContext | None) -> ForwardResult:
         model, cfg = self.model, self.model.cfg
         r, n = ids.shape
         cos, sin, q_scale = model.rotary(positions[:1])
@@ -75,28 +82,28 @@ class KernelFoldedForward(FoldedForward):
             raise ValueError("the kernel pipeline has no llama-4 query scale; use backend=torch")
         cos, sin = (t[0, :, 0].contiguous() for t in (cos, sin))
         h = model.embed_tokens(ids).reshape(r * n, -1)
-        parents = gate.parent_rows(self.parents, ids.device)
+        parents = gate.parent_rows(list(fold.parents), ids.device)
         blank = h.new_zeros(1, cfg.num_key_value_heads, cfg.head_dim)       # K/V memory when there is no prefix
         # the shared prefix's slot list, checked once; every layer reads its K/V in place through it
         slots = shared_slots(kv).int() if kv is not None else torch.zeros(0, dtype=torch.int32, device=ids.device)
         counts = []
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
             cache_k, cache_v = (kv.cache.k[index], kv.cache.v[index]) if kv is not None else (blank, blank)
-            h, layer_counts = fold_layer(ops, layer, h.view(r, n, -1), parents, self.delta, cos, sin, cache_k,
-                                         cache_v, slots, self.ffn_gate)
+            h, layer_counts = fold_layer(ops, layer, self.weights[index], h.view(r, n, -1), parents, fold.delta,
+                                         cos, sin, cache_k, cache_v, slots, fold.ffn_gate)
             counts.append(layer_counts)
-        self.recomputed, self.ffn_recomputed = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
-        return model.logits(h.view(r, n, -1))
+        qkv_counts, ffn_counts = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
+        return ForwardResult(model.logits(h.view(r, n, -1)), FoldCounts(qkv_counts, ffn_counts))
 
 
-def fold_layer(ops: FoldOps, layer: DecoderLayer, h: Tensor, parents: Tensor, delta: float, cos: Tensor,
-               sin: Tensor, cache_k: Tensor, cache_v: Tensor, slots: Tensor,
-               ffn_gate: str = "paper") -> tuple[Tensor, Tensor]:
-    """One SpecFold layer on h [R, N, D] (parents from gate.parent_rows) -> (h' [R*N, D], recompute counts
-    [2, R]: QKV and FFN per branch, left on the device)."""
+def fold_layer(ops: FoldOps, layer: DecoderLayer, weights: tuple[qkv.QKVWeights, ffn.FFNWeights], h: Tensor,
+               parents: Tensor, delta: float, cos: Tensor, sin: Tensor, cache_k: Tensor, cache_v: Tensor,
+               slots: Tensor, ffn_gate: str = "paper") -> tuple[Tensor, Tensor]:
+    """One SpecFold layer on h [R, N, D] (parents from gate.parent_rows; the layer's kernel weights from
+    layer_weights) -> (h' [R*N, D], recompute counts [2, R]: QKV and FFN per branch, left on the device)."""
     cfg = layer.self_attn.cfg
     r, n, _ = h.shape
-    attn_w, ffn_w = layer_weights(layer, cfg.rms_norm_eps)
+    attn_w, ffn_w = weights
     heads, kv_heads, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     g = ops.gate(h, parents, delta)
     src = ops.sources(g.recompute, parents)
@@ -123,15 +130,13 @@ FOLD_BACKENDS = ("torch", "reference", "triton")
 """torch: float32 packed PyTorch (the CPU path); reference: float64 oracle (tests); triton: kernels (twins off CUDA)."""
 
 
-def make_folded_forward(model: Transformer, parents: list[int], delta: float, *, ffn_gate: str = "paper",
-                        backend: str = "torch") -> FoldedForward:
-    """SpecFold's folded verify over the rows of one draft graph (parents[0] = -1, parents[i] < i): a callable
-    with Transformer.forward's signature whose `recomputed` / `ffn_recomputed` [layers][rows] count, after a
-    call, the positions whose QKV / FFN were recomputed. ffn_gate: paper | strict (kernels.gate.FFN_GATES)."""
+def folded_backend(model: Transformer, backend: str = "torch") -> FoldedForward:
+    """SpecFold's folded verify backend by name (FOLD_BACKENDS): `run(plan)` of a plan whose `fold` gives the
+    branch tree and the gate, its ForwardResult carrying the fold counts."""
     if backend == "torch":
-        return PackedFoldedForward(model, parents, delta, ffn_gate)
+        return PackedFoldedForward(model)
     if backend == "reference":
-        return FoldedForward(model, parents, delta, ffn_gate)
+        return FoldedForward(model)
     if backend == "triton":
-        return KernelFoldedForward(model, parents, delta, ffn_gate)
+        return KernelFoldedForward(model)
     raise ValueError(f"folded forward backend {backend!r}: expected one of {FOLD_BACKENDS}")

@@ -1,8 +1,8 @@
 """The fused CPU decode step: one C call (kernels/cpu_decode.c) per decode forward instead of ~200 eager ops.
 
-`fused_decode(model, cache)` returns a drop-in for the model's forward that runs causal chunks of up to
-MAX_CHUNK rows per request (decode steps, few-row verifies and drafts, a LoRA adapter on at any of their rows) in
-C and everything else eagerly; None where it does not apply (a model not in float32 on the CPU, no C compiler,
+`fused_decode(model, cache)` returns a forward backend (`run(plan)`) that runs causal chunks of up to MAX_CHUNK
+rows per request (decode steps, few-row verifies and drafts, a LoRA adapter on at any of their rows) in C and
+every other plan eagerly; None where it does not apply (a model not in float32 on the CPU, no C compiler,
 SPECSCOPE_FUSED_DECODE=0).
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from backend.forward.plan import Eager, ForwardPlan, ForwardResult
 from backend.model.transformer import KVContext, PagedKV, Transformer
 from kernels.cpu_decode import ENABLED, FORMATS, library
 
@@ -126,13 +127,13 @@ class RopeTable:
 
 
 class FusedDecode:
-    """The model's forward for short causal chunks (decode steps, few-row verifies and drafts, the adapter on at
-    any rows), as one call into cpu_decode.c; anything else runs the model's own forward. It reads its own copies
-    of the weights (row-major, in weight_format's dtype): rebuild it if they change."""
+    """The forward backend for short causal chunks (decode steps, few-row verifies and drafts, the adapter on at
+    any rows), as one call into cpu_decode.c; any other plan runs eagerly. It reads its own copies of the weights
+    (row-major, in weight_format's dtype), made here once: rebuild it if they change."""
 
     def __init__(self, model: Transformer, lib: ctypes.CDLL):
         cfg = model.cfg
-        self.model, self.lib = model, lib
+        self.eager, self.lib = Eager(model), lib
         with torch.no_grad():
             layers = [dict(layer.named_modules()) for layer in model.layers]
             head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
@@ -203,17 +204,17 @@ class FusedDecode:
             return requests * queries <= MAX_CHUNK
         return attn in CAUSAL and (queries == 1 or writes)
 
-    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "causal", kv: KVContext | None = None,
-                 mask: Tensor | None = None, lora: bool | Tensor = False) -> Tensor:
+    def run(self, plan: ForwardPlan) -> ForwardResult:
+        ids, positions, kv, mask = plan.ids, plan.positions, plan.kv, plan.mask
         requests, queries = ids.shape
-        adapter = self.adapter_rows(lora, requests * queries)
-        if kv is None or adapter is False or not self.accepts(queries, attn, mask, kv.write_slots is not None,
-                                                              requests):
-            return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
-        block = attn == "block" and mask is None
+        adapter = self.adapter_rows(plan.adapter, requests * queries)
+        if plan.fold is not None or kv is None or adapter is False or not self.accepts(
+                queries, plan.attn, mask, kv.write_slots is not None, requests):
+            return self.eager.run(plan)
+        block = plan.attn == "block" and mask is None
         tables = chunk_prefixes(kv, queries, block) if mask is None else masked_prefixes(kv, mask)
         if tables is None:
-            return self.model(ids, positions, attn=attn, kv=kv, mask=mask, lora=lora)
+            return self.eager.run(plan)
         prefix, lengths = tables
         adapter_table = None if adapter is None else cast(Tensor, self.lora).data_ptr()
         at, ids_ = _flat(positions), _flat(ids)
@@ -231,7 +232,7 @@ class FusedDecode:
             None if adapter is None else adapter.ctypes.data, logits.data_ptr())
         if status:
             raise MemoryError("fused decode step: out of memory")
-        return logits
+        return ForwardResult(logits)
 
 
 def fused_decode(model: Transformer, cache: PagedKV) -> FusedDecode | None:

@@ -20,8 +20,9 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from backend.forward.plan import FoldCounts, ForwardPlan, ForwardResult
 from backend.forward.reference import FoldedForward, shared_prefix, shared_slots
-from backend.model.transformer import Attention, DecoderLayer, KVContext, RMSNorm
+from backend.model.transformer import Attention, DecoderLayer, LoRA, RMSNorm
 from kernels import cpu_fold
 from kernels.gate import parent_rows, recompute_flags
 
@@ -90,7 +91,7 @@ def norm_packed(norm: RMSNorm, h: Tensor, rows: Tensor) -> Tensor:
 
 
 def packed_qkv(attn: Attention, x: Tensor, rope: BlockRope, pos: Tensor,
-               lora: bool) -> tuple[Tensor, Tensor, Tensor]:
+               lora: LoRA) -> tuple[Tensor, Tensor, Tensor]:
     """Attention.qkv on packed rows x [M, D] at block positions pos [M] -> q [M, H, hd], k, v [M, Hkv, hd]: the
     model's projections, then its q/k-norm, RoPE and query scale (one C call each for q and k where it applies)."""
     q, k, v = (t[0] for t in attn.project(x[None], lora))
@@ -156,30 +157,29 @@ def folded_attention(q: Tensor, k: Tensor, v: Tensor, source: Tensor, prefix_k: 
 
 @dataclass
 class PackedFoldedForward(FoldedForward):
-    """FoldedForward (same contract, gate and counters) in float32 PyTorch, work on the recomputed rows."""
+    """FoldedForward (same plans, gate and counts) in float32 PyTorch, work on the recomputed rows."""
 
-    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "block", kv: KVContext | None = None,
-                 mask: Tensor | None = None, lora: bool = False) -> Tensor:
-        self.check_call(attn, mask)
-        model = self.model
+    def run(self, plan: ForwardPlan) -> ForwardResult:
+        fold, model, kv, lora = self.check(plan), self.model, plan.kv, plan.adapter
+        ids = plan.ids
         r, n = ids.shape
-        parents = parent_rows(self.parents, ids.device)
-        ancestors = ancestor_table(self.parents, ids.device)
-        rope = BlockRope.of(*model.rotary(positions[:1]))   # rows share positions (the model's RoPE variant)
+        parents = parent_rows(list(fold.parents), ids.device)
+        ancestors = ancestor_table(list(fold.parents), ids.device)
+        rope = BlockRope.of(*model.rotary(plan.positions[:1]))   # rows share positions (the model's RoPE variant)
         h = model.embed_tokens(ids)
         slots = shared_slots(kv) if kv is not None else None
         counts = []
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
-            pack = ffn_pack = Packing.gate(h, parents, ancestors, self.delta)
+            pack = ffn_pack = Packing.gate(h, parents, ancestors, fold.delta)
             pos = pack.rows % n
             x = norm_packed(layer.input_layernorm, h.flatten(0, 1), pack.rows)
             q, k, v = packed_qkv(layer.self_attn, x, rope, pos, lora)
             prefix_k, prefix_v = shared_prefix(kv, slots, index, k)
             o = folded_attention(q, k, v, pack.source, prefix_k, prefix_v)
             h += layer.self_attn.o_proj(o.to(h.dtype), lora)      # h is this forward's own (from the embedding)
-            if self.ffn_gate == "strict":
-                ffn_pack = Packing.gate(h, parents, ancestors, self.delta)
+            if fold.ffn_gate == "strict":
+                ffn_pack = Packing.gate(h, parents, ancestors, fold.delta)
             h += take(layer.ffn(take(h.flatten(0, 1), ffn_pack.rows), lora), ffn_pack.source)
             counts.append(torch.stack([pack.counts, ffn_pack.counts]))
-        self.recomputed, self.ffn_recomputed = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
-        return model.logits(h)
+        qkv, ffn = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
+        return ForwardResult(model.logits(h), FoldCounts(qkv, ffn))

@@ -19,15 +19,16 @@ the residual adds run on every row: residual streams are never folded.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import cast
 
 import torch
 from torch import Tensor
 
+from backend.forward.plan import Fold, FoldCounts, ForwardPlan, ForwardResult
 from backend.model.transformer import DecoderLayer, KVContext, Transformer
-from kernels.gate import FFN_GATES, parent_rows, recompute_flags
+from kernels.gate import parent_rows, recompute_flags
 
 
 def prefix_scores(q: Tensor, k: Tensor) -> Tensor:
@@ -120,49 +121,42 @@ def packed(fn: Callable[[Tensor], Tensor], h: Tensor, recompute: Tensor, parents
 
 @dataclass
 class FoldedForward:
-    """Drop-in for Transformer.forward (block attention, read-only prefix) over the rows of one draft
-    graph. After a call, `recomputed[layer][row]` counts the positions whose QKV was recomputed and
-    `ffn_recomputed` those whose FFN was."""
+    """The folded verify backend (`run(plan)` of a plan with a `fold`: block attention over one read-only shared
+    prefix, one row group per branch of the fold's tree), on the model's own modules."""
     model: Transformer
-    parents: list[int]           # parents[0] = -1 (main), parents[i] < i
-    delta: float
-    ffn_gate: str = "paper"      # paper: the layer-input gate covers the FFN; strict: a second gate on its input
-    recomputed: list[list[int]] = field(default_factory=list)
-    ffn_recomputed: list[list[int]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.ffn_gate not in FFN_GATES:
-            raise ValueError(f"ffn_gate {self.ffn_gate!r}: expected one of {FFN_GATES}")
 
     @staticmethod
-    def check_call(attn: str, mask: Tensor | None) -> None:
-        if attn != "block" or mask is not None:
-            raise ValueError("the folded forward verifies block states: block attention, no custom mask")
+    def check(plan: ForwardPlan) -> Fold:
+        """The plan's fold; a ValueError for a plan this backend cannot run."""
+        if plan.fold is None or plan.attn != "block" or plan.mask is not None:
+            raise ValueError("the folded forward verifies block states: a fold, block attention, no custom mask")
+        if len(plan.fold.parents) != plan.ids.shape[0]:
+            raise ValueError(f"the fold's tree has {len(plan.fold.parents)} branches for {plan.ids.shape[0]} rows")
+        return plan.fold
 
-    def __call__(self, ids: Tensor, positions: Tensor, attn: str = "block", kv: KVContext | None = None,
-                 mask: Tensor | None = None, lora: bool = False) -> Tensor:
-        self.check_call(attn, mask)
-        model = self.model
-        parents = parent_rows(self.parents, ids.device)
-        cos, sin, q_scale = model.rotary(positions[:1])   # rows share positions (the model's RoPE variant)
+    def run(self, plan: ForwardPlan) -> ForwardResult:
+        fold, model, ids, kv, lora = self.check(plan), self.model, plan.ids, plan.kv, plan.adapter
+        tree = list(fold.parents)
+        parents = parent_rows(tree, ids.device)
+        cos, sin, q_scale = model.rotary(plan.positions[:1])   # rows share positions (the model's RoPE variant)
         h = model.embed_tokens(ids)
         slots = shared_slots(kv) if kv is not None else None
-        self.recomputed, self.ffn_recomputed = [], []
+        recomputed, ffn_recomputed = [], []
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
-            rec = recompute_flags(h, parents, self.delta)
+            rec = recompute_flags(h, parents, fold.delta)
             ri, rn = rec.nonzero(as_tuple=True)
             q, k, v = layer.self_attn.qkv(layer.input_layernorm(h[ri, rn])[None], cos[:, rn], sin[:, rn], lora,
                                           None if q_scale is None else q_scale[:, rn])
             q_t, k_t, v_t = (t.new_zeros(*rec.shape, *t.shape[2:]) for t in (q, k, v))
             q_t[ri, rn], k_t[ri, rn], v_t[ri, rn] = q[0], k[0], v[0]
             prefix_k, prefix_v = shared_prefix(kv, slots, index, k)
-            o = branch_attention(q_t, k_t, v_t, rec, self.parents, prefix_k, prefix_v)
+            o = branch_attention(q_t, k_t, v_t, rec, tree, prefix_k, prefix_v)
             h = h + layer.self_attn.o_proj(o.flatten(2).to(h.dtype), lora)
-            ffn_rec = recompute_flags(h, parents, self.delta) if self.ffn_gate == "strict" else rec
-            h = h + packed(partial(layer.ffn, lora=lora), h, ffn_rec, self.parents)
-            self.recomputed.append(rec.sum(1).tolist())
-            self.ffn_recomputed.append(ffn_rec.sum(1).tolist())
-        return model.logits(h)
+            ffn_rec = recompute_flags(h, parents, fold.delta) if fold.ffn_gate == "strict" else rec
+            h = h + packed(partial(layer.ffn, lora=lora), h, ffn_rec, tree)
+            recomputed.append(rec.sum(1).tolist())
+            ffn_recomputed.append(ffn_rec.sum(1).tolist())
+        return ForwardResult(model.logits(h), FoldCounts(recomputed, ffn_recomputed))
 
 
 def shared_prefix(kv: KVContext | None, slots: Tensor | None, layer: int, like: Tensor) -> tuple[Tensor, Tensor]:

@@ -12,6 +12,7 @@ import torch
 from backend.engine.draft_graph import GRAPH_FILE, State
 from backend.engine.engine import Engine
 from backend.engine.scores import Scores
+from backend.forward.plan import Fold, FoldCounts
 from backend.model.checkpoint import LoadedModel
 
 # A typical calibrated shape: top-1 chains from the main state and its siblings (rank 2 position, 2nd token).
@@ -39,6 +40,9 @@ def stacked(scores: list[Scores]) -> torch.Tensor:
     return torch.stack([s.logits for s in scores])
 
 
-def branch_logits(rt: Any, req: Any, start: int, states: list[State], model: Any) -> torch.Tensor:
-    """The logits [R, N, V] of states verified as one request's row groups through `model` (a folded forward)."""
-    return stacked(rt.branches(req, states, start, model=model))
+def branch_logits(rt: Any, req: Any, start: int, states: list[State], backend: Any,
+                  fold: Fold) -> tuple[torch.Tensor, FoldCounts]:
+    """The logits [R, N, V] of states verified as one request's row groups through a folded `backend`
+    (backend.forward.folded), and its fold counts."""
+    result = rt.branch_forward(req, states, start, fold, backend)
+    return result.logits, result.folds

@@ -20,7 +20,7 @@ from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
 from backend.engine.scores import Scores
-from backend.forward.folded import make_folded_forward
+from backend.forward.plan import Fold
 from backend.tracing import RoundEvent
 from kernels.gate import FFN_GATES
 
@@ -41,13 +41,12 @@ class FoldedVerify:
         if r == 1:
             self.recomputed = self.ffn_recomputed = None
             return DenseVerify()(req, rt, start, states, parents)
-        folded = make_folded_forward(rt.model, parents, self.delta, ffn_gate=self.ffn_gate, backend=self.backend)
-        scores = rt.branches(req, states, start, model=folded)
-        self.recomputed, self.ffn_recomputed = folded.recomputed, folded.ffn_recomputed
-        rows = (r - 1) * n * len(folded.recomputed)
+        fold = Fold(tuple(parents), self.delta, self.ffn_gate)
+        scores, counts = rt.folded_branches(req, states, start, fold, self.backend)
+        self.recomputed, self.ffn_recomputed = counts.qkv, counts.ffn
+        rows = (r - 1) * n * len(counts.qkv)
         self.draft_rows += rows
-        self.folded = [a + rows - drafted(c) for a, c in zip(self.folded or [0, 0],
-                                                                (folded.recomputed, folded.ffn_recomputed),
+        self.folded = [a + rows - drafted(c) for a, c in zip(self.folded or [0, 0], (counts.qkv, counts.ffn),
                                                                 strict=True)]
         return scores
 
