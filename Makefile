@@ -1,8 +1,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# one pytest-xdist worker a core; tests/conftest.py groups a module's tests, and those sharing the held-out runs, on one worker
-PARALLEL ?= -n auto --dist loadgroup
+# one pytest-xdist worker a core; a module's tests stay on one worker (its module fixtures are made once, and
+# two browser sessions never run side by side)
+PARALLEL ?= -n auto --dist loadscope
 
 .PHONY: run test test-all test-fast lint install
 

@@ -100,11 +100,3 @@ def heldout_runs(loaded, heldout_prompts):
     from backend.engine.engine import Engine
     return HeldoutRuns(Engine(loaded, num_slots=4096, check_invariants=True), heldout_prompts)
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """pytest-xdist groups (`make test`, `--dist loadgroup`): a module's tests run on one worker, so its module
-    fixtures (a live server, a browser) are made once, and so do all the tests that share heldout_runs, so each
-    held-out run is made once."""
-    for item in items:
-        shares_runs = "heldout_runs" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("heldout_runs" if shares_runs else item.module.__name__))
