@@ -1,8 +1,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# one pytest-xdist worker a core; a module's tests stay on one worker (its module fixtures are made once, and
-# two browser sessions never run side by side)
+# one pytest-xdist worker a core; a module's tests stay on one worker, so its module fixtures (a live server, a
+# browser) are made once
 PARALLEL ?= -n auto --dist loadscope
 
 .PHONY: run test test-all test-fast lint install
