@@ -114,7 +114,7 @@ class Runtime:
         r = len(states)
         kv = self._context([req], None)
         kv.prefix_slots, kv.shared = kv.prefix_slots.expand(r, -1), True
-        return self.run([req], torch.tensor([list(s) for s in states]), [start] * r, "block", kv,
+        return self.run([req], torch.tensor(states), [start] * r, "block", kv,
                         kind="verify" if r > 1 else "denoise", fold=fold, backend=backend)
 
     def run(self, owners: list[Request], ids: Tensor, start: Sequence[int], attn: str, kv: KVContext, *,
