@@ -468,10 +468,12 @@ def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -
     page.fill("#chat-input textarea", CODE_PROMPT)
     page.press("#chat-input textarea", "Enter")
     page.wait_for_function("() => document.querySelectorAll('#chat-bot .bot').length === 1")  # it streams
-    page.fill("#chat-input textarea", "never answered")
-    page.press("#chat-input textarea", "Enter")
-    page.wait_for_selector("#chat-queued >> text=never answered")   # shown as waiting
-    page.locator("#chat-stop").dispatch_event("click")  # as a user clicks: no wait for a still layout
+    try:
+        page.fill("#chat-input textarea", "never answered")
+        page.press("#chat-input textarea", "Enter")
+        page.wait_for_selector("#chat-queued >> text=never answered", timeout=60_000)   # shown as waiting
+    finally:  # stopped also when the check fails: a 900-token stream would go on under the next test
+        page.locator("#chat-stop").dispatch_event("click")  # as a user clicks: no wait for a still layout
     page.wait_for_selector("#chat-bot .bot:last-of-type >> text=⏹ stopped", timeout=90_000)
     page.wait_for_timeout(1500)
     assert page.locator("#chat-bot .user").count() == 1 and page.locator("#chat-queued").count() == 0

@@ -10,7 +10,7 @@ from live_server import free_port, serving
 
 from app.client import BackendError, BackendUnavailable, Client, base_urls
 from app.plot import PLOTLY_ROUTE
-from app.tabs.chat import mode_params, param_component
+from app.tabs.chat import REDRAW_EVERY_S, REDRAW_MAX_S, mode_params, param_component, redraw_interval
 from app.tabs.viz import FOLLOW_FAILURES, follow_events
 from app.trace import RunTrace
 from app.ui import mount_ui, status_html
@@ -181,3 +181,11 @@ def test_live_follow_resumes_a_dropped_stream(monkeypatch) -> None:
     assert client.asked_from == [0, 1, 2]  # each reconnect asks from the event after the last one taken
     with pytest.raises(BackendUnavailable):  # a backend that keeps dropping ends the follow
         asyncio.run(followed(DroppingClient(run_events(9), drops=FOLLOW_FAILURES)))
+
+
+def test_a_growing_answer_is_redrawn_less_often_within_bounds() -> None:
+    """The chat's redraw interval grows with the answer it re-renders, from the shortest to the longest."""
+    sizes = [0, 400, 2_000, 4_000, 8_000, 100_000]
+    intervals = [redraw_interval("x" * n) for n in sizes]
+    assert intervals == sorted(intervals) and intervals[0] == REDRAW_EVERY_S and intervals[-1] == REDRAW_MAX_S
+    assert REDRAW_EVERY_S < intervals[3] < REDRAW_MAX_S

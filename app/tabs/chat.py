@@ -18,7 +18,9 @@ from app.session import Backend
 from app.tabs.card import example_picker
 from app.trace import Piece, RunTrace
 
-REDRAW_EVERY_S = 0.1
+REDRAW_EVERY_S = 0.1        # the shortest interval between two redraws of a streaming answer
+REDRAW_MAX_S = 1.0          # the longest
+REDRAW_CHARS_PER_S = 8_000  # answer HTML a second of interval buys: each redraw re-renders the whole answer
 RUN_ID = re.compile(r"\br_[0-9a-f]{6,32}\b")
 Spec = dict[str, Any]
 History = list[dict[str, Any]]
@@ -84,6 +86,12 @@ def param_component(p: Spec, key: str, value: Any = None) -> gr.Checkbox | gr.Dr
     if p["type"] == "float" and lo is not None and hi is not None:
         return clamped_slider(lo, hi, value=value, step=(hi - lo) / 100, **common)
     return gr.Number(value=value, precision=0 if p["type"] == "int" else None, **common)
+
+
+def redraw_interval(answer_html: str) -> float:
+    """Seconds until the next redraw of a streaming answer: longer as the answer grows, so that the browser's work
+    per second (redraws times what each one renders) stays bounded on a slow machine."""
+    return min(REDRAW_MAX_S, max(REDRAW_EVERY_S, len(answer_html) / REDRAW_CHARS_PER_S))
 
 
 def answer(trace: RunTrace, done: bool, raw: bool = False) -> str:
@@ -183,17 +191,18 @@ def build_chat(backend: Backend) -> ChatTab:
         piece: Piece | None = None
         session = request.session_hash or ""
         stopping.discard(session)
-        shown = 0.0
+        shown, every = 0.0, REDRAW_EVERY_S
         try:
             async for event in client.generate(asked, name, params,
                                                stop=lambda: session in stopping):
                 trace.run_id = trace.run_id or str(event.get("run_id", ""))
                 trace.add(event)
                 final = event.get("type") in ("run_end", "error")
-                if not final and (event.get("type") != "round" or time.monotonic() - shown < REDRAW_EVERY_S):
+                if not final and (event.get("type") != "round" or time.monotonic() - shown < every):
                     continue  # a fast run's rounds are coalesced: the browser redraws the chat at most this often
                 shown = time.monotonic()
                 history[-1] = {"role": "assistant", "content": answer(trace, final, raw=bool(params.get("raw")))}
+                every = redraw_interval(history[-1]["content"])
                 if piece is None:  # off the event loop: the backend may be this very server
                     piece = await asyncio.to_thread(backend.piece, client, trace)
                 grid = token_grid_html(trace.rounds[-1], piece, trace.context(len(trace.rounds) - 1)) \
