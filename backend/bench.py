@@ -434,13 +434,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (out / "bench.md").write_text(text)
     print(text)
     return rows
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    run(p.parse_args())
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Calibrate Spiffy's draft graph on the model's own block_diffusion trajectories.
 
-    python -m backend.calibrate [--model tiny|smollm2-135m|DIR] [--out DIR] [--per-kind 10] [--branches 7]
+    specscope calibrate [--model tiny|smollm2-135m|DIR] [--out DIR] [--per-kind 10] [--branches 7]
 
 Runs block_diffusion (greedy, default parameters) on the calibration prompts (`task_set("calibration")`,
 every task family x per-kind; disjoint from the held-out split by construction) and records every denoise step: the
@@ -198,13 +198,3 @@ def run(args: argparse.Namespace) -> DraftGraph:
         print(f"  node {n.id}: parent {n.parent:2d}  pos_rank {n.pos_rank}  vocab_rank {n.vocab_rank}  "
               f"hit_rate {n.hit_rate:.3f}")
     return graph
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    run(p.parse_args())
-
-
-if __name__ == "__main__":
-    main()

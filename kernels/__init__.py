@@ -3,9 +3,10 @@
 Every op lives in one module as `<op>_triton` and `<op>_torch` with identical signatures. CUDA tensors run the
 kernels, anything else the twins (`on_triton`): backend/forward/folded.py's `FoldOps` picks the six SpecFold ops
 together, `isd_verify.isd_verify` dispatches on its own. Tests run the Triton versions on CPU under
-TRITON_INTERPRET=1 (set before these modules are imported) by calling them directly; `compile_check` compiles them
-for a GPU. The C kernels (cpu_decode.c, cpu_fold.c) build through `cpu_decode.build`. Nothing here imports
-`backend/` (the forwards that call these kernels are backend/forward/), except the `bench` script.
+TRITON_INTERPRET=1 (set before these modules are imported) by calling them directly; `python -m
+tools.compile_check` compiles them for a GPU. The C kernels (cpu_decode.c, cpu_fold.c, on the shared simd.h) build
+into one library with typed calls through `native` (prototypes in api.h). Nothing here imports `backend/` (the
+forwards that call these kernels are backend/forward/).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 /* One decode step of our decoder, fused for the CPU: independent query rows, each with its own prefix slots.
-   A short causal chunk is a run of rows whose slot tables extend by one row each (kernels/cpu_decode.py):
+   A short causal chunk is a run of rows whose slot tables extend by one row each (backend/forward/fused_step.py):
    every row's K/V is written before any row attends, so each sees the rows before it. A bidirectional block
    (`block` rows per request) attends to its prefix slots and to every row of its block, from the step's own
    K/V, whether or not it writes them.
@@ -9,17 +9,15 @@
    all rows. The arithmetic is the eager forward's (HF's RMSNorm, rotate-half RoPE, GQA softmax attention over
    the paged KV, SiLU-gated FFN) in float32, in another summation order. The weights stay in the checkpoint's
    own format (float16 / bfloat16 when every value is one, else float32) and are widened exactly on load:
-   the same products as the float32 model, half the bytes to stream. Built and loaded by
-   kernels/cpu_decode.py, which lays out the tables below. */
-#include <math.h>
-#include <stdint.h>
+   the same products as the float32 model, half the bytes to stream. Built with cpu_fold.c into one library
+   (kernels/native.py); backend/forward/fused_step.py lays out the tables below. */
 #include <stdlib.h>
-#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-#define LANES 16
+#include "simd.h"
+#include "api.h"
 
 /* Weight formats (dims[FORMAT]): the checkpoint's own values, converted to float32 on load. */
 enum { F32, F16, BF16 };
@@ -32,66 +30,6 @@ enum { IN_NORM, POST_NORM, Q_NORM, K_NORM, WQ, WK, WV, WO, WGATE, WUP, WDOWN, BQ
 /* Dimensions, in this order, in the `dims` table. */
 enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT };
 
-static inline float f32_value(const float *p) { return *p; }
-static inline float bf16_value(const uint16_t *p) {
-    uint32_t bits = (uint32_t)*p << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-static inline float f16_value(const uint16_t *p) {
-    uint32_t h = *p, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    float f;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else {  /* zero or subnormal: man * 2^-24, exact in float32 */
-        f = (float)man * 5.9604644775390625e-8f;
-        memcpy(&bits, &f, sizeof f);
-        bits |= sign;
-    }
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* LANES-wide vector steps: AVX-512 (one register), AVX2 + F16C (two), or plain C (VW 1). The lanes and the order
-   of their final sum are the same in all three, so the result does not depend on the vector ISA. */
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define VW 16
-typedef __m512 vec;
-static inline vec vzero(void) { return _mm512_setzero_ps(); }
-static inline vec vload(const float *p) { return _mm512_loadu_ps(p); }
-static inline vec vload_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-static inline vec vload_bf16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-#include <immintrin.h>
-#define VW 8
-typedef __m256 vec;
-static inline vec vzero(void) { return _mm256_setzero_ps(); }
-static inline vec vload(const float *p) { return _mm256_loadu_ps(p); }
-static inline vec vload_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-static inline vec vload_bf16(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-}
-static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline void vstore(float *p, vec a) { _mm256_storeu_ps(p, a); }
-#else
-#define VW 1
-typedef float vec;
-static inline vec vzero(void) { return 0.0f; }
-static inline vec vload(const float *p) { return *p; }
-static inline vec vload_f16(const uint16_t *p) { return f16_value(p); }
-static inline vec vload_bf16(const uint16_t *p) { return bf16_value(p); }
-static inline vec vfma(vec a, vec b, vec c) { return fmaf(a, b, c); }
-static inline void vstore(float *p, vec a) { *p = a; }
-#endif
-#define STEPS (LANES / VW)
 /* Query rows that share each weight load: their accumulators (ROW_BLOCK x 4 vectors, one vector step at a time)
    and the 4 weight vectors stay in registers (16 on AVX2, where the x loads are the FMAs' memory operands). */
 #if VW == 8
@@ -100,7 +38,7 @@ static inline void vstore(float *p, vec a) { *p = a; }
 #define ROW_BLOCK 4
 #endif
 /* Weight rows are requested PREFETCH_AHEAD elements ahead of their loads, into L1 (locality 3) unless
-   cpu_decode.py asks for the non-temporal hint (locality 0, 256 ahead) on AMD CPUs: on an EPYC it measured ~8 %
+   kernels/native.py asks for the non-temporal hint (locality 0, 256 ahead) on AMD CPUs: on an EPYC it measured ~8 %
    faster than no prefetch. On a Sapphire Rapids Xeon that hint made a token 2.2x slower (1550 vs 690 us), and t0
    at 1024 elements was the best there, 6 % ahead of no explicit prefetch (per-token time of `specscope bench
    --modes ar --no-peer`, one build against the other; docs/performance.md). */
@@ -115,28 +53,6 @@ static inline void vstore(float *p, vec a) { *p = a; }
    split a linear's outputs, so every output is summed as on one thread and the numbers do not depend on their
    count. */
 #define PARALLEL_MIN 32768
-
-/* The sum of the LANES lanes as one tree, the same for every ISA: lane k + lane k+8, then k + k+4, k + k+2 and
-   k + k+1 (a few vector adds, where a lane-by-lane sum was 16 dependent ones per output). */
-static inline float lane_sum(const vec *acc) {
-#if VW == 16 || VW == 8
-#if VW == 16
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc[0]),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[0]), 1)));
-#else
-    __m256 h = _mm256_add_ps(acc[0], acc[1]);
-#endif
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
-#else
-    float t[LANES];
-    for (int k = 0; k < LANES; k++) t[k] = acc[k];
-    for (int width = LANES / 2; width > 0; width /= 2)
-        for (int k = 0; k < width; k++) t[k] += t[k + width];
-    return t[0];
-#endif
-}
 
 static float weight_at(const void *w, int format, int64_t i) {
     if (format == F32) return ((const float *)w)[i];
@@ -212,36 +128,6 @@ static void linear(const void *w, int format, const float *bias, int out, int in
     if (bias)
         for (int m = 0; m < rows; m++)
             for (int o = 0; o < out; o++) y[m * ldy + o] += bias[o];
-}
-
-static float dot(const float *a, const float *b, int n) {
-    vec acc[STEPS];
-    for (int u = 0; u < STEPS; u++) acc[u] = vzero();
-    int i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int u = 0; u < STEPS; u++) acc[u] = vfma(vload(a + i + u * VW), vload(b + i + u * VW), acc[u]);
-    float s = lane_sum(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* out = weight * (x * rsqrt(mean(x^2) + eps)), over n values (HF's RMSNorm in float32); out may be x. */
-static void rms_norm(const float *x, const float *weight, float eps, int n, float *out) {
-    float r = 1.0f / sqrtf(dot(x, x, n) / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = weight[i] * (x[i] * r);
-}
-
-/* Rotate-half RoPE of `heads` heads of head_dim values in place, with this row's cos/sin [head_dim]. */
-static void rope(float *x, int heads, int head_dim, const float *cos, const float *sin) {
-    int half = head_dim / 2;
-    for (int h = 0; h < heads; h++) {
-        float *v = x + h * head_dim;
-        for (int d = 0; d < half; d++) {
-            float a = v[d], b = v[d + half];
-            v[d] = a * cos[d] - b * sin[d];
-            v[d + half] = b * cos[d + half] + a * sin[d + half];
-        }
-    }
 }
 
 /* Softmax attention of head h of one row over its prefix slots, then `own` rows of this step's k/v (the row itself,
@@ -357,10 +243,8 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
                 for (int i = 0; i < Hkv; i++) rms_norm(km + i * hd, F(K_NORM), eps, hd, km + i * hd);
             }
             const float *cos_m = cos + positions[m] * hd, *sin_m = sin + positions[m] * hd;
-            rope(qm, H, hd, cos_m, sin_m);
-            rope(km, Hkv, hd, cos_m, sin_m);
-            if (q_scale)
-                for (int i = 0; i < qs; i++) qm[i] *= q_scale[positions[m]];
+            rope(qm, H, hd, cos_m, sin_m, q_scale ? q_scale[positions[m]] : 1.0f);
+            rope(km, Hkv, hd, cos_m, sin_m, 1.0f);
             if (write) {
                 memcpy(k_layer + write[m] * kvs, km, sizeof(float) * kvs);
                 memcpy(v_layer + write[m] * kvs, vm, sizeof(float) * kvs);

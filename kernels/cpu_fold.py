@@ -1,5 +1,4 @@
-"""The folded verify's small per-layer ops as C calls (cpu_fold.c), built like the fused decode step
-(kernels/cpu_decode.py: `cc -O3 -march=native` on first use, cached per source, flags and CPU).
+"""The folded verify's small per-layer ops as C calls (cpu_fold.c, in the library kernels/native.py builds).
 
 On a CPU the folded verify's layers are op-bound outside their matmuls: the gate and the packing were some
 twenty tensor ops a layer (~0.13 ms), the packed rows' norms and RoPE some thirty more. Each function here
@@ -8,41 +7,17 @@ threshold), or None / False where it does not apply (not float32 on the CPU, no 
 SPECSCOPE_FUSED_DECODE=0): the caller then runs the tensor ops."""
 from __future__ import annotations
 
-import ctypes
-import os
-from functools import cache
-from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from kernels.cpu_decode import ENABLED, build, native_flags
-
-SOURCE = Path(__file__).with_name("cpu_fold.c")
+from kernels.native import library, ptr
 
 
-def load(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    pointer, int64 = ctypes.c_void_p, ctypes.c_int64
-    lib.fold_gate.restype = int64
-    lib.fold_gate.argtypes = [pointer, int64, int64, int64, pointer, pointer, int64, ctypes.c_float, *[pointer] * 5]
-    lib.norm_rows.restype = lib.norm_rope.restype = None
-    lib.norm_rows.argtypes = [pointer, pointer, int64, int64, pointer, ctypes.c_float, pointer]
-    lib.norm_rope.argtypes = [pointer, int64, int64, int64, pointer, ctypes.c_float, *[pointer] * 4]
-    return lib
-
-
-@cache
-def library() -> ctypes.CDLL | None:
-    """cpu_fold.c built with $CC (default cc) and native_flags(); None without a working compiler."""
-    path = build(os.environ.get("CC", "cc"), native_flags(), SOURCE)
-    return None if path is None else load(path)
-
-
-def native(*tensors: Tensor) -> ctypes.CDLL | None:
+def native(*tensors: Tensor) -> Any | None:
     """The library, where every tensor is float32 and contiguous on the CPU (else None: run the tensor ops)."""
-    if not ENABLED or any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous()
-                          for t in tensors):
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         return None
     return library()
 
@@ -59,9 +34,8 @@ def fold_gate(h: Tensor, parents: Tensor, ancestors: Tensor, delta: float) -> tu
     recompute = torch.empty(r * n, dtype=torch.uint8)
     rows, source, index = (torch.empty(r * n, dtype=torch.long) for _ in range(3))
     counts = torch.empty(r, dtype=torch.long)
-    total = lib.fold_gate(h.data_ptr(), r, n, d, parents.data_ptr(), ancestors.data_ptr(), ancestors.shape[1],
-                          delta * delta, recompute.data_ptr(), rows.data_ptr(), source.data_ptr(), counts.data_ptr(),
-                          index.data_ptr())
+    total = lib.fold_gate(ptr(h), r, n, d, ptr(parents), ptr(ancestors), ancestors.shape[1], delta * delta,
+                          ptr(recompute), ptr(rows), ptr(source), ptr(counts), ptr(index))
     return rows[:total], source.view(r, n), counts
 
 
@@ -72,7 +46,7 @@ def norm_rows(h: Tensor, rows: Tensor, weight: Tensor, eps: float) -> Tensor | N
         return None
     rows = rows.long().contiguous()
     out = torch.empty(rows.shape[0], h.shape[-1])
-    lib.norm_rows(h.data_ptr(), rows.data_ptr(), rows.shape[0], h.shape[-1], weight.data_ptr(), eps, out.data_ptr())
+    lib.norm_rows(ptr(h), ptr(rows), rows.shape[0], h.shape[-1], ptr(weight), eps, ptr(out))
     return out
 
 
@@ -88,7 +62,6 @@ def position_qk(q: Tensor, k: Tensor, q_norm: tuple[Tensor, float] | None, k_nor
         return False
     position = position.long().contiguous()
     for x, norm, by in ((q, q_norm, scale), (k, k_norm, None)):
-        lib.norm_rope(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], norm and norm[0].data_ptr(),
-                      norm[1] if norm else 0.0, cos.data_ptr(), sin.data_ptr(), position.data_ptr(),
-                      None if by is None else by.data_ptr())
+        lib.norm_rope(ptr(x), x.shape[0], x.shape[1], x.shape[2], ptr(norm and norm[0]), norm[1] if norm else 0.0,
+                      ptr(cos), ptr(sin), ptr(position), ptr(by))
     return True

@@ -3,10 +3,7 @@
 greedy answers in every mode's draft layout (selfspec/layouts.py). Ordinary tokens never see the adapter, so
 the model's next-token outputs, and every lossless claim, stay exact. `--scope draft` trains the other scope
 instead (Nemotron's linear-spec LoRA: on for whole draft forwards, which only linear_spec and the block modes
-have), to compare the two on the modes that can use either.
-
-    python -m selfspec.train --workdir train_runs/selfspec/run --data train_runs/selfspec/train.jsonl \\
-        --heldout train_runs/selfspec/heldout.jsonl --steps 800 --export backend/model/checkpoints/smollm2-135m-selfspec
+have), to compare the two on the modes that can use either. The command line: `python -m tools.train_selfspec`.
 
 Resumable: <workdir>/state.pt holds the adapter, the optimizer and the step, saved every --save-every steps;
 each step's batch is a pure function of (seed, step). Losses go to <workdir>/curves.jsonl and held-out figures
@@ -36,7 +33,7 @@ from selfspec.evaluate import heldout_figures
 from selfspec.layouts import IGNORE, KINDS, Mix, chunks_for
 
 GENERATION_CAP = 128
-"""selfspec.generate's default max_new_tokens: a shorter answer stopped by itself."""
+"""tools.selfspec_data's default max_new_tokens: a shorter answer stopped by itself."""
 
 
 class MaskRow(nn.Module):
@@ -153,33 +150,8 @@ def export(model: Transformer, embed: MaskRow, folder: Path, figures: dict, args
     (folder / "training.json").write_text(json.dumps({"recipe": recipe, "heldout": figures}, indent=1))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--heldout", type=Path, required=True)
-    p.add_argument("--model", default=None)
-    p.add_argument("--steps", type=int, default=800)
-    p.add_argument("--batch", type=int, default=4, help="sequences per step")
-    p.add_argument("--max-len", type=int, default=384)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--alpha", type=float, default=32.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save-every", type=int, default=20)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--kind-weights", type=kind_weights, default=kind_weights(""),
-                   help="loss weight per layout kind, e.g. causal=2 (default 1 each)")
-    p.add_argument("--scope", choices=("mask", "draft"), default="mask",
-                   help="where the adapter is on: MASK rows (every mode, lossless everywhere) or whole draft "
-                        "forwards (linear_spec and the block modes only; train it with causal=0)")
-    p.add_argument("--export", type=Path, default=None)
-    p.add_argument("--init-adapter", type=Path, default=None,
-                   help="start from this PEFT folder (e.g. the shipped adapter) with a fresh optimizer")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--bf16", action="store_true",
-                   help="bf16 autocast for the training forward (fp32 master weights; held-out figures stay fp32)")
-    args = p.parse_args()
+def train(args: argparse.Namespace) -> None:
+    """The training run the command line's options describe: resumed from <workdir>/state.pt when there is one."""
     torch.manual_seed(args.seed)
     folder = resolve(args.model).folder
     model, embed = prepare_model(folder, args.rank, args.alpha, args.device, args.init_adapter)
@@ -243,7 +215,3 @@ def main() -> None:
             torch.save({"params": [x.detach() for x in params], "opt": opt.state_dict(), "step": step,
                         "best": best}, tmp)
             tmp.replace(state_path)
-
-
-if __name__ == "__main__":
-    main()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,8 +22,8 @@ from backend.forward.fused_step import MAX_CHUNK, FusedDecode, fused_decode, sup
 from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
 from backend.model.transformer import KVContext, PagedKV, Transformer, interleaved_mask
-from kernels import cpu_decode
-from kernels.cpu_decode import FLAGS, NON_TEMPORAL, build, load, native_flags
+from kernels import native
+from kernels.native import FLAGS, NON_TEMPORAL, build, load, native_flags
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -215,7 +216,7 @@ def test_threads_split_work_not_numbers(lib):
     assert torch.equal(outs[0], outs[1])
 
 
-def test_masks_the_kernel_cannot_follow_run_eagerly(lib, monkeypatch):
+def test_masks_the_kernel_cannot_follow_run_eagerly(lib):
     """A mask with a row that does not see itself is the model's own forward, bit for bit; so is a masked
     forward that writes nothing."""
     cfg = CONFIGS["qwen3"]
@@ -226,7 +227,7 @@ def test_masks_the_kernel_cannot_follow_run_eagerly(lib, monkeypatch):
     blind[0, 0, 2, 5 + 2] = False
     calls = []
     original = fused.lib.decode_step
-    monkeypatch.setattr(fused.lib, "decode_step", lambda *args: calls.append(args) or original(*args))
+    fused.lib = SimpleNamespace(decode_step=lambda *args: calls.append(args) or original(*args))
     for mask, writes in ((blind, write), (random_mask(4, [5], 5), None)):
         with torch.inference_mode():
             want = model(ids, positions, kv=KVContext(filled_cache(cfg), prefix, None, writes), mask=mask)
@@ -292,7 +293,7 @@ def test_the_prefetch_hint_changes_no_number():
 
 def test_native_flags_ask_for_non_temporal_prefetch_on_amd_only(monkeypatch):
     for vendor, want in (("AuthenticAMD", FLAGS + NON_TEMPORAL), ("GenuineIntel", FLAGS), ("", FLAGS)):
-        monkeypatch.setattr(cpu_decode, "_cpuinfo", lambda field, v=vendor: v if field == "vendor_id" else "")
+        monkeypatch.setattr(native, "_cpuinfo", lambda field, v=vendor: v if field == "vendor_id" else "")
         assert native_flags() == want
 
 
@@ -358,7 +359,37 @@ def test_unsupported_models_and_missing_compiler_decode_eagerly():
     assert supported(half, PagedKV.empty(cfg, 4, torch.float16, "cpu")) is not None
     assert fused_decode(half, PagedKV.empty(cfg, 4, torch.float16, "cpu")) is None
     assert build("/nonexistent/cc") is None
-    assert build("cc", source=Path("/nonexistent/cpu_fold.c")) is None   # a wheel without the C source: eager
+    assert build("cc", folder=Path("/nonexistent")) is None   # a wheel without the C sources: eager
+
+
+def test_a_failed_build_runs_eagerly_after_one_warning(monkeypatch, tmp_path, caplog):
+    """Without a working compiler the library is None, after one logged warning, and forwards run eagerly."""
+    cfg = CONFIGS["qwen3"]
+    model = random_model(cfg, torch.float32)
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))   # no cached build to load instead
+    native.library.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="kernels.native"):
+            assert native.library() is None and fused_decode(model, filled_cache(cfg)) is None
+        assert len([r for r in caplog.records if r.name == "kernels.native"]) == 1
+    finally:
+        native.library.cache_clear()
+        monkeypatch.undo()
+    assert fused_decode(model, filled_cache(cfg)) is not None   # built again with the real compiler
+
+
+def test_calls_are_typed_by_the_header(lib):
+    """api.h's prototypes type every call: an int32 table where the C reads int64 is refused, not misread."""
+    from kernels.native import ptr
+
+    rows, h = torch.zeros(2, dtype=torch.int32), torch.zeros(2, 4)
+    with pytest.raises(TypeError, match="int64_t"):
+        lib.norm_rows(ptr(h), ptr(rows), 2, 4, ptr(torch.ones(4)), 1e-5, ptr(torch.zeros(2, 4)))
+    with pytest.raises(TypeError):
+        lib.norm_rows(h.data_ptr(), ptr(rows.long()), 2, 4, ptr(torch.ones(4)), 1e-5, ptr(torch.zeros(2, 4)))
+    with pytest.raises(ValueError, match="contiguous"):
+        ptr(torch.zeros(4, 4).t())
 
 
 @pytest.mark.slow   # several seconds: left out of make test-fast
@@ -371,13 +402,13 @@ def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
     assert isinstance(step, FusedDecode) and step.format == torch.float16
     eager_engine.rt.backend = eager_engine.rt.eager
     calls = []
-    original = step.lib.decode_step
+    lib = step.lib
 
     def counting(*args):
         calls.append(args[6])   # rows
-        return original(*args)
+        return lib.decode_step(*args)
 
-    step.lib.decode_step = counting
+    step.lib = SimpleNamespace(decode_step=counting)
     try:
         prompts = heldout_prompts[::4]
         params = {"max_new_tokens": 24}
@@ -393,7 +424,7 @@ def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
         calls.clear()
         denoised = [fused_engine.generate(p, "block_diffusion", params).output_ids for p in prompts]
     finally:
-        step.lib.decode_step = original
+        step.lib = lib
     eager = [eager_engine.generate(p, "ar", params).output_ids for p in prompts]
     assert alone == eager
     assert [r.output_ids for r in together] == eager

@@ -1,4 +1,4 @@
-"""`python -m backend.gpu_check --tiny`: every registered mode on the shipped model and on the tiny synthetic
+"""`python -m tools.gpu_check --tiny`: every registered mode on the shipped model and on the tiny synthetic
 Nemotron-shaped model, on CPU, with its report and the kernels bench."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backend.engine.modes import describe_modes, mode_names
-from backend.gpu_check import main, variants
+from tools.gpu_check import main, variants
 
 
 @pytest.mark.extended

@@ -1,6 +1,7 @@
-"""The project's imports point one way (model and kernels <- forward <- engine <- store <- server/cli/tools <- app):
-a walk of every module's imports (ast; TYPE_CHECKING blocks left out) finds no cycle and no upward import other
-than the ones docs/deviations.md lists."""
+"""The project's imports point one way (model and kernels <- forward <- engine <- store <- server, bench, calibrate
+<- selfspec <- app <- CLI <- tools, the developer scripts): a walk of every module's imports (ast; TYPE_CHECKING
+blocks left out) finds no cycle and no upward import other than the ones docs/deviations.md lists, and no library
+module but the CLI has a script entry of its own."""
 from __future__ import annotations
 
 import ast
@@ -8,23 +9,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("backend", "kernels", "app", "selfspec")
-TOOLS = ("backend.server", "backend.bench", "backend.verify_rows", "backend.loadtest",
-         "backend.calibrate", "backend.delta_sweep", "backend.gpu_check", "backend.evaluate")
+PACKAGES = ("backend", "kernels", "app", "selfspec", "tools")
+LIBRARY = ("backend", "kernels", "app", "selfspec")
+ENTRY_POINT = ROOT / "backend" / "cli.py"
+# The server and the modules behind the CLI's bench and calibrate commands (verify_rows is the bench's).
+COMMANDS = ("backend.server", "backend.bench", "backend.verify_rows", "backend.calibrate")
 # Upward imports docs/deviations.md explains (importer prefix, imported prefix).
-KNOWN_UPWARD = {("kernels.bench", "backend.")}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def layer(module: str) -> int:
-    """0 model, kernels and tracing; 1 forward; 2 engine; 3 store; 4 server and tools; 5 the self-speculation
-    adapter's pipeline; 6 the UI; 7 the CLI, which composes the server and the UI."""
+    """0 model, kernels and tracing; 1 forward; 2 engine; 3 store; 4 server and the CLI's bench and calibrate; 5 the
+    self-speculation adapter's pipeline; 6 the UI; 7 the CLI, which composes the server and the UI; 8 the developer
+    scripts (tools/), which may import anything and which nothing imports."""
+    if module.partition(".")[0] == "tools":
+        return 8
     if module == "backend.cli":
         return 7
     if module.startswith("app"):
         return 6
     if module.startswith("selfspec"):
         return 5
-    if module.startswith(TOOLS):
+    if module.startswith(COMMANDS):
         return 4
     if module.startswith("backend.store"):
         return 3
@@ -122,3 +128,21 @@ def test_the_walk_sees_a_cycle_and_an_upward_import() -> None:
              "app.ui": set()}
     assert cycles(edges) == [["backend.engine.a", "backend.engine.b"]]
     assert layer("app.ui") > layer("backend.engine.b")
+    assert layer("tools.gpu_check") > layer("backend.cli") > layer("app.ui")
+
+
+def script_entry(path: Path) -> bool:
+    """Whether the file has an `if __name__ == "__main__":` block."""
+    return any(isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+               and getattr(node.test.left, "id", None) == "__name__"
+               and any(getattr(c, "value", None) == "__main__" for c in node.test.comparators)
+               for node in ast.walk(ast.parse(path.read_text())))
+
+
+def test_no_script_entry_inside_library_packages() -> None:
+    """Scripts are tools/ modules (`python -m tools.<name>`); the one entry inside the library is the console
+    script's, backend/cli.py."""
+    scripts = [str(path.relative_to(ROOT)) for package in LIBRARY for path in sorted((ROOT / package).rglob("*.py"))
+               if path != ENTRY_POINT and script_entry(path)]
+    assert scripts == []
+    assert script_entry(ENTRY_POINT) and script_entry(ROOT / "tools" / "gpu_check.py")

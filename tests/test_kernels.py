@@ -219,8 +219,8 @@ def test_packed_ffn_and_source_residual_match_twin(dtype, kind, parents, n):
 
 
 def test_kernel_bench_runs_the_tiny_config_on_cpu(tmp_path):
-    """`python -m kernels.bench --tiny`: the GPU script's code path, on CPU with the twins."""
-    from kernels import bench
+    """`python -m tools.kernel_bench --tiny`: the GPU script's code path, on CPU with the twins."""
+    from tools import kernel_bench as bench
     result = bench.run(bench.TINY, "cpu", tiny=True)
     rows = result["rows"]
     assert len(rows) == len(bench.TINY.branches) * len(bench.TINY.prefixes) * len(bench.TINY.folds)
@@ -239,10 +239,11 @@ def test_every_kernel_compiles_for_an_h200_without_one(tmp_path):
     import os
     import subprocess
     import sys
+    from pathlib import Path
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--arch", "90"], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "tools.compile_check", "--arch", "90"], capture_output=True,
+                         text=True, env=env, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 12 and all(line.startswith("ok ") for line in lines), out.stdout

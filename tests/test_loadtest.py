@@ -6,7 +6,7 @@ import shlex
 import pytest
 from postgres import own_cluster
 
-from backend import loadtest
+from tools import loadtest
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 pytest_plugins = ["postgres"]  # the pg_cluster fixture

@@ -22,8 +22,8 @@ from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
 from backend.model.transformer import Transformer
 from kernels import cpu_fold
-from kernels.cpu_decode import FLAGS, build
 from kernels.gate import parent_rows, recompute_flags
+from kernels.native import FLAGS, build, load
 
 
 @pytest.mark.parametrize("parents", [CHAIN, TREE])
@@ -54,9 +54,9 @@ def branch_states(parents: list[int], n: int, d: int, seed: int) -> torch.Tensor
 def test_c_gate_packs_as_the_tensor_gate(monkeypatch, flags, parents, d):
     """cpu_fold.c's gate and packing (vector lanes and their tail) give the tensor ops' rows, sources and counts,
     but where a residual sits within float32 rounding of the threshold (its sums run in another order)."""
-    path = build("cc", flags, cpu_fold.SOURCE)
+    path = build("cc", flags)
     assert path is not None
-    monkeypatch.setattr(cpu_fold, "library", lambda: cpu_fold.load(path))
+    monkeypatch.setattr(cpu_fold, "library", lambda: load(path))
     ancestors = ancestor_table(parents, torch.device("cpu"))
     parent_index = parent_rows(parents, torch.device("cpu")).long()
     for seed, delta in enumerate((0.0, 0.05, 0.1, 0.3, 1.0)):
@@ -80,9 +80,9 @@ def test_c_gate_packs_as_the_tensor_gate(monkeypatch, flags, parents, d):
 @pytest.fixture(params=[FLAGS, ("-O1", "-shared", "-fPIC"), None], ids=["native", "plain-c", "tensor-ops"])
 def fold_lib(request, monkeypatch):
     """cpu_fold.c built with these flags, or no library (the tensor ops); whether there is one."""
-    path = request.param and build("cc", request.param, cpu_fold.SOURCE)
+    path = request.param and build("cc", request.param)
     assert path is not None or request.param is None
-    monkeypatch.setattr(cpu_fold, "library", lambda: path and cpu_fold.load(path))
+    monkeypatch.setattr(cpu_fold, "library", lambda: path and load(path))
     return bool(path)
 
 

@@ -106,9 +106,9 @@ def test_training_resumes_exports_and_keeps_ar_exact(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     work, export = tmp_path / "run", tmp_path / "adapter"
-    common = [sys.executable, "-m", "selfspec.train", "--model", "tiny", "--workdir", str(work), "--data", str(data),
-              "--heldout", str(data), "--batch", "2", "--rank", "4", "--eval-every", "2", "--save-every", "2",
-              "--export", str(export)]
+    common = [sys.executable, "-m", "tools.train_selfspec", "--model", "tiny", "--workdir", str(work),
+              "--data", str(data), "--heldout", str(data), "--batch", "2", "--rank", "4", "--eval-every", "2",
+              "--save-every", "2", "--export", str(export)]
     for steps in ("2", "4"):
         subprocess.run([*common, "--steps", steps], cwd=ROOT, check=True, capture_output=True, timeout=300)
     curves = [json.loads(line) for line in (work / "curves.jsonl").read_text().splitlines()]

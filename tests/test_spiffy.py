@@ -99,7 +99,7 @@ def test_bad_parameters_name_the_parameter(spiffy_engine, mode, params, needle):
 @pytest.mark.parametrize("mode", ["spiffy", "specfold"])
 def test_missing_graph_refuses_to_start_and_says_how_to_calibrate(loaded, tmp_path, mode):
     eng = engine_with_graph(loaded, tmp_path)
-    with pytest.raises(ParamError, match="specscope calibrate.*python -m backend.calibrate"):
+    with pytest.raises(ParamError, match="specscope calibrate --model"):
         eng.generate("What is 1 + 2?", mode)
     assert eng.rt.pool.used == 0 and not eng.scheduler.has_work
 

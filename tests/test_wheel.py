@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNTIME_FILES = ["kernels/cpu_decode.c", "kernels/cpu_fold.c", "app/static/viz.js", "app/static/specscope.js",
+RUNTIME_FILES = ["kernels/cpu_decode.c", "kernels/cpu_fold.c", "kernels/simd.h", "kernels/api.h",
+                 "app/static/viz.js", "app/static/specscope.js",
                  "app/static/specscope.css", "backend/model/checkpoints/smollm2-135m-selfspec/adapter_config.json",
                  "backend/model/checkpoints/smollm2-135m-selfspec/adapter_model.safetensors",
                  "backend/model/checkpoints/smollm2-135m-selfspec/model_card.json"]
@@ -22,10 +23,10 @@ pytestmark = pytest.mark.slow
 INSTALLED_CHECK = """
 import sys
 from pathlib import Path
-import app.ui, kernels.cpu_decode as cd, kernels.cpu_fold as cf
-assert not str(Path(cd.__file__)).startswith(sys.argv[1]), cd.__file__   # the installed copy, not the checkout
+import app.ui, kernels.native as native
+assert not str(Path(native.__file__)).startswith(sys.argv[1]), native.__file__   # the installed copy, not the checkout
 assert app.ui.STATIC.joinpath("viz.js").is_file(), app.ui.STATIC
-assert cd.library() is not None and cf.library() is not None   # both C sources built from the installed package
+assert native.library() is not None   # the C kernels built from the installed package
 from backend.engine.engine import Engine
 from backend.engine.modes import get_mode, mode_names
 from backend.model.checkpoint import load_checkpoint

@@ -1,4 +1,4 @@
-"""Bench tab: the stored results of `specscope bench` (modes on the shipped model) and `python -m kernels.bench`
+"""Bench tab: the stored results of `specscope bench` (modes on the shipped model) and `python -m tools.kernel_bench`
 (dense vs folded verification on a GPU), read from the backend's /api/bench."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def mode_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
 
 
 def kernel_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
-    """One row per (branches, prefix, fold target) of a `kernels.bench` document."""
+    """One row per (branches, prefix, fold target) of a `tools.kernel_bench` document."""
     keys = ["branches", "prefix", "target_fold", "fold_qkv", "fold_ffn", "dense_ms", "folded_ms", "speedup",
             "dense_tflops", "folded_tflops", "dense_gbps", "folded_gbps"]
     return [[r[k] if isinstance(r[k], int) else fmt(float(r[k]), 2) for k in keys] for r in (doc or {}).get("rows", [])]
@@ -70,7 +70,7 @@ def summary_html(bench: dict[str, Any]) -> str:
         parts.append(f"Kernels on {html.escape(where)}: ceilings {fmt(c.get('matmul_tflops'), 1)} TFLOP/s, "
                      f"{fmt(c.get('copy_gbps'), 0)} GB/s.")
     else:
-        parts.append("No kernel benchmark stored: run <code>python -m kernels.bench</code> on a GPU.")
+        parts.append("No kernel benchmark stored: run <code>python -m tools.kernel_bench</code> on a GPU.")
     parts += [f"⚠ {html.escape(p)}" for p in bench.get("problems", [])]
     return "<br>".join(parts)
 
@@ -83,7 +83,7 @@ def build_bench(backend: Backend, tab: gr.Tab) -> None:
                          label="decoding modes (specscope bench)")
     speedup = gr.Plot(elem_id="bench-speedup", label="kernels", visible=False)
     kernels = gr.Dataframe(headers=KERNEL_COLUMNS, value=[], interactive=False, elem_id="bench-kernels",
-                           label="SpecFold verification (python -m kernels.bench)")
+                           label="SpecFold verification (python -m tools.kernel_bench)")
 
     def load(request: gr.Request) -> list[Any]:
         try:

@@ -23,7 +23,7 @@ from backend.engine.scores import Scores
 GRAPH_FILE = "draft_graph.json"
 VERSION = 1
 MAX_POS_RANK = 254          # block_size is at most 256: the seed plus 255 maskable positions
-CALIBRATE_HINT = "calibrate one with `specscope calibrate` (or `python -m backend.calibrate --model NAME|DIR`)"
+CALIBRATE_HINT = "calibrate one with `specscope calibrate --model NAME|DIR`"
 
 State = tuple[int, ...]
 

@@ -1,4 +1,4 @@
-"""The fused CPU decode step: one C call (kernels/cpu_decode.c) per decode forward instead of ~200 eager ops.
+"""The fused CPU decode step: one typed C call (kernels/cpu_decode.c) per decode forward instead of ~200 eager ops.
 
 `fused_decode(model, cache)` returns a forward backend (`run(plan)`) that runs causal chunks of up to MAX_CHUNK
 rows per request (decode steps, few-row verifies and drafts, a LoRA adapter on at any of their rows) in C and
@@ -7,9 +7,9 @@ SPECSCOPE_FUSED_DECODE=0).
 """
 from __future__ import annotations
 
-import ctypes
 import logging
-from typing import Literal, cast
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from backend.forward.plan import Eager, ForwardPlan, ForwardResult
 from backend.model.transformer import KVContext, PagedKV, Transformer
-from kernels.cpu_decode import ENABLED, FORMATS, library
+from kernels.native import ENABLED, library, ptr
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ MAX_CHUNK = 32
 """Query rows per request the fused step takes (verify chunks, short prompts' prefills); longer chunks are
 compute-bound, where eager GEMMs win (measured crossover ~40 rows at prefix 60, one thread)."""
 BIASES = LAYER_TENSORS[4:8]
+FORMATS = (torch.float32, torch.float16, torch.bfloat16)
+"""cpu_decode.c's weight formats, by their enum value."""
 
 
 def weight_format(weights: list[Tensor]) -> torch.dtype:
@@ -126,12 +128,30 @@ class RopeTable:
         self.size = size
 
 
+def address_table(rows: list[list[Tensor | None]]) -> Tensor:
+    """The int64 table of each tensor's address (0 for None) that cpu_decode.c reads its weights from."""
+    return torch.tensor([[0 if t is None else t.data_ptr() for t in row] for row in rows], dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class StepPointers:
+    """The typed C pointers a decode step passes on every call, made once (what they point at lives in the
+    backend's tables and weight copies)."""
+    dims: Any
+    eps: Any
+    tensors: Any
+    embed: Any
+    final_norm: Any
+    head: Any
+    lora: Any
+
+
 class FusedDecode:
     """The forward backend for short causal chunks (decode steps, few-row verifies and drafts, the adapter on at
     any rows), as one call into cpu_decode.c; any other plan runs eagerly. It reads its own copies of the weights
     (row-major, in weight_format's dtype), made here once: rebuild it if they change."""
 
-    def __init__(self, model: Transformer, lib: ctypes.CDLL):
+    def __init__(self, model: Transformer, lib: Any):
         cfg = model.cfg
         self.eager, self.lib = Eager(model), lib
         with torch.no_grad():
@@ -141,28 +161,28 @@ class FusedDecode:
             self.format = weight_format(projections)
             copies: dict[int, Tensor] = {}   # one copy per distinct weight (a tied head is the embedding)
 
-            def copy(w: Tensor | None, dtype: torch.dtype) -> int:
-                if w is None:
-                    return 0
-                if id(w) not in copies:
+            def copy(w: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+                if w is not None and id(w) not in copies:
                     copies[id(w)] = w.detach().to(dtype).contiguous()
-                return copies[id(w)].data_ptr()
+                return None if w is None else copies[id(w)]
 
-            self.tensors = torch.tensor(
+            self.tensors = address_table(
                 [[copy(getattr(m.get(name), "weight", None), torch.float32) for name in LAYER_TENSORS[:4]]
                  + [copy(m[name].weight, self.format) for name in PROJECTIONS]
-                 + [copy(m[name].bias, torch.float32) for name in BIASES] for m in layers], dtype=torch.long)
-            self.embed, self.head = copy(model.embed_tokens.weight, self.format), copy(head, self.format)
-            self.final_norm = copy(model.norm.weight, torch.float32)
+                 + [copy(m[name].bias, torch.float32) for name in BIASES] for m in layers])
+            embed, head_copy = copy(model.embed_tokens.weight, self.format), copy(head, self.format)
+            final_norm = copy(model.norm.weight, torch.float32)
             self.has_adapter = any(getattr(m[name], "lora_A", None) is not None for m in layers for name in PROJECTIONS)
             self.lora, self.lora_rank, self.lora_scale = self._lora_table(layers, copy)
-            self.copies = list(copies.values())   # keeps what the pointers point at alive
+            self.copies = list(copies.values())   # keeps what the tables point at alive
         self.dims = torch.tensor([cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
                                   cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                   cfg.vocab_size, FORMATS.index(self.format)], dtype=torch.long)
         self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
         self.vocab = cfg.vocab_size
         self.rope = RopeTable(model)
+        self.pointers = StepPointers(ptr(self.dims), ptr(self.eps), ptr(self.tensors), ptr(embed), ptr(final_norm),
+                                     ptr(head_copy), ptr(self.lora))
 
     @staticmethod
     def _lora_table(layers: list[dict], copy) -> tuple[Tensor | None, int, float]:
@@ -174,10 +194,10 @@ class FusedDecode:
         if len(shapes) != 1:
             return None, 0, 0.0
         (rank, scale), = shapes
-        table = [[ptr for name in PROJECTIONS for ptr in
+        table = [[w for name in PROJECTIONS for w in
                   ((copy(m[name].lora_A, torch.float32), copy(m[name].lora_B, torch.float32))
-                   if getattr(m[name], "lora_A", None) is not None else (0, 0))] for m in layers]
-        return torch.tensor(table, dtype=torch.long), rank, scale
+                   if getattr(m[name], "lora_A", None) is not None else (None, None))] for m in layers]
+        return address_table(table), rank, scale
 
     def adapter_rows(self, lora: bool | Tensor, rows: int) -> np.ndarray | None | Literal[False]:
         """The rows the adapter is on, one uint8 each (None: nowhere; False: the kernel cannot apply it)."""
@@ -216,20 +236,18 @@ class FusedDecode:
         if tables is None:
             return self.eager.run(plan)
         prefix, lengths = tables
-        adapter_table = None if adapter is None else cast(Tensor, self.lora).data_ptr()
         at, ids_ = _flat(positions), _flat(ids)
         write = None if kv.write_slots is None else _flat(kv.write_slots)
         self.rope.cover(int(at.max()))
         rope = self.rope
         logits = torch.empty(requests, queries, self.vocab, dtype=torch.float32)
         status = self.lib.decode_step(
-            self.dims.data_ptr(), self.eps.data_ptr(), self.tensors.data_ptr(), self.embed, self.final_norm,
-            self.head, requests * queries, ids_.ctypes.data, at.ctypes.data, rope.cos.data_ptr(), rope.sin.data_ptr(),
-            None if rope.q_scale is None else rope.q_scale.data_ptr(), prefix.ctypes.data, prefix.shape[1],
-            lengths.ctypes.data, None if write is None else write.ctypes.data, kv.cache.k.data_ptr(),
-            kv.cache.v.data_ptr(), kv.cache.k.stride(0), queries if block else 0,
-            adapter_table, self.lora_rank, self.lora_scale,
-            None if adapter is None else adapter.ctypes.data, logits.data_ptr())
+            self.pointers.dims, self.pointers.eps, self.pointers.tensors, self.pointers.embed,
+            self.pointers.final_norm, self.pointers.head, requests * queries, ptr(ids_), ptr(at), ptr(rope.cos),
+            ptr(rope.sin), ptr(rope.q_scale), ptr(prefix), prefix.shape[1], ptr(lengths), ptr(write),
+            ptr(kv.cache.k), ptr(kv.cache.v), kv.cache.k.stride(0), queries if block else 0,
+            self.pointers.lora if adapter is not None else ptr(None), self.lora_rank, self.lora_scale, ptr(adapter),
+            ptr(logits))
         if status:
             raise MemoryError("fused decode step: out of memory")
         return ForwardResult(logits)

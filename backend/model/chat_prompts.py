@@ -4,19 +4,15 @@ Every template has an id and a category; a fifth of each category's templates (t
 of their id) are held out: their prompts are never trained on and are what the held-out
 figures and the bench use. A prompt is a conversation (a list of chat messages); follow-up templates make
 two-turn ones whose first answer is the model's own, filled in when the data is generated.
-
-    python -m backend.model.chat_prompts --count 3000 --out prompts.jsonl
+`python -m tools.chat_prompts` writes a prompt set to a JSONL file.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
-import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 LANGUAGES = ["Python", "JavaScript", "C", "Rust", "Go", "Java", "Bash", "SQL", "TypeScript", "C++"]
 CODE_TASKS = [
@@ -205,20 +201,3 @@ def prompt_set(count: int, seed: int = 0, held_out: bool | None = None) -> list[
 def _round_robin(pools: list[list[dict]]) -> Iterator[dict]:
     for layer in itertools.zip_longest(*pools):
         yield from (row for row in layer if row is not None)
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--count", type=int, default=3000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args()
-    rows = prompt_set(args.count, args.seed)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    held = sum(r["held_out"] for r in rows)
-    print(f"{len(rows)} prompts from {len(TEMPLATES)} templates ({held} held out) -> {args.out}")
-
-
-if __name__ == "__main__":
-    main()

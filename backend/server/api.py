@@ -36,7 +36,7 @@ from backend.store import (
 
 Row = dict[str, Any]
 BENCH_DIR = Path(__file__).resolve().parents[2] / "docs" / "bench"
-BENCH_FILES = {"modes": "bench.json", "kernels": "kernels.json"}   # specscope bench, python -m kernels.bench
+BENCH_FILES = {"modes": "bench.json", "kernels": "kernels.json"}   # specscope bench, python -m tools.kernel_bench
 
 
 def read_bench(folder: Path) -> Row:

@@ -54,7 +54,7 @@ FLUSH_S = 0.05
 (`RecordingTracer.hold_s`), and the batches of concurrent runs that end within FLUSH_S of the last message go with
 the next one. Each message costs the engine thread more than its pickling: a message per round (~1400 a second
 for a fused ar token of ~0.7 ms) slowed the engine by 12-15 %, and a message every 20 ms still cost 128-token runs
-~1 % more than one every 50 ms (`python -m backend.server.throughput --repeat 8` with each FLUSH_S;
+~1 % more than one every 50 ms (`python -m tools.throughput --repeat 8` with each FLUSH_S;
 docs/performance.md). run_end and errors go at once."""
 
 

@@ -2,8 +2,8 @@
 continuous batching (`ar`, adapter off). Resumable: rows already in the output are skipped. Follow-up
 templates become two-turn conversations whose first answer is the model's own.
 
-    python -m selfspec.generate --split train --count 1000 --out train_runs/selfspec/train.jsonl
-    python -m selfspec.generate --split heldout --count 64 --out train_runs/selfspec/heldout.jsonl
+    python -m tools.selfspec_data --split train --count 1000 --out train_runs/selfspec/train.jsonl
+    python -m tools.selfspec_data --split heldout --count 64 --out train_runs/selfspec/heldout.jsonl
 
 Each output row: {"template", "category", "messages", "prompt_ids", "answer_ids"} (the answer ends with the
 model's stop token when it stopped by itself).

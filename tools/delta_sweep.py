@@ -1,6 +1,6 @@
 """How far SpecFold's folding drifts from spiffy as δ grows, under either FFN gate.
 
-    python -m backend.delta_sweep [--per-kind 4] [--deltas 0,0.05,0.1,0.2,0.4] [--out docs/bench/delta_sweep.json]
+    python -m tools.delta_sweep [--per-kind 4] [--deltas 0,0.05,0.1,0.2,0.4] [--out docs/bench/delta_sweep.json]
 
 On held-out tasks (greedy), for each gate (`paper`: the paper's one gate per layer input; `strict`: a second
 gate on the FFN input) and δ: the share of prompts whose tokens equal spiffy's, the mean index of the first

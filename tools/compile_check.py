@@ -1,6 +1,6 @@
 """Compile every kernel for an NVIDIA GPU ahead of time, without one: Triton's real compiler and the wheel's ptxas.
 
-    python -m kernels.compile_check [--arch 90]
+    python -m tools.compile_check [--arch 90]
 
 The interpreter that runs the kernels in tests accepts things the GPU compiler rejects (loop-carried dtype
 changes, fp64 literals, ...); this catches them on a CPU-only machine. Shapes are the benchmark's (fp16,
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 if os.environ.get("TRITON_INTERPRET") == "1":
-    sys.exit("kernels.compile_check compiles for a GPU: run it without TRITON_INTERPRET=1")
+    sys.exit("tools.compile_check compiles for a GPU: run it without TRITON_INTERPRET=1")
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402

@@ -1,10 +1,10 @@
 """GPU check: every registered mode on the shipped model and on a random model the size of
 Nemotron-Labs-Diffusion-8B, with the lossless equalities, KV invariants, TPF, tokens/s and memory per mode,
-then `python -m kernels.bench`.
+then `python -m tools.kernel_bench`.
 
-    python -m backend.gpu_check                 # CUDA: shipped model fp32 + synthetic 8B bf16, then kernels.bench
-    python -m backend.gpu_check --set specfold.backend=triton   # specfold through the Triton kernels
-    python -m backend.gpu_check --tiny          # CPU, tiny synthetic config: the same checks in seconds
+    python -m tools.gpu_check                 # CUDA: shipped model fp32 + synthetic 8B bf16, then tools.kernel_bench
+    python -m tools.gpu_check --set specfold.backend=triton   # specfold through the Triton kernels
+    python -m tools.gpu_check --tiny          # CPU, tiny synthetic config: the same checks in seconds
 
 Lossless equalities (each mode's `lossless_vs`) are hard checks on the shipped model in fp32, where the
 invariants are stated (specfold: in its extra row with delta=0, see EXACT); on the random model, whose logits
@@ -175,7 +175,8 @@ def table(reports: list[ModeReport]) -> str:
 
 
 def kernels_bench(tiny: bool, out: Path) -> int:
-    cmd = [sys.executable, "-m", "kernels.bench", "--out", str(out / "kernels.json")] + (["--tiny"] if tiny else [])
+    cmd = [sys.executable, "-m", "tools.kernel_bench", "--out", str(out / "kernels.json")]
+    cmd += ["--tiny"] if tiny else []
     print("$", " ".join(cmd), flush=True)
     return subprocess.run(cmd).returncode
 
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=None, help="how many prompts per mode (default: 1 tiny, 6)")
     ap.add_argument("--slots", type=int, default=8192, help="KV pool size per model")
     ap.add_argument("--out", default="gpu_check", help="folder for report.json, report.md, kernels.json")
-    ap.add_argument("--no-bench", action="store_true", help="skip python -m kernels.bench")
+    ap.add_argument("--no-bench", action="store_true", help="skip python -m tools.kernel_bench")
     ap.add_argument("--modes", nargs="+", help="only these modes (default: every registered one)")
     ap.add_argument("--set", action="append", default=[], metavar="MODE.KEY=VALUE",
                     help="a mode parameter for every run of that mode, e.g. specfold.backend=triton")

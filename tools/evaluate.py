@@ -1,6 +1,6 @@
 """Evaluate a checkpoint: held-out loss per objective vs a unigram baseline, and greedy exact-match per family.
 
-    python -m backend.evaluate [--checkpoint DIR] [--per-kind 20] [--batches 8] [--modes ar,isd]
+    python -m tools.evaluate [--checkpoint DIR] [--per-kind 20] [--batches 8] [--modes ar,isd]
 
 Exact match is on held-out values, split by wording: `train_wording` prompts use wordings seen in training,
 `heldout_wording` prompts wordings never trained. Every mode also reports TPF (tokens per forward).

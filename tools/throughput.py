@@ -1,8 +1,8 @@
 """Does serving slow the engine? A mode's tok/s in-process (untraced, traced, traced + stored, traced on the
 server's engine loop in a thread of this process) vs through a server.
 
-    python -m backend.server.throughput [--mode ar] [--db sqlite:///sessions/throughput.db]
-                                         [--max-new-tokens 128] [--threads 1] [--repeat 3]
+    python -m tools.throughput [--mode ar] [--db sqlite:///sessions/throughput.db]
+                                [--max-new-tokens 128] [--threads 1] [--repeat 3]
 
 The server is `specscope serve --no-ui` (its engine in a process of its own), as users run it, with this process
 as its websocket client (a client sharing the server's process would tax its GIL with work a browser does elsewhere),

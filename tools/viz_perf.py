@@ -1,6 +1,6 @@
 """Server-side cost of the visualizer on long runs (a perf script, not a timed test).
 
-    python -m app.perf [--db sqlite:///sessions/perf.db]
+    python -m tools.viz_perf [--db sqlite:///sessions/perf.db]
 
 Records a 512-token `ar` run and a long `block_diffusion` run (thousands of rounds), stores them, then
 measures the REST read of one round and what opening a run costs on the server: the trace fetch and the

@@ -1,7 +1,7 @@
 """GPU benchmark: dense batched verification vs SpecFold folded verification at controlled fold ratios.
 
-    python -m kernels.bench                 # H200-sized synthetic model, about 2-4 minutes
-    python -m kernels.bench --tiny          # a seconds-long CPU check of the same code path (PyTorch twins)
+    python -m tools.kernel_bench                 # H200-sized synthetic model, about 2-4 minutes
+    python -m tools.kernel_bench --tiny          # a seconds-long CPU check of the same code path (PyTorch twins)
 
 A synthetic model with random weights (default: hidden 2048, 16 layers, GQA 16/4, head 128, FFN 5632, fp16).
 Per (branches B, prefix P, target fold ratio f): branch rows copy their parent's layer input at a share f of

@@ -3,7 +3,7 @@
 so an equality is never the trivial one of a drafter that is always rejected. Each mode runs its prompts as one
 batch.
 
-    python -m selfspec.lossless --prompts 36 --max-new-tokens 32 --modes isd,quadratic,linear_spec \
+    python -m tools.lossless --prompts 36 --max-new-tokens 32 --modes isd,quadratic,linear_spec \
         --out docs/bench/lossless.json
 """
 from __future__ import annotations

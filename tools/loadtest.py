@@ -1,6 +1,6 @@
 """A bounded load and fault run against a specscope server over loopback, through the OpenAI-compatible API.
 
-    python -m backend.loadtest --spawn --model smollm2-135m --clients 16 --requests 64 --max-tokens 32
+    python -m tools.loadtest --spawn --model smollm2-135m --clients 16 --requests 64 --max-tokens 32
 
 `--spawn` starts `specscope serve` in a subprocess (its own SQLite store, `--max-queued`), else `--url` points at a
 running server. Phases, each checked:
@@ -340,7 +340,7 @@ def spawned(args: argparse.Namespace) -> Iterator[Target]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m backend.loadtest", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.loadtest", description=__doc__.split("\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running server (loopback), e.g. http://127.0.0.1:7860")
     where.add_argument("--spawn", action="store_true", help="start `specscope serve` for the run")
