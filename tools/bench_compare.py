@@ -27,8 +27,9 @@ def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[d
 
 
 def markdown(rows: list[dict[str, Any]], before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
-    meta = [f"{r['meta']['commit']}" for r in (before[0], after[0])]
-    lines = [f"| mode | same tokens | tok/s at {meta[0]} | tok/s at {meta[1]} | after / before |", "|---|---|---|---|---|"]
+    commits = [r["meta"]["commit"] for r in (before[0], after[0])]
+    lines = [f"| mode | same tokens | tok/s at {commits[0]} | tok/s at {commits[1]} | after / before |",
+             "|---|---|---|---|---|"]
     lines += [f"| {r['mode']} | {'yes' if r['same_tokens'] else 'NO'} | {r['before_tok_per_s']:.0f} | "
               f"{r['after_tok_per_s']:.0f} | {r['ratio']:.2f}× |" for r in rows]
     return "\n".join(lines)
