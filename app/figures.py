@@ -1,11 +1,13 @@
 """Figure builders: stored rounds / events -> HTML strings or Plotly figures. Pure functions, no I/O.
 
-Every token text that reaches HTML goes through `html.escape`; Plotly figures carry text as data.
+Every token text that reaches HTML goes through `html.escape`; Plotly figures carry text as data. Token grids are
+drawn in the browser by app/static/viz.js alone (`live_round` sends the chat's latest round there as data).
 """
 from __future__ import annotations
 
 import difflib
 import html
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +19,6 @@ from app.palette import CASES, KV_REASONS, STATES, kv_color, phase_color
 from app.specmetrics import spec_metrics
 from app.trace import Cell, Event, Piece, RunTrace, id_piece
 
-MASKED = ("mask", "padding")
-MASK_LABEL = "[M]"
 VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 # No Plotly template: naming one deep-copies it on every figure (~100 ms); Plotly.js defaults are plain white.
 # The modebar (SVG export, zoom) stands on the right edge, never over a title on a narrow screen.
@@ -40,11 +40,6 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def fmt_prob(value: Any) -> str:
-    """A probability: three decimals, or three significant digits below 0.001 (never a 0.000 that is not zero)."""
-    return f"{value:.2e}" if isinstance(value, float) and 0 < value < 1e-3 else fmt(value)
-
-
 def esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
@@ -52,66 +47,25 @@ def esc(text: Any) -> str:
 # -- token grid -----------------------------------------------------------------------------------------------------
 
 
-def pq_by_index(round_ev: Event) -> dict[int, Mapping[str, Any]]:
-    """ISD p/q entries by block index: spec i (the entry's `i`) sits at block index i + 1, after the pending token."""
-    return {int(e.get("i", i)) + 1: e for i, e in enumerate(round_ev.get("pq") or [])}
+LIVE_CONTEXT = 48
+"""Context cells the chat's latest round shows before its block (app/static/viz.js's MAX_CONTEXT)."""
 
 
-def cell_html(pos: int, token: int, state: str, piece: Piece, details: Sequence[str] = ()) -> str:
-    """One token cell; a masked position shows [M] (its token and any guess are in the hover title)."""
-    text = piece(token)
-    title = "\n".join([f"pos {pos} · {state}", f"token {text!r} (id {token})", *details])
-    shown = MASK_LABEL if state in MASKED else show_piece(text)
-    return (f'<span class="ss-tok ss-s-{esc(state)}" title="{esc(title)}" data-pos="{pos}">'
-            f'<span class="ss-txt">{esc(shown)}</span><span class="ss-pos">{pos}</span></span>')
-
-
-def round_cells(round_ev: Event, piece: Piece, branch: str = "main") -> list[str]:
-    r, start = round_ev.get("round"), int(round_ev.get("block_start") or 0)
-    conf = round_ev.get("conf") or []
-    guess = (round_ev.get("extra") or {}).get("guess") or []  # block_diffusion: the guess for block[1:]
-    pq = pq_by_index(round_ev)
-    cells = []
-    for i, (token, state) in enumerate(zip(round_ev.get("tokens") or [], round_ev.get("states") or [], strict=False)):
-        details = [f"round {r} · branch {branch}", f"confidence {fmt(conf[i] if i < len(conf) else None)}"]
-        if state in MASKED and 0 < i <= len(guess):
-            details.append(f"guess {piece(guess[i - 1])!r}")
-        if i in pq:
-            e = pq[i]
-            verdict = "?" if e.get("accepted") is None else "accepted" if e["accepted"] else "rejected"
-            details.append(f"p {fmt_prob(e.get('p'))} · q {fmt_prob(e.get('q'))} · {verdict}")
-        cells.append(cell_html(start + i, token, state, piece, details))
-    return cells
-
-
-def round_header_html(round_ev: Event) -> str:
-    phases = " → ".join(
-        f"{p.get('kind')} ({p.get('attn')}{', LoRA' if p.get('lora') else ''}, {p.get('n_query')} q, "
-        f"{fmt(p.get('ms'), 1)} ms)" for p in round_ev.get("phases") or [])
-    case = f" · case <b>{esc(round_ev['case'])}</b>" if round_ev.get("case") else ""
-    return (f'<div class="ss-round-head"><b>round {esc(round_ev.get("round"))}</b> · block at '
-            f'{esc(round_ev.get("block_start"))} · accepted {esc(round_ev.get("accepted_len"))} · '
-            f'committed {len(round_ev.get("committed") or [])} · NFE +{esc(round_ev.get("nfe"))}{case}'
-            f'<div class="ss-phases">{esc(phases)}</div></div>')
-
-
-def token_grid_html(round_ev: Event, piece: Piece = id_piece, context: Sequence[Cell] = (),
-                    max_context: int = 48) -> str:
-    """One round: the context (prompt and committed, dimmed; the last `max_context` cells), then the round's block
-    with each cell coloured by its state and a hover title (round, position, token, confidence, p/q, branch).
-    Positions the context lacks before the block (rounds a slow stream skipped) are counted in a marker, never
-    passed over in silence."""
+def live_round(round_ev: Event, piece: Piece, context: Sequence[Cell] = (), max_context: int = LIVE_CONTEXT) -> str:
+    """The chat's latest round as JSON for app/static/viz.js (`specscopeViz.live`), the one token-grid renderer:
+    the round, its last `max_context` context cells (prompt and committed), how many it left out, how many
+    positions before the block the stream skipped (counted, never passed over in silence), and the pieces of
+    every token it names."""
     hidden = max(0, len(context) - max_context)
-    shown = context[hidden:]
-    parts = [f'<span class="ss-more">… {hidden} earlier</span>'] if hidden else []
-    parts += [cell_html(pos, tok, state, piece) for pos, tok, state in shown]
+    shown = [list(cell) for cell in context[hidden:]]
     missing = int(round_ev.get("block_start") or 0) - (context[-1][0] + 1 if context else 0)
-    if missing > 0:
-        parts.append(f'<span class="ss-more" title="rounds the live stream skipped; the stored run has them">'
-                     f'… {missing} position{"s" if missing > 1 else ""} not streamed</span>')
-    block = "".join(round_cells(round_ev, piece))
-    return (f'<div class="ss-round">{round_header_html(round_ev)}<div class="ss-grid">{"".join(parts)}'
-            f'<span class="ss-block">{block}</span></div></div>')
+    extra = round_ev.get("extra") or {}
+    replaced = [] if extra.get("replaced_draft") is None else [extra["replaced_draft"]]
+    named = [cell[1] for cell in shown] + list(round_ev.get("tokens") or []) + list(round_ev.get("committed") or []) \
+        + list(extra.get("guess") or []) + replaced
+    pieces = {str(t): piece(int(t)) for t in dict.fromkeys(named)}
+    return json.dumps({"round": dict(round_ev), "context": shown, "hidden": hidden, "missing": max(0, missing),
+                       "pieces": pieces})
 
 
 # -- charts ---------------------------------------------------------------------------------------------------------

@@ -5,16 +5,17 @@ import json
 from typing import Any
 
 import pytest
+from support.events import piece, rnd, run_events
 
 from app.figures import (
     Claim,
     acceptance_position_figure,
     accepted_length_figure,
     comparison_figure,
-    fmt_prob,
     isd_case_figure,
     kv_figure,
     legend_html,
+    live_round,
     metrics_rows,
     metrics_table_html,
     mode_claims,
@@ -24,7 +25,6 @@ from app.figures import (
     show_piece,
     sparkline,
     token_diff_html,
-    token_grid_html,
 )
 from app.palette import KV_REASONS, STATES, kv_color, palette_css
 from app.specmetrics import fold_ratios, spec_metrics, step_map
@@ -33,90 +33,42 @@ from app.trace import RunTrace, make_piece
 from app.vizdoc import document_json, viz_document
 from backend.engine.modes import get_mode
 
-PIECES = {1: "Hi", 2: "<script>", 3: " there", 4: "\n", 5: "&amp;", 9: "[M]"}
-piece = make_piece(None, PIECES)
-
-
-def rnd(r: int, block_start: int, tokens: list[int], states: list[str], committed: list[int], nfe: int = 1,
-        **extra: Any) -> dict[str, Any]:
-    return {"v": 1, "run_id": "r_test", "seq": r + 1, "t_ms": 0.0, "type": "round", "round": r,
-            "phases": [{"kind": "verify", "attn": "causal", "lora": False, "n_query": len(tokens), "ms": 1.0}],
-            "block_start": block_start, "tokens": tokens, "states": states, "conf": extra.pop("conf", None),
-            "accepted_len": len(committed), "committed": committed, "nfe": nfe, "text_delta": "", **extra}
-
-
-def run_events(run_id: str = "r_test", mode: str = "linear_spec", output: list[int] | None = None) -> list[dict]:
-    rounds = [
-        rnd(0, 2, [3], ["accepted"], [3], nfe=0),
-        rnd(1, 2, [3, 2, 4, 9], ["committed", "accepted", "bonus", "rejected"], [2, 4], nfe=2,
-            conf=[None, 0.95, 0.4, 0.2], extra={"threshold": 0.9}),
-        rnd(2, 4, [4, 5, 1], ["committed", "accepted", "bonus"], [5, 1], nfe=2, conf=[None, 0.7, None]),
-    ]
-    ids = output if output is not None else [3, 2, 4, 5, 1]
-    start = {"v": 1, "run_id": run_id, "seq": 0, "t_ms": 0.0, "type": "run_start", "mode": mode, "model": "m",
-             "params": {"max_new_tokens": 5}, "prompt": "<b>hi</b>", "prompt_ids": [1, 2], "pieces": ["Hi", "<script>"]}
-    end = {"v": 1, "run_id": run_id, "seq": 9, "t_ms": 1.0, "type": "run_end", "status": "done", "output_ids": ids,
-           "text": "out", "metrics": {"nfe": 4, "tokens": 5, "tpf": 1.25, "tok_per_s": 50.0, "wall_ms": 100.0,
-                                      "accept_len_mean": 2.0, "kv_peak": 8, "kv_leaked": 0}}
-    return [start, *[dict(r, run_id=run_id) for r in rounds], end]
-
 
 @pytest.fixture
 def trace() -> RunTrace:
     return RunTrace.from_events(run_events())
 
 
-def test_token_grid_escapes_every_token(trace: RunTrace) -> None:
-    grid = token_grid_html(trace.rounds[1], piece, trace.context(1))
-    assert "<script>" not in grid
-    assert "&lt;script&gt;" in grid
-    assert "&amp;amp;" in token_grid_html(trace.rounds[2], piece, trace.context(2)), "an entity is shown as text"
+def test_live_round_sends_the_round_as_data(trace: RunTrace) -> None:
+    """The chat's latest round reaches the browser as data (app/static/viz.js draws it): the round itself, its
+    context cells, and the piece of every token it names, markup and all, never as HTML."""
+    live = json.loads(live_round(trace.rounds[1], piece, trace.context(1)))
+    assert live["round"] == trace.rounds[1] and live["hidden"] == 0 and live["missing"] == 0
+    assert live["context"] == [list(c) for c in trace.context(1)]
+    assert live["pieces"] == {"1": "Hi", "2": "<script>", "3": " there", "4": "\n", "9": "[M]"}
+    guessed = rnd(1, 0, [1, 9], ["committed", "mask"], [], extra={"guess": [5]})
+    assert json.loads(live_round(guessed, piece))["pieces"]["5"] == "&amp;"
 
 
-def test_token_grid_counts_positions_a_skipped_round_left_out(trace: RunTrace) -> None:
-    """Issue 31.4: a live stream that skipped round 1 (a slow client's dropped rounds) still shows round 2's block
-    at its position, with the two positions it lacks counted, not hidden."""
-    assert "not streamed" not in token_grid_html(trace.rounds[2], piece, trace.context(2))
+def test_live_round_counts_positions_a_skipped_round_left_out(trace: RunTrace) -> None:
+    """A live stream that skipped round 1 (a slow client's dropped rounds) still shows round 2's block at its
+    position, with the position it lacks counted, not hidden."""
+    assert json.loads(live_round(trace.rounds[2], piece, trace.context(2)))["missing"] == 0
     skipped = RunTrace.from_events([e for e in run_events() if e.get("round") != 1])
-    grid = token_grid_html(skipped.rounds[1], piece, skipped.context(1))
     assert [cell[0] for cell in skipped.context(1)] == [0, 1, 2] and skipped.rounds[1]["block_start"] == 4
-    assert "… 1 position not streamed" in grid
+    assert json.loads(live_round(skipped.rounds[1], piece, skipped.context(1)))["missing"] == 1
 
 
-def test_token_grid_colours_states_and_dims_context(trace: RunTrace) -> None:
-    grid = token_grid_html(trace.rounds[1], piece, trace.context(1))
-    for state in ("prompt", "committed", "accepted", "bonus", "rejected"):
-        assert f"ss-s-{state}" in grid
-    assert grid.index("ss-s-prompt") < grid.index('class="ss-block"') < grid.index("ss-s-bonus")
+def test_live_round_cuts_long_context() -> None:
+    context = [(i, 1, "prompt") for i in range(100)]
+    live = json.loads(live_round(rnd(0, 100, [1], ["accepted"], [1]), piece, context, max_context=10))
+    assert live["hidden"] == 90 and [c[0] for c in live["context"]] == list(range(90, 100))
+
+
+def test_every_state_has_a_colour() -> None:
     for state in STATES:
         assert f".ss-s-{state}{{" in palette_css()
     assert ".ss-s-prompt, .ss-s-committed { opacity" in open("app/static/specscope.css").read()
-
-
-def test_token_grid_hover_title_has_round_position_token_confidence(trace: RunTrace) -> None:
-    grid = token_grid_html(trace.rounds[1], piece, trace.context(1))
-    assert "pos 3 · accepted" in grid and "round 1 · branch main" in grid and "confidence 0.950" in grid
-    assert "token &#x27;&lt;script&gt;&#x27; (id 2)" in grid
-
-
-def test_token_grid_pq_in_title() -> None:
-    r = rnd(4, 10, [7, 8, 9], ["pending", "accepted", "rejected"], [8],
-            pq=[{"i": 0, "p": 0.8, "q": 0.6, "accepted": True}, {"i": 1, "p": 0.1, "q": 0.9, "accepted": False}])
-    grid = token_grid_html(r, piece)
-    assert "p 0.800 · q 0.600 · accepted" in grid and "p 0.100 · q 0.900 · rejected" in grid
-
-
-def test_masked_cells_show_mask_label_and_guess() -> None:
-    r = rnd(1, 0, [1, 9, 9], ["committed", "mask", "padding"], [], extra={"guess": [2, 3]})
-    grid = token_grid_html(r, piece)
-    assert grid.count(">[M]<") == 2
-    assert "guess &#x27;&lt;script&gt;&#x27;" in grid and "guess &#x27; there&#x27;" in grid
-
-
-def test_token_grid_cuts_long_context() -> None:
-    context = [(i, 1, "prompt") for i in range(100)]
-    grid = token_grid_html(rnd(0, 100, [1], ["accepted"], [1]), piece, context, max_context=10)
-    assert "… 90 earlier" in grid and grid.count("ss-s-prompt") == 10
 
 
 def test_show_piece_makes_whitespace_visible() -> None:
@@ -299,12 +251,6 @@ def test_a_lossless_verdict_only_where_the_claim_holds() -> None:
     assert "same output" not in table and "== spiffy" not in table
     assert "no verdict" in table and "delta must be &lt;= 1" in table and "(not started)" in table
     assert 'href="?run=&amp;' not in table   # no link to a run that never started
-
-
-def test_small_probabilities_are_never_shown_as_zero() -> None:
-    """Issue 31.9: p = 3e-5 reads 3.00e-05, not 0.000 beside an accept probability of 1."""
-    assert fmt_prob(3e-5) == "3.00e-05" and fmt_prob(0.25) == "0.250" and fmt_prob(0.0) == "0.000"
-    assert fmt_prob(None) == "—"
 
 
 def test_token_diff_marks_insertions_and_deletions() -> None:

@@ -126,14 +126,14 @@ window.specscopeViz = (() => {
       const details = [`round ${r.round}`, `confidence ${fmt(conf[i])}`];
       if (MASKED.has(st) && i > 0 && i <= guess.length) details.push(`guess ${JSON.stringify(ctx.piece(guess[i - 1]))}`);
       const e = pq.get(i);
-      if (e) details.push(`p ${fmt(e.p)} · q ${fmt(e.q)} · ${e.accepted ? "accepted" : "rejected"}`);
+      if (e) details.push(`p ${prob(e.p)} · q ${prob(e.q)} · ${e.accepted ? "accepted" : "rejected"}`);
       const h = entropyOf(r, i);
       if (h !== null) details.push(`entropy ${fmt(h, 2)} nats`);
       return cell(ctx, start + cellOffset(r, i), token, st, details, byEntropy ? h : null);
     }).join("");
   }
 
-  function roundFacts(doc, ctx, r) {
+  function roundFacts(ctx, r) {
     const x = r.extra || {};
     const size = r.block_size ?? x.block_size;
     const facts = [size != null ? `block at ${r.block_start} · block size ${esc(size)}`
@@ -165,20 +165,43 @@ window.specscopeViz = (() => {
     return i >= 0 ? r.tokens[i] : (r.committed || []).slice(-1)[0];
   }
 
+  // A round as one grid: its facts, the context cells before its block (prompt and committed, dimmed), then the
+  // block, then `after` (hints). The visualizer's and the chat's latest round (liveHtml) alike.
+  function roundGrid(ctx, r, context, byEntropy = false, after = "") {
+    return `<div class="ss-round">${roundFacts(ctx, r)}<div class="ss-grid">${context}` +
+      `<span class="ss-block">${blockCells(ctx, r, byEntropy)}</span></div>${after}</div>`;
+  }
+
+  const earlier = (n) => (n > 0 ? `<span class="ss-more">… ${n} earlier</span>` : "");
+
   function gridHtml(doc, ctx, k, byEntropy = false) {
     const r = doc.rounds[k];
     const n = doc.prompt_ids.length;
     const stop = Math.min(ctx.before[k], r.block_start || 0);
     const from = Math.max(0, stop - MAX_CONTEXT);
-    let parts = from ? `<span class="ss-more">… ${from} earlier</span>` : "";
+    let parts = earlier(from);
     for (let pos = from; pos < stop; pos++) parts += cell(ctx, pos, ctx.seq[pos], pos < n ? "prompt" : "committed");
-    return `<div class="ss-round">${roundFacts(doc, ctx, r)}<div class="ss-grid">${parts}` +
-      `<span class="ss-block">${blockCells(ctx, r, byEntropy)}</span></div>` +
+    return roundGrid(ctx, r, parts, byEntropy,
       (byEntropy ? `<div class="ssv-hint ssv-entropy-key">entropy: <span style="background:${entropyColour(0)}">0</span>` +
         ` … <span style="background:${entropyColour(ENTROPY_TOP / 2)}">${ENTROPY_TOP / 2}</span> … ` +
         `<span style="background:${entropyColour(ENTROPY_TOP)}">≥ ${ENTROPY_TOP} nats</span>` +
         (r.topk ? "" : " (this round recorded no top-k)") + "</div>" : "") +
-      `<div class="ssv-hint">click a token to see its history across rounds</div></div>`;
+      `<div class="ssv-hint">click a token to see its history across rounds</div>`);
+  }
+
+  // The chat's latest round, as app/figures.py:live_round sends it: {round, context: [[pos, token, state], ...]
+  // (the last MAX_CONTEXT cells before the block), hidden (context cells left out), missing (positions before the
+  // block that the stream skipped), pieces: {token id: text}}.
+  function liveHtml(live) {
+    const r = live.round || {};
+    for (const key of ["round", "block_start", "accepted_len", "nfe"]) r[key] = Number(r[key] || 0);
+    const ctx = { piece: (t) => ((live.pieces || {})[String(t)] ?? `#${t}`) };
+    const missing = Number(live.missing || 0);
+    const parts = earlier(Number(live.hidden || 0)) +
+      (live.context || []).map(([pos, token, st]) => cell(ctx, Number(pos), token, st)).join("") +
+      (missing > 0 ? `<span class="ss-more" title="rounds the live stream skipped; the stored run has them">` +
+        `… ${missing} position${missing > 1 ? "s" : ""} not streamed</span>` : "");
+    return roundGrid(ctx, r, parts);
   }
 
   // -- ISD -----------------------------------------------------------------------------------------------------------
@@ -567,5 +590,11 @@ window.specscopeViz = (() => {
       if (!element.ssViz) element.ssViz = new Viz(element.querySelector(".ssv") || element);
       element.ssViz.load(value);
     },
+    // The chat's latest-round panel: value is live_round's JSON ("": nothing streamed yet).
+    live(element, value) {
+      element.innerHTML = value ? liveHtml(JSON.parse(value))
+        : '<div class="ss-empty">The latest round of a streaming run shows here.</div>';
+    },
+    liveHtml,
   };
 })();

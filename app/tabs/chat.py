@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from app.client import BackendError, BackendUnavailable
-from app.figures import esc, markdown_html, pre_html, run_stats_html, token_grid_html
+from app.figures import esc, live_round, markdown_html, pre_html, run_stats_html
 from app.session import Backend
 from app.tabs.card import example_picker
 from app.trace import Piece, RunTrace
@@ -21,6 +21,12 @@ from app.trace import Piece, RunTrace
 REDRAW_EVERY_S = 0.1        # the shortest interval between two redraws of a streaming answer
 REDRAW_MAX_S = 1.0          # the longest
 REDRAW_CHARS_PER_S = 8_000  # answer HTML a second of interval buys: each redraw re-renders the whole answer
+LIVE_JS = """
+const draw = () => window.specscopeViz.live(element.querySelector(".ss-live") || element, props.value);
+draw();
+watch('value', draw);
+"""
+"""The latest-round panel draws its value (app/figures.py:live_round) with the visualizer's renderer."""
 RUN_ID = re.compile(r"\br_[0-9a-f]{6,32}\b")
 Spec = dict[str, Any]
 History = list[dict[str, Any]]
@@ -163,8 +169,8 @@ def build_chat(backend: Backend) -> ChatTab:
                         elif isinstance(widget, gr.Slider):   # the box shows the clamped value
                             widget.change(lambda v: v, widget, widget, queue=False)
 
-            live = gr.HTML(label="latest round", elem_id="chat-live",
-                           value='<div class="ss-empty">The latest round of a streaming run shows here.</div>')
+            live = gr.HTML(value="", label="latest round", elem_id="chat-live",
+                           html_template='<div class="ss-live"></div>', js_on_load=LIVE_JS)
             with gr.Row():
                 run_id = gr.Textbox(label="last run", interactive=False, elem_id="chat-run", scale=3)
                 open_button = gr.Button("Open in visualizer", elem_id="chat-open", scale=1)
@@ -205,7 +211,7 @@ def build_chat(backend: Backend) -> ChatTab:
                 every = redraw_interval(history[-1]["content"])
                 if piece is None:  # off the event loop: the backend may be this very server
                     piece = await asyncio.to_thread(backend.piece, client, trace)
-                grid = token_grid_html(trace.rounds[-1], piece, trace.context(len(trace.rounds) - 1)) \
+                grid = live_round(trace.rounds[-1], piece, trace.context(len(trace.rounds) - 1)) \
                     if trace.rounds else gr.skip()
                 answered = [*asked, {"role": "assistant", "content": trace.text}] \
                     if final and trace.text and isinstance(asked, list) else gr.skip()
