@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from backend.engine.modes.base import RoundResult, SlotRelease
+from backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from backend.engine.params import Param, ParamError
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
@@ -213,3 +213,25 @@ def longest_match(verifier: list[int], drafts: list[int]) -> int:
     while n < len(drafts) and verifier[n] == drafts[n]:
         n += 1
     return n
+
+
+class BlockMode(Mode):
+    """A mode that decodes by this loop: one denoise pass a round, on logits from the mode's `source` (dense for
+    block_diffusion; spiffy's and specfold's draft caches over their batched verifies)."""
+    params = BLOCK_PARAMS
+
+    def check(self, params: dict, rt: Runtime) -> None:
+        check_block_params(params, rt)
+
+    def source(self, req: Request, rt: Runtime) -> LogitsSource:
+        """Where this mode's block states get their logits."""
+        return Dense()
+
+    def start(self, req: Request, rt: Runtime) -> BlockState:
+        return BlockState(self.source(req, rt))
+
+    def round(self, req: Request, rt: Runtime) -> RoundResult:
+        return denoise_round(req, rt, req.state)
+
+    def metrics(self, req: Request) -> dict:
+        return req.state.source.metrics() if isinstance(req.state, BlockState) else {}

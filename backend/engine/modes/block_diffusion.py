@@ -8,34 +8,14 @@ per block started, the last one included (as the reference counts); prefill not 
 """
 from __future__ import annotations
 
-from backend.engine.blocks import BLOCK_PARAMS, BlockState, Dense, LogitsSource, check_block_params, denoise_round
+from backend.engine.blocks import BlockMode
 from backend.engine.modes import register
-from backend.engine.modes.base import Mode, RoundResult
-from backend.engine.request import Request
-from backend.engine.runtime import Runtime
 
 
 @register
-class BlockDiffusion(Mode):
+class BlockDiffusion(BlockMode):
     name = "block_diffusion"
     summary = "block diffusion: confidence-threshold denoising in blocks, causal refresh per block"
     nfe_note = "denoise passes + one refresh pass per block (the last one too); prefill not counted"
     explain = ("A block of masks is denoised in several rounds: every round unmasks (accepts) the positions "
                "whose confidence passes τ (at least one); the block is committed once no mask is left.")
-    params = BLOCK_PARAMS
-
-    def check(self, params: dict, rt: Runtime) -> None:
-        check_block_params(params, rt)
-
-    def source(self, req: Request, rt: Runtime) -> LogitsSource:
-        """Where this mode's block states get their logits."""
-        return Dense()
-
-    def start(self, req: Request, rt: Runtime) -> BlockState:
-        return BlockState(self.source(req, rt))
-
-    def round(self, req: Request, rt: Runtime) -> RoundResult:
-        return denoise_round(req, rt, req.state)
-
-    def metrics(self, req: Request) -> dict:
-        return req.state.source.metrics() if isinstance(req.state, BlockState) else {}

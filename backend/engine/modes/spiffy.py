@@ -1,6 +1,7 @@
 """`spiffy`: lossless multi-branch speculation over block_diffusion's own policy (Spiffy, calibrated graph).
 
-The block loop is block_diffusion's; only the source of a block state's logits changes (`DraftCache`).
+The block loop is block_diffusion's (`BlockMode`, backend/engine/blocks.py); only the source of a block state's
+logits changes (`DraftCache`).
 If the current state S_t is in the request's draft-logit cache its logits are reused: no forward, 0 NFE (a
 cache hit). Otherwise one batched read-only `block` forward verifies [S_t + B drafts]: the calibrated draft
 graph's nodes expanded on S_t with the ranks of the freshest logits (those of S_{t-1}); each draft's logits
@@ -15,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from backend.engine.blocks import BLOCK_PARAMS, BlockState, candidates
+from backend.engine.blocks import BLOCK_PARAMS, BlockMode, BlockState, candidates
 from backend.engine.draft_graph import CALIBRATE_HINT, GRAPH_FILE, GraphError, Node, Ranking, State, expand, load_graph
 from backend.engine.modes import register
-from backend.engine.modes.block_diffusion import BlockDiffusion
 from backend.engine.params import Param, ParamError
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
@@ -161,7 +161,7 @@ def graph_nodes(rt: Runtime, branches: int, mode: str) -> tuple[Node, ...]:
 
 
 @register
-class Spiffy(BlockDiffusion):
+class Spiffy(BlockMode):
     name = "spiffy"
     summary = "Spiffy: block_diffusion + calibrated draft graph verified in one batched pass, draft-logit cache"
     nfe_note = "forwards run (cache hits cost none) + one refresh pass per block; prefill not counted"
