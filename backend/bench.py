@@ -372,8 +372,8 @@ def bench_prompts(folder: Path, args: argparse.Namespace) -> tuple[list[Task], s
 def llama_cpp_lines(rows: dict[str, dict[str, Any]], llama: dict[str, Any] | None, meta: dict[str, Any]) -> str:
     """The llama.cpp peer's line, and each row's tokens/s against it (`not installed` when it is not)."""
     if llama is None:
-        return ("\nllama.cpp: not measured (install it with `pip install .[peers]`, see the README's build "
-                "flags).\n")
+        return ("\nllama.cpp: not measured (install it with `pip install .[peers]`, built with the flags in "
+                "docs/performance.md).\n")
     ratios = ", ".join(f"{label} {r['vs_llama_cpp']:.2f}×" for label, r in rows.items())
     return (f"\nllama.cpp (llama-cpp-python, the Q4_1 GGUF itself, greedy, {meta['threads']} thread(s)): "
             f"{llama['tok_per_s']:.1f} tok/s. Each row's tokens/s against it: {ratios}.\n")
