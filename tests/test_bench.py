@@ -1,10 +1,12 @@
 """`specscope bench`: the peer baseline, the ratios and the variants of one small run."""
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
 from backend import bench
+from tools.bench_compare import compare, load
 
 
 def test_parse_variant_types_values():
@@ -53,3 +55,19 @@ def test_verify_rows_leaves_the_kv_pool_as_it_found_it(loaded):
     figures = verify_rows(engine, "Copy: a b c", repeats=2, rows=(1, 3))
     assert engine.rt.pool.free_count == free
     assert set(figures["ms"]) == {1, 3} and figures["prefix"] > 3
+
+
+def test_bench_compare_flags_a_token_change_and_takes_medians(tmp_path):
+    """tools.bench_compare: the same tokens only when every run of both sets agrees; tok/s as medians per set."""
+    def report(name: str, tok_per_s: float, outputs: list[list[int]]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        rows = {"ar": {"tok_per_s": tok_per_s, "outputs": outputs}, "isd": {"tok_per_s": 1.0, "outputs": [[1]]}}
+        (folder / "bench.json").write_text(json.dumps({"meta": {"commit": name}, "modes": rows}))
+        return folder
+
+    before = load([report("b1", 10.0, [[1, 2]]), report("b2", 30.0, [[1, 2]]), report("b3", 20.0, [[1, 2]])])
+    after = load([report("a1", 40.0, [[1, 2]]), report("a2", 40.0, [[1, 3]])])
+    rows = {r["mode"]: r for r in compare(before, after)}
+    assert rows["ar"]["same_tokens"] is False and rows["isd"]["same_tokens"] is True
+    assert rows["ar"]["before_tok_per_s"] == 20.0 and rows["ar"]["ratio"] == 2.0
