@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from backend.forward.plan import FoldCounts, ForwardPlan, ForwardResult
-from backend.forward.reference import FoldedForward, shared_prefix, shared_slots
+from backend.forward.reference import FoldedForward, adapter_rows, shared_prefix, shared_slots
 from backend.model.transformer import Attention, DecoderLayer, LoRA, RMSNorm
 from kernels import cpu_fold
 from kernels.gate import parent_rows, recompute_flags
@@ -92,8 +92,9 @@ def norm_packed(norm: RMSNorm, h: Tensor, rows: Tensor) -> Tensor:
 
 def packed_qkv(attn: Attention, x: Tensor, rope: BlockRope, pos: Tensor,
                lora: LoRA) -> tuple[Tensor, Tensor, Tensor]:
-    """Attention.qkv on packed rows x [M, D] at block positions pos [M] -> q [M, H, hd], k, v [M, Hkv, hd]: the
-    model's projections, then its q/k-norm, RoPE and query scale (one C call each for q and k where it applies)."""
+    """Attention.qkv on packed rows x [M, D] at block positions pos [M] (lora: bool, or the rows' map [1, M]) -> q
+    [M, H, hd], k, v [M, Hkv, hd]: the model's projections, then its q/k-norm, RoPE and query scale (one C call
+    each for q and k where it applies)."""
     q, k, v = (t[0] for t in attn.project(x[None], lora))
     q_norm, k_norm = ((attn.q_norm.weight, attn.q_norm.eps), (attn.k_norm.weight, attn.k_norm.eps)) \
         if attn.cfg.qk_norm else (None, None)
@@ -173,13 +174,14 @@ class PackedFoldedForward(FoldedForward):
             pack = ffn_pack = Packing.gate(h, parents, ancestors, fold.delta)
             pos = pack.rows % n
             x = norm_packed(layer.input_layernorm, h.flatten(0, 1), pack.rows)
-            q, k, v = packed_qkv(layer.self_attn, x, rope, pos, lora)
+            q, k, v = packed_qkv(layer.self_attn, x, rope, pos, adapter_rows(lora, pack.rows[None]))
             prefix_k, prefix_v = shared_prefix(kv, slots, index, k)
             o = folded_attention(q, k, v, pack.source, prefix_k, prefix_v)
             h += layer.self_attn.o_proj(o.to(h.dtype), lora)      # h is this forward's own (from the embedding)
             if fold.ffn_gate == "strict":
                 ffn_pack = Packing.gate(h, parents, ancestors, fold.delta)
-            h += take(layer.ffn(take(h.flatten(0, 1), ffn_pack.rows), lora), ffn_pack.source)
+            ffn_rows = take(h.flatten(0, 1), ffn_pack.rows)
+            h += take(layer.ffn(ffn_rows, adapter_rows(lora, ffn_pack.rows)), ffn_pack.source)
             counts.append(torch.stack([pack.counts, ffn_pack.counts]))
         qkv, ffn = torch.stack(counts).transpose(0, 1).tolist()   # one read-back
         return ForwardResult(model.logits(h), FoldCounts(qkv, ffn))

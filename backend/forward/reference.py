@@ -20,14 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import cast
 
 import torch
 from torch import Tensor
 
 from backend.forward.plan import Fold, FoldCounts, ForwardPlan, ForwardResult
-from backend.model.transformer import DecoderLayer, KVContext, Transformer
+from backend.model.transformer import DecoderLayer, KVContext, LoRA, Transformer
 from kernels.gate import parent_rows, recompute_flags
 
 
@@ -110,10 +109,18 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, recompute: Tensor, parents
     return out
 
 
-def packed(fn: Callable[[Tensor], Tensor], h: Tensor, recompute: Tensor, parents: list[int]) -> Tensor:
-    """fn (position-wise) on the recomputed rows of h [R, N, D] only; folded rows take their source's."""
+def adapter_rows(lora: LoRA, rows: Tensor) -> LoRA:
+    """The adapter map at flat (branch · N + position) rows, in their shape: a [R, N] map's entries there; on or
+    off everywhere stays as it is."""
+    return lora.reshape(-1)[rows] if isinstance(lora, Tensor) else lora
+
+
+def packed(fn: Callable[[Tensor, LoRA], Tensor], h: Tensor, recompute: Tensor, parents: list[int],
+           lora: LoRA) -> Tensor:
+    """fn (position-wise, with the adapter map of its rows) on the recomputed rows of h [R, N, D] only; folded rows
+    take their source's."""
     ri, rn = recompute.nonzero(as_tuple=True)
-    y = fn(h[ri, rn][None])[0]
+    y = fn(h[ri, rn][None], adapter_rows(lora, (ri * h.shape[1] + rn)[None]))[0]
     table = y.new_empty(*recompute.shape, *y.shape[1:])
     table[ri, rn] = y
     return table[resolve_sources(recompute, parents), torch.arange(h.shape[1], device=h.device)]
@@ -145,7 +152,8 @@ class FoldedForward:
         for index, layer in enumerate(cast(list[DecoderLayer], model.layers)):
             rec = recompute_flags(h, parents, fold.delta)
             ri, rn = rec.nonzero(as_tuple=True)
-            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h[ri, rn])[None], cos[:, rn], sin[:, rn], lora,
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(h[ri, rn])[None], cos[:, rn], sin[:, rn],
+                                          adapter_rows(lora, (ri * rec.shape[1] + rn)[None]),
                                           None if q_scale is None else q_scale[:, rn])
             q_t, k_t, v_t = (t.new_zeros(*rec.shape, *t.shape[2:]) for t in (q, k, v))
             q_t[ri, rn], k_t[ri, rn], v_t[ri, rn] = q[0], k[0], v[0]
@@ -153,7 +161,7 @@ class FoldedForward:
             o = branch_attention(q_t, k_t, v_t, rec, tree, prefix_k, prefix_v)
             h = h + layer.self_attn.o_proj(o.flatten(2).to(h.dtype), lora)
             ffn_rec = recompute_flags(h, parents, fold.delta) if fold.ffn_gate == "strict" else rec
-            h = h + packed(partial(layer.ffn, lora=lora), h, ffn_rec, tree)
+            h = h + packed(layer.ffn, h, ffn_rec, tree, lora)
             recomputed.append(rec.sum(1).tolist())
             ffn_recomputed.append(ffn_rec.sum(1).tolist())
         return ForwardResult(model.logits(h), FoldCounts(recomputed, ffn_recomputed))

@@ -20,6 +20,7 @@ from backend.engine.params import Param
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
 from backend.engine.scores import Scores
+from backend.forward.folded import FOLD_BACKENDS
 from backend.forward.plan import Fold
 from backend.tracing import RoundEvent
 from kernels.gate import FFN_GATES
@@ -88,7 +89,8 @@ class SpecFold(Spiffy):
                                              "second gate on the post-attention stream (δ=0 == spiffy)",
               choices=FFN_GATES),
         Param("backend", str, "torch", help="torch: the PyTorch folded forward; triton: the kernels (their "
-                                            "PyTorch twins off CUDA)", choices=("torch", "triton")),
+                                            "PyTorch twins off CUDA); reference: the float64 folded forward "
+                                            "(exact arithmetic, slow: a check)", choices=FOLD_BACKENDS),
     )
 
     def batch_verify(self, req: Request, rt: Runtime) -> BatchVerify:
