@@ -9,7 +9,7 @@ all branches).
    that saves the prefix-only state (m, Z, O) per row and head, then the row's own block, then O.
 5. `folded_correction`, folded rows: start from the source row's prefix state and add this branch's block
    keys. A folded row's query equals its source's, so this equals swapping in the keys that differ, exactly.
-   Deviation from the float64 reference (backend/forward/reference.py), which removes the source's differing
+   Deviation from the float64 oracle (tests/support/fold_oracle.py), which removes the source's differing
    block keys from its full state: that subtraction cancels badly in float32 when the removed keys dominate,
    while re-adding all N ≤ 32 block keys to the stored prefix state costs the same order and never subtracts.
 """

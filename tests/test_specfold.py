@@ -2,13 +2,12 @@
 import pytest
 import torch
 from support.branches import BRANCH_CASES, random_branches, reference_attention
+from support.fold_oracle import Float64FoldedForward, branch_attention, fold_backend, resolve_sources
 from support.modes import HELDOUT_GEN
 from support.spiffy import branch_logits, stacked
 
 from backend.engine.modes.spiffy import DenseVerify
-from backend.forward.folded import folded_backend
 from backend.forward.plan import Fold
-from backend.forward.reference import FoldedForward, branch_attention, resolve_sources
 from backend.tracing import RecordingTracer
 
 GEN = {"max_new_tokens": 32}
@@ -44,7 +43,7 @@ def test_strict_delta_zero_logits_match_the_dense_forward_for_every_branch(spiff
             logits = stacked(scores)
 
             def run(gate):
-                out, counts = branch_logits(rt, req, start, states, folded_backend(rt.model, backend),
+                out, counts = branch_logits(rt, req, start, states, fold_backend(rt.model, backend),
                                             Fold(tuple(parents), 0.0, gate))
                 return float((out - logits).abs().max()), counts
             err, counts = run("strict")
@@ -116,7 +115,8 @@ def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy
             def run(backend, delta, gate="paper"):
                 return branch_logits(rt, req, start, states, backend, Fold(tuple(parents), delta, gate))
             kernels = KernelFoldedForward(rt.model, triton=True)
-            results.append((*run(FoldedForward(rt.model), 0.1), *run(kernels, 0.1), len(parents), stacked(scores),
+            oracle = Float64FoldedForward(rt.model)
+            results.append((*run(oracle, 0.1), *run(kernels, 0.1), len(parents), stacked(scores),
                             run(kernels, 0.0, "strict")[0]))
         return scores
 
@@ -176,7 +176,7 @@ def test_folded_backends_apply_a_mask_scoped_adapter_at_its_rows(loaded, backend
     plan = ForwardPlan(ids, positions, "block", None, adapter=ids == mask)
     with torch.inference_mode():
         want = Eager(model).run(plan).logits
-        got = folded_backend(model, backend).run(ForwardPlan(ids, positions, "block", None, adapter=ids == mask,
+        got = fold_backend(model, backend).run(ForwardPlan(ids, positions, "block", None, adapter=ids == mask,
                                                              fold=Fold((-1, 0, 0, 1), 0.0, "strict"))).logits
         unadapted = Eager(model).run(ForwardPlan(ids, positions, "block", None)).logits
     assert float((got - want).abs().max()) <= 1e-4

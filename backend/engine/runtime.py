@@ -36,9 +36,9 @@ class Runtime:
             self.model.store_weights_input_major()   # the eager backend's layout: x @ W for CPU matmuls
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
         self.eager = Eager(self.model)
-        self.backend: ForwardBackend = fused_decode(self.model, self.pool.memory) or self.eager
-        """Every plan but a fold: the fused CPU step (float32 models on the CPU; it runs what it cannot take
-        eagerly), else the eager backend."""
+        self.backend: ForwardBackend = fused_decode(self.model, self.pool.memory, self.eager) or self.eager
+        """Every plan but a fold: the fused CPU step (float32 models on the CPU; what it cannot take runs on
+        self.eager), else the eager backend."""
         self._folded: dict[str, ForwardBackend] = {}
 
     @property

@@ -3,7 +3,8 @@ protocol, the `Eager` backend) and the backends besides the model's own modules.
 
 - `fused_step`: short causal chunks (decode steps, few-row verifies and drafts) in one C call (kernels/cpu_decode.c).
 - `folded`: SpecFold's folded verify of a branch tree, by backend: the Triton kernel pipeline (`KernelFoldedForward`),
-  the packed float32 CPU path (`packed`, with kernels/cpu_fold.c) and the float64 oracle (`reference`).
+  the packed float32 CPU path (`packed`, with kernels/cpu_fold.c); their contract is `fold_contract` (the float64
+  oracle they are tested against is tests/support/fold_oracle.py).
 
 `kernels/` holds the kernels themselves (Triton ops and their PyTorch twins, the C sources and their build) and
 imports nothing from here.

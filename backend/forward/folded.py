@@ -2,7 +2,7 @@
 prefix+block attention (recomputed rows) → folded correction (folded rows) → o_proj and residual on every
 row → (ffn_gate=strict: FFN gate → sources) → packed FFN → every row adds its source's FFN output.
 
-Same contract and counters as the float64 reference backend/forward/reference.FoldedForward. The ops run as
+Same contract (backend/forward/fold_contract.py) and counters as the float64 oracle of the tests. The ops run as
 Triton kernels on CUDA tensors and as their PyTorch twins elsewhere (`triton` forces either)."""
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from backend.forward.fold_contract import FoldedForward, shared_slots
 from backend.forward.packed import PackedFoldedForward
 from backend.forward.plan import Fold, FoldCounts, ForwardPlan, ForwardResult
-from backend.forward.reference import FoldedForward, shared_slots
 from backend.model.transformer import DecoderLayer, KVContext, Transformer
 from kernels import attention, ffn, gate, on_triton, qkv, sources
 
@@ -126,8 +126,8 @@ def fold_layer(ops: FoldOps, layer: DecoderLayer, weights: tuple[qkv.QKVWeights,
     return h, torch.stack([g.branch_counts, g_ffn.branch_counts])
 
 
-FOLD_BACKENDS = ("torch", "reference", "triton")
-"""torch: float32 packed PyTorch (the CPU path); reference: float64 oracle (tests); triton: kernels (twins off CUDA)."""
+FOLD_BACKENDS = ("torch", "triton")
+"""torch: float32 packed PyTorch (the CPU path); triton: the kernels (their PyTorch twins off CUDA)."""
 
 
 def folded_backend(model: Transformer, backend: str = "torch") -> FoldedForward:
@@ -135,8 +135,6 @@ def folded_backend(model: Transformer, backend: str = "torch") -> FoldedForward:
     branch tree and the gate, its ForwardResult carrying the fold counts."""
     if backend == "torch":
         return PackedFoldedForward(model)
-    if backend == "reference":
-        return FoldedForward(model)
     if backend == "triton":
         return KernelFoldedForward(model)
     raise ValueError(f"folded forward backend {backend!r}: expected one of {FOLD_BACKENDS}")

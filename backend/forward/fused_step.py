@@ -1,9 +1,9 @@
 """The fused CPU decode step: one typed C call (kernels/cpu_decode.c) per decode forward instead of ~200 eager ops.
 
-`fused_decode(model, cache)` returns a forward backend (`run(plan)`) that runs causal chunks of up to MAX_CHUNK
-rows per request (decode steps, few-row verifies and drafts, a LoRA adapter on at any of their rows) in C and
-every other plan eagerly; None where it does not apply (a model not in float32 on the CPU, no C compiler,
-SPECSCOPE_FUSED_DECODE=0).
+`fused_decode(model, cache, fallback)` returns a forward backend (`run(plan)`) that runs causal chunks of up to
+MAX_CHUNK rows per request (decode steps, few-row verifies and drafts, a LoRA adapter on at any of their rows) in C
+and every other plan on the fallback (the runtime's eager backend); None where it does not apply (a model not in
+float32 on the CPU, no C compiler, SPECSCOPE_FUSED_DECODE=0).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from backend.forward.plan import Eager, ForwardPlan, ForwardResult
+from backend.forward.plan import Eager, ForwardBackend, ForwardPlan, ForwardResult
 from backend.model.transformer import KVContext, PagedKV, Transformer
 from kernels.native import ENABLED, library, ptr
 
@@ -148,12 +148,13 @@ class StepPointers:
 
 class FusedDecode:
     """The forward backend for short causal chunks (decode steps, few-row verifies and drafts, the adapter on at
-    any rows), as one call into cpu_decode.c; any other plan runs eagerly. It reads its own copies of the weights
-    (row-major, in weight_format's dtype), made here once: rebuild it if they change."""
+    any rows), as one call into cpu_decode.c; any other plan runs on `fallback` (the runtime's eager backend;
+    default: one of its own). It reads its own copies of the weights (row-major, in weight_format's dtype), made
+    here once: rebuild it if they change."""
 
-    def __init__(self, model: Transformer, lib: Any):
+    def __init__(self, model: Transformer, lib: Any, fallback: ForwardBackend | None = None):
         cfg = model.cfg
-        self.eager, self.lib = Eager(model), lib
+        self.fallback, self.lib = fallback or Eager(model), lib
         with torch.no_grad():
             layers = [dict(layer.named_modules()) for layer in model.layers]
             head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
@@ -230,11 +231,11 @@ class FusedDecode:
         adapter = self.adapter_rows(plan.adapter, requests * queries)
         if plan.fold is not None or kv is None or adapter is False or not self.accepts(
                 queries, plan.attn, mask, kv.write_slots is not None, requests):
-            return self.eager.run(plan)
+            return self.fallback.run(plan)
         block = plan.attn == "block" and mask is None
         tables = chunk_prefixes(kv, queries, block) if mask is None else masked_prefixes(kv, mask)
         if tables is None:
-            return self.eager.run(plan)
+            return self.fallback.run(plan)
         prefix, lengths = tables
         at, ids_ = _flat(positions), _flat(ids)
         write = None if kv.write_slots is None else _flat(kv.write_slots)
@@ -253,8 +254,9 @@ class FusedDecode:
         return ForwardResult(logits)
 
 
-def fused_decode(model: Transformer, cache: PagedKV) -> FusedDecode | None:
-    """The fused decode step for this model and KV memory, or None where it does not apply."""
+def fused_decode(model: Transformer, cache: PagedKV, fallback: ForwardBackend | None = None) -> FusedDecode | None:
+    """The fused decode step for this model and KV memory (the plans it cannot take run on `fallback`), or None
+    where it does not apply."""
     if not ENABLED:
         return None
     reason = supported(model, cache)
@@ -262,4 +264,4 @@ def fused_decode(model: Transformer, cache: PagedKV) -> FusedDecode | None:
     if reason or lib is None:
         log.info("decoding eagerly: %s", reason or "no C compiler")
         return None
-    return FusedDecode(model, lib)
+    return FusedDecode(model, lib, fallback)

@@ -10,7 +10,7 @@ log-sum-exp form, float32, nothing subtracted; the two states weighted by σ(lse
 one lerp) → o_proj and the residual on every row → the FFN on the packed rows (ffn_gate=paper: the same rows;
 strict: a second gate), every row adding its source's FFN output. Sources resolve through an ancestor table
 built once per forward (no per-branch loop); one read-back of the counters per forward. Same gate and
-contract as the float64 reference (backend/forward/reference.py), which is its test oracle.
+contract (backend/forward/fold_contract.py) as the tests' float64 oracle (tests/support/fold_oracle.py).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from backend.forward.fold_contract import FoldedForward, adapter_rows, shared_prefix, shared_slots
 from backend.forward.plan import FoldCounts, ForwardPlan, ForwardResult
-from backend.forward.reference import FoldedForward, adapter_rows, shared_prefix, shared_slots
 from backend.model.transformer import Attention, DecoderLayer, LoRA, RMSNorm
 from kernels import cpu_fold
 from kernels.gate import parent_rows, recompute_flags

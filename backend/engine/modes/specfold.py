@@ -89,8 +89,7 @@ class SpecFold(Spiffy):
                                              "second gate on the post-attention stream (δ=0 == spiffy)",
               choices=FFN_GATES),
         Param("backend", str, "torch", help="torch: the PyTorch folded forward; triton: the kernels (their "
-                                            "PyTorch twins off CUDA); reference: the float64 folded forward "
-                                            "(exact arithmetic, slow: a check)", choices=FOLD_BACKENDS),
+                                            "PyTorch twins off CUDA)", choices=FOLD_BACKENDS),
     )
 
     def batch_verify(self, req: Request, rt: Runtime) -> BatchVerify:

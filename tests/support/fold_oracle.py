@@ -1,4 +1,5 @@
-"""SpecFold's folded multi-branch forward in float64 PyTorch: the test oracle of the kernels and the CPU path.
+"""SpecFold's folded multi-branch forward in float64 PyTorch: the test oracle of the folded backends (the Triton
+kernels and the packed CPU path, backend/forward/folded.py and packed.py).
 
 R rows hold R block states of one request (row 0 = the main branch, `parents[i] < i` for the drafts). All
 rows attend `block`-wise to the same read-only prefix and to their own block. Per layer, per draft branch i,
@@ -19,14 +20,15 @@ the residual adds run on every row: residual streams are never folded.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import cast
 
 import torch
 from torch import Tensor
 
-from backend.forward.plan import Fold, FoldCounts, ForwardPlan, ForwardResult
-from backend.model.transformer import DecoderLayer, KVContext, LoRA, Transformer
+from backend.forward.fold_contract import FoldedForward, adapter_rows, shared_prefix, shared_slots
+from backend.forward.folded import folded_backend
+from backend.forward.plan import FoldCounts, ForwardPlan, ForwardResult
+from backend.model.transformer import DecoderLayer, LoRA, Transformer
 from kernels.gate import parent_rows, recompute_flags
 
 
@@ -109,12 +111,6 @@ def branch_attention(q: Tensor, k: Tensor, v: Tensor, recompute: Tensor, parents
     return out
 
 
-def adapter_rows(lora: LoRA, rows: Tensor) -> LoRA:
-    """The adapter map at flat (branch · N + position) rows, in their shape: a [R, N] map's entries there; on or
-    off everywhere stays as it is."""
-    return lora.reshape(-1)[rows] if isinstance(lora, Tensor) else lora
-
-
 def packed(fn: Callable[[Tensor, LoRA], Tensor], h: Tensor, recompute: Tensor, parents: list[int],
            lora: LoRA) -> Tensor:
     """fn (position-wise, with the adapter map of its rows) on the recomputed rows of h [R, N, D] only; folded rows
@@ -126,20 +122,8 @@ def packed(fn: Callable[[Tensor, LoRA], Tensor], h: Tensor, recompute: Tensor, p
     return table[resolve_sources(recompute, parents), torch.arange(h.shape[1], device=h.device)]
 
 
-@dataclass
-class FoldedForward:
-    """The folded verify backend (`run(plan)` of a plan with a `fold`: block attention over one read-only shared
-    prefix, one row group per branch of the fold's tree), on the model's own modules."""
-    model: Transformer
-
-    @staticmethod
-    def check(plan: ForwardPlan) -> Fold:
-        """The plan's fold; a ValueError for a plan this backend cannot run."""
-        if plan.fold is None or plan.attn != "block" or plan.mask is not None:
-            raise ValueError("the folded forward verifies block states: a fold, block attention, no custom mask")
-        if len(plan.fold.parents) != plan.ids.shape[0]:
-            raise ValueError(f"the fold's tree has {len(plan.fold.parents)} branches for {plan.ids.shape[0]} rows")
-        return plan.fold
+class Float64FoldedForward(FoldedForward):
+    """The folded verify in float64 on the model's own modules: every backend's oracle."""
 
     def run(self, plan: ForwardPlan) -> ForwardResult:
         fold, model, ids, kv, lora = self.check(plan), self.model, plan.ids, plan.kv, plan.adapter
@@ -167,18 +151,6 @@ class FoldedForward:
         return ForwardResult(model.logits(h), FoldCounts(recomputed, ffn_recomputed))
 
 
-def shared_prefix(kv: KVContext | None, slots: Tensor | None, layer: int, like: Tensor) -> tuple[Tensor, Tensor]:
-    """The prefix K/V [P, Hkv, hd] every row reads at `slots` (from `shared_slots`), empty without a KV
-    context; like [..., Hkv, hd] gives the empty one's shape."""
-    if kv is None or slots is None:
-        empty = like.new_zeros(0, *like.shape[-2:])
-        return empty, empty
-    return kv.cache.k[layer][slots], kv.cache.v[layer][slots]
-
-
-def shared_slots(kv: KVContext) -> Tensor:
-    """The slot list [P] of the one read-only prefix that all rows share: the row groups of one request
-    (`KVContext.shared`, Runtime.branches), else a ValueError."""
-    if kv.write_slots is not None or kv.prefix_valid is not None or not (kv.shared or kv.prefix_slots.shape[0] == 1):
-        raise ValueError("the folded forward needs one shared, read-only prefix for all rows (Runtime.branches)")
-    return kv.prefix_slots[0]
+def fold_backend(model: Transformer, name: str) -> FoldedForward:
+    """A folded backend by name: `reference` (this oracle) or one of backend.forward.folded.FOLD_BACKENDS."""
+    return Float64FoldedForward(model) if name == "reference" else folded_backend(model, name)
