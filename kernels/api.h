@@ -3,8 +3,9 @@
    the C definitions (a pointer of another element type is refused). Plain declarations only: cffi reads it as
    is, after <stdint.h>. */
 
-int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const void *embed,
-                const float *final_norm, const void *head, int rows, const int64_t *ids, const int64_t *positions,
+int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const float *embed,
+                const float *final_norm, const void *head, const int64_t *odd_rows, int64_t odd_count,
+                const float *odd_values, int rows, const int64_t *ids, const int64_t *positions,
                 const float *cos, const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp,
                 const int64_t *lengths, const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache,
                 int block, const int64_t *lora, int lora_rank, float lora_scale, const uint8_t *lora_on,

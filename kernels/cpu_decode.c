@@ -19,8 +19,15 @@
 #include "simd.h"
 #include "api.h"
 
-/* Weight formats (dims[FORMAT]): the checkpoint's own values, converted to float32 on load. */
-enum { F32, F16, BF16 };
+/* Weight formats (dims[FORMAT] for the projections, dims[HEAD_FORMAT] for the embedding and the head): the
+   checkpoint's own values, widened to float32 exactly where they are read. Q4_1 and Q8_0 hold rows of 32-value
+   blocks (the GGUF quantizations, their scales widened to float32; backend/forward/weight_blocks.py finds them
+   in the float32 weights and packs them): Q4_1 value = d * q + m (q in 0..15, nibble j of block byte j % 16,
+   low nibble for j < 16), Q8_0 value = d * q (int8 q). d * q is exact in float32, so either is the float32
+   weight bit for bit. */
+enum { F32, F16, BF16, Q4_1, Q8_0 };
+typedef struct { float d, m; uint8_t q[16]; } q4_1_block;
+typedef struct { float d; int8_t q[32]; } q8_0_block;
 /* Per-layer tensors, in this order, in the `tensors` table (0 = absent). Projections are row-major [out, in]
    in the weight format; norms and biases float32. */
 enum { IN_NORM, POST_NORM, Q_NORM, K_NORM, WQ, WK, WV, WO, WGATE, WUP, WDOWN, BQ, BK, BV, BO, N_TENSORS };
@@ -28,7 +35,7 @@ enum { IN_NORM, POST_NORM, Q_NORM, K_NORM, WQ, WK, WV, WO, WGATE, WUP, WDOWN, BQ
 #define N_LORA 7
 #define LORA_OF(name) ((name) - WQ)
 /* Dimensions, in this order, in the `dims` table. */
-enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT };
+enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT, HEAD_FORMAT };
 
 /* Query rows that share each weight load: their accumulators (ROW_BLOCK x 4 vectors, one vector step at a time)
    and the 4 weight vectors stay in registers (16 on AVX2, where the x loads are the FMAs' memory operands). */
@@ -54,17 +61,39 @@ enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT };
    count. */
 #define PARALLEL_MIN 32768
 
-static float weight_at(const void *w, int format, int64_t i) {
-    if (format == F32) return ((const float *)w)[i];
-    return format == F16 ? f16_value((const uint16_t *)w + i) : bf16_value((const uint16_t *)w + i);
+/* Per format: the bytes of a row of `in` values, the address of value i of a row (for prefetches), the VW values
+   from value j (a multiple of VW) and value k alone (a row's tail). */
+#define F32_BYTES(in) ((int64_t)(in) * 4)
+#define F32_AT(row, i) ((row) + (int64_t)(i) * 4)
+#define F32_LOAD(row, j) vload((const float *)(row) + (j))
+#define F32_VALUE(row, k) (((const float *)(row))[k])
+#define F16_BYTES(in) ((int64_t)(in) * 2)
+#define F16_AT(row, i) ((row) + (int64_t)(i) * 2)
+#define F16_LOAD(row, j) vload_f16((const uint16_t *)(row) + (j))
+#define F16_VALUE(row, k) f16_value((const uint16_t *)(row) + (k))
+#define BF16_LOAD(row, j) vload_bf16((const uint16_t *)(row) + (j))
+#define BF16_VALUE(row, k) bf16_value((const uint16_t *)(row) + (k))
+#define Q4_1_BYTES(in) ((int64_t)(in) / 32 * (int64_t)sizeof(q4_1_block))
+#define Q4_1_AT(row, i) ((row) + (int64_t)(i) / 32 * (int64_t)sizeof(q4_1_block))
+#define Q4_1_OF(row, j) ((const q4_1_block *)(row) + (j) / 32)
+#define Q4_1_LOAD(row, j) vload_q4(Q4_1_OF(row, j)->q + ((j) & 15), (j) & 16, Q4_1_OF(row, j)->d, Q4_1_OF(row, j)->m)
+#define Q4_1_VALUE(row, k) q4_value(Q4_1_OF(row, k), k)
+#define Q8_0_BYTES(in) ((int64_t)(in) / 32 * (int64_t)sizeof(q8_0_block))
+#define Q8_0_AT(row, i) ((row) + (int64_t)(i) / 32 * (int64_t)sizeof(q8_0_block))
+#define Q8_0_OF(row, j) ((const q8_0_block *)(row) + (j) / 32)
+#define Q8_0_LOAD(row, j) vload_q8(Q8_0_OF(row, j)->q + ((j) & 31), Q8_0_OF(row, j)->d)
+#define Q8_0_VALUE(row, k) ((float)Q8_0_OF(row, k)->q[(k) & 31] * Q8_0_OF(row, k)->d)
+
+static inline float q4_value(const q4_1_block *b, int64_t k) {
+    return fmaf((float)((k & 16 ? b->q[k & 15] >> 4 : b->q[k & 15]) & 15), b->d, b->m);
 }
 
 /* y[m, o] = sum_i w[o, i] x[m, i] for `rows` rows. Four output rows share each pass over x, and ROW_BLOCK query
    rows share each weight load (and its widening), so a chunk of rows is not a chunk of weight streams. Every
    (row, output) accumulates its products in the same order as a lone row would: a chunk row is the decode step's
    number bit for bit. Weight rows are prefetched ahead (see PREFETCH_LOCALITY). */
-#define DEFINE_LINEAR(NAME, TYPE, LOAD, SCALAR)                                                                        \
-    static inline __attribute__((always_inline)) void NAME##_block(const TYPE *const *wr, int n, int in,       \
+#define DEFINE_LINEAR(NAME, BYTES, AT, LOAD, SCALAR)                                                                        \
+    static inline __attribute__((always_inline)) void NAME##_block(const uint8_t *const *wr, int n, int in,       \
                                                                    const float *x, int64_t ldx, float *y,     \
                                                                    int64_t ldy, int rb, int prefetch) {       \
         vec acc[ROW_BLOCK][4][STEPS];                                                                         \
@@ -76,10 +105,10 @@ static float weight_at(const void *w, int format, int64_t i) {
             for (i = 0; i + LANES <= in; i += LANES) {                                                        \
                 int j = i + u * VW;                                                                           \
                 if (prefetch && u == 0)                                                                       \
-                    for (int r = 0; r < 4; r++) __builtin_prefetch(wr[r] + i + PREFETCH_AHEAD, 0, PREFETCH_LOCALITY); \
+                    for (int r = 0; r < 4; r++) __builtin_prefetch(AT(wr[r], i + PREFETCH_AHEAD), 0, PREFETCH_LOCALITY); \
                 if (prefetch > 1 && u == 0) /* more row blocks follow: fetch the next 4 weight rows meanwhile */ \
-                    for (int r = 0; r < 4; r++) __builtin_prefetch(wr[r] + 4 * (int64_t)in + i, 0, 3);          \
-                vec w0 = LOAD(wr[0] + j), w1 = LOAD(wr[1] + j), w2 = LOAD(wr[2] + j), w3 = LOAD(wr[3] + j);   \
+                    for (int r = 0; r < 4; r++) __builtin_prefetch(AT(wr[r] + 4 * BYTES(in), i), 0, 3);          \
+                vec w0 = LOAD(wr[0], j), w1 = LOAD(wr[1], j), w2 = LOAD(wr[2], j), w3 = LOAD(wr[3], j);   \
                 for (int b = 0; b < rb; b++) {                                                                \
                     const float *xj = x + b * ldx + j;                                                        \
                     part[b][0] = vfma(w0, vload(xj), part[b][0]);                                             \
@@ -95,36 +124,45 @@ static float weight_at(const void *w, int format, int64_t i) {
             const float *xb = x + b * ldx;                                                                    \
             float s[4] = {lane_sum(acc[b][0]), lane_sum(acc[b][1]), lane_sum(acc[b][2]), lane_sum(acc[b][3])}; \
             for (int k = i; k < in; k++)                                                                      \
-                for (int r = 0; r < 4; r++) s[r] += SCALAR(wr[r] + k) * xb[k];                                \
+                for (int r = 0; r < 4; r++) s[r] += SCALAR(wr[r], k) * xb[k];                                \
             for (int r = 0; r < n; r++) y[b * ldy + r] = s[r];                                                \
         }                                                                                                     \
     }                                                                                                         \
-    static void NAME(const TYPE *w, int out, int in, const float *x, int64_t ldx, float *y, int64_t ldy,     \
+    static void NAME(const void *w, int out, int in, const float *x, int64_t ldx, float *y, int64_t ldy,     \
                      int rows) {                                                                            \
         _Pragma("omp parallel for schedule(static) if ((int64_t)out * in * rows >= PARALLEL_MIN)")                \
         for (int o = 0; o < out; o += 4) {                                                                    \
             int n = out - o < 4 ? out - o : 4;                                                                \
-            const TYPE *wr[4];                                                                                \
-            for (int r = 0; r < 4; r++) wr[r] = w + (int64_t)(o + (r < n ? r : 0)) * in;                        \
+            const uint8_t *wr[4];                                                                                \
+            for (int r = 0; r < 4; r++) wr[r] = (const uint8_t *)w + (o + (r < n ? r : 0)) * BYTES(in);                        \
             int m = 0;                                                                                        \
             for (; m + ROW_BLOCK <= rows; m += ROW_BLOCK)                                                     \
                 NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, ROW_BLOCK,                    \
                              m == 0 ? 1 + (rows > ROW_BLOCK && o + 4 < out) : 0);                             \
-            for (; m < rows; m++) NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 1, m == 0);  \
+            /* the last rows share one pass too (a literal count each: unrolled) */                         \
+            if (rows - m == 3)                                                                            \
+                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 3, m == 0);                 \
+            else if (rows - m == 2)                                                                       \
+                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 2, m == 0);                 \
+            else if (rows - m == 1)                                                                       \
+                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 1, m == 0);                 \
         }                                                                                                     \
     }
-DEFINE_LINEAR(linear_f32, float, vload, f32_value)
-DEFINE_LINEAR(linear_f16, uint16_t, vload_f16, f16_value)
-DEFINE_LINEAR(linear_bf16, uint16_t, vload_bf16, bf16_value)
+DEFINE_LINEAR(linear_f32, F32_BYTES, F32_AT, F32_LOAD, F32_VALUE)
+DEFINE_LINEAR(linear_f16, F16_BYTES, F16_AT, F16_LOAD, F16_VALUE)
+DEFINE_LINEAR(linear_bf16, F16_BYTES, F16_AT, BF16_LOAD, BF16_VALUE)
+DEFINE_LINEAR(linear_q4_1, Q4_1_BYTES, Q4_1_AT, Q4_1_LOAD, Q4_1_VALUE)
+DEFINE_LINEAR(linear_q8_0, Q8_0_BYTES, Q8_0_AT, Q8_0_LOAD, Q8_0_VALUE)
 
 static void linear(const void *w, int format, const float *bias, int out, int in, const float *x, int64_t ldx,
                    float *y, int64_t ldy, int rows) {
-    if (format == F32)
-        linear_f32(w, out, in, x, ldx, y, ldy, rows);
-    else if (format == F16)
-        linear_f16(w, out, in, x, ldx, y, ldy, rows);
-    else
-        linear_bf16(w, out, in, x, ldx, y, ldy, rows);
+    switch (format) {
+    case F32: linear_f32(w, out, in, x, ldx, y, ldy, rows); break;
+    case F16: linear_f16(w, out, in, x, ldx, y, ldy, rows); break;
+    case BF16: linear_bf16(w, out, in, x, ldx, y, ldy, rows); break;
+    case Q4_1: linear_q4_1(w, out, in, x, ldx, y, ldy, rows); break;
+    default: linear_q8_0(w, out, in, x, ldx, y, ldy, rows);
+    }
     if (bias)
         for (int m = 0; m < rows; m++)
             for (int o = 0; o < out; o++) y[m * ldy + o] += bias[o];
@@ -177,8 +215,10 @@ static void add_lora(const float *a, const float *b, int rank, float scale, int 
 }
 
 /* One decode step for `rows` requests.
-   tensors [layers, N_TENSORS] point at each layer's weights (see the enum); embed [vocab, hidden] and head
-   [vocab, hidden] are in the weight format. positions [rows]; cos/sin [P, head_dim] and q_scale [P] (or NULL)
+   tensors [layers, N_TENSORS] point at each layer's weights (see the enum), projections in dims[FORMAT]. embed
+   [vocab, hidden] is float32 (only the rows of `ids` are read); head [vocab, hidden] is in dims[HEAD_FORMAT],
+   but for its odd_count rows odd_rows, whose logits come from their float32 values odd_values [odd_count,
+   hidden] instead (rows a block format cannot hold). positions [rows]; cos/sin [P, head_dim] and q_scale [P] (or NULL)
    are tables by position, covering every row's position. prefix [rows, ldp] slot ids with lengths [rows];
    write [rows] the slot each row's K/V goes to (NULL: read-only). k/v caches [layers, slots, kv_heads,
    head_dim], their layers layer_cache elements apart. block: 0, each row attending to its table and itself;
@@ -186,14 +226,16 @@ static void add_lora(const float *a, const float *b, int rank, float scale, int 
    lora [layers, 2 * N_LORA] (or NULL): each adapted projection's float32 A [rank, in] and B [out, rank] (0 =
    none), in LORA_OF order, scaled by lora_scale and added at the rows with lora_on[m] (NULL: none).
    logits [rows, vocab]. Returns 0, or -1 when memory ran out. */
-int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const void *embed,
-                const float *final_norm, const void *head, int rows, const int64_t *ids, const int64_t *positions,
+int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const float *embed,
+                const float *final_norm, const void *head, const int64_t *odd_rows, int64_t odd_count,
+                const float *odd_values, int rows, const int64_t *ids, const int64_t *positions,
                 const float *cos, const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp,
                 const int64_t *lengths, const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache,
                 int block, const int64_t *lora, int lora_rank, float lora_scale, const uint8_t *lora_on,
                 float *logits) {
     int D = (int)dims[HIDDEN], I = (int)dims[INTER], H = (int)dims[HEADS], Hkv = (int)dims[KV_HEADS];
-    int hd = (int)dims[HEAD_DIM], V = (int)dims[VOCAB], fmt = (int)dims[FORMAT];
+    int hd = (int)dims[HEAD_DIM], V = (int)dims[VOCAB];
+    int fmt = (int)dims[FORMAT], head_fmt = (int)dims[HEAD_FORMAT];
     float eps = eps_[0];
     int64_t max_len = 0;
     for (int m = 0; m < rows; m++) max_len = lengths[m] > max_len ? lengths[m] : max_len;
@@ -216,7 +258,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
     float *scores = tmp + lora_tmp;
 
     for (int m = 0; m < rows; m++)
-        for (int d = 0; d < D; d++) h[m * D + d] = weight_at(embed, fmt, ids[m] * D + d);
+        memcpy(h + m * D, embed + ids[m] * D, sizeof(float) * D);
 
     for (int l = 0; l < (int)dims[LAYERS]; l++) {
         const int64_t *t = tensors + l * N_TENSORS;
@@ -275,7 +317,9 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #undef F
     }
     for (int m = 0; m < rows; m++) rms_norm(h + m * D, final_norm, eps, D, x + m * D);
-    linear(head, fmt, NULL, V, D, x, D, logits, V, rows);
+    linear(head, head_fmt, NULL, V, D, x, D, logits, V, rows);
+    for (int64_t e = 0; e < odd_count; e++)   /* the sums a float32 head gives (a linear output is one dot) */
+        for (int m = 0; m < rows; m++) logits[m * V + odd_rows[e]] = dot(odd_values + e * D, x + m * D, D);
     free(buf);
     return 0;
 }

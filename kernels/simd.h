@@ -48,6 +48,15 @@ static inline vec vload_bf16(const uint16_t *p) {
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
+/* VW codes of a 32-value block (kernels' Q4_1 / Q8_0 layouts, cpu_decode.c): `half` picks the high nibbles. */
+static inline vec vload_q4(const uint8_t *q, int half, float d, float m) {
+    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    c = _mm512_and_si512(half ? _mm512_srli_epi32(c, 4) : c, _mm512_set1_epi32(15));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(d), _mm512_set1_ps(m));
+}
+static inline vec vload_q8(const int8_t *q, float d) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), _mm512_set1_ps(d));
+}
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 #define VW 8
@@ -61,6 +70,14 @@ static inline vec vload_bf16(const uint16_t *p) {
 static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 static inline void vstore(float *p, vec a) { _mm256_storeu_ps(p, a); }
+static inline vec vload_q4(const uint8_t *q, int half, float d, float m) {
+    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    c = _mm256_and_si256(half ? _mm256_srli_epi32(c, 4) : c, _mm256_set1_epi32(15));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(d), _mm256_set1_ps(m));
+}
+static inline vec vload_q8(const int8_t *q, float d) {
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q))), _mm256_set1_ps(d));
+}
 #else
 #define VW 1
 typedef float vec;
@@ -71,6 +88,10 @@ static inline vec vload_bf16(const uint16_t *p) { return bf16_value(p); }
 static inline vec vfma(vec a, vec b, vec c) { return fmaf(a, b, c); }
 static inline vec vsub(vec a, vec b) { return a - b; }
 static inline void vstore(float *p, vec a) { *p = a; }
+static inline vec vload_q4(const uint8_t *q, int half, float d, float m) {
+    return fmaf((float)((half ? *q >> 4 : *q) & 15), d, m);
+}
+static inline vec vload_q8(const int8_t *q, float d) { return (float)*q * d; }
 #endif
 #define STEPS (LANES / VW)
 

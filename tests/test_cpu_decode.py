@@ -1,11 +1,11 @@
 """The fused CPU decode step (kernels/cpu_decode.c) against the eager forward and against transformers.
 
-Every weight format (float32, float16, bfloat16) and every vector path (AVX-512, AVX2 + F16C, plain C) is
-built and compared with the eager forward on random models: biases, no q/k-norm, odd sizes that leave
-vector tails, llama-4 query scaling, rows with different prefix lengths, read-only forwards. The HF
-families (qwen2/3, llama, mistral, ministral3 with YaRN) are compared with transformers' own logits in
-test_hf_crosscheck.py. Here the engine is also checked to decode through it, with the tokens it would
-decode eagerly.
+Every weight format (float32, float16, bfloat16, GGUF Q4_1 / Q8_0 blocks) and every vector path (AVX-512,
+AVX2 + F16C, plain C) is built and compared with the eager forward on random models: biases, no q/k-norm, odd
+sizes that leave vector tails, llama-4 query scaling, rows with different prefix lengths, read-only forwards.
+The HF families (qwen2/3, llama, mistral, ministral3 with YaRN) are compared with transformers' own logits in
+test_hf_crosscheck.py. Here the engine is also checked to decode through it, with the tokens it would decode
+eagerly.
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ import torch
 from support.plans import forward
 
 from backend.engine.engine import Engine
-from backend.forward.fused_step import MAX_CHUNK, FusedDecode, fused_decode, supported, weight_format
+from backend.forward import weight_blocks
+from backend.forward.fused_step import MAX_CHUNK, FusedDecode, fused_decode, supported
+from backend.forward.weight_blocks import pack
 from backend.model.config import ModelConfig
 from backend.model.rope import RopeSpec
 from backend.model.transformer import KVContext, PagedKV, Transformer, interleaved_mask
@@ -100,7 +102,7 @@ def test_fused_step_equals_eager(lib, config, fmt, queries):
     cfg = CONFIGS[config]
     model = random_model(cfg, fmt)
     fused = FusedDecode(model, lib)
-    assert fused.format == fmt
+    assert fused.format == {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[fmt]
     for lengths in ([0], [7], [12, 3, 0, 9]):
         ids, positions, prefix, valid, write = batch(lengths, queries, cfg.vocab_size)
         padded = valid if len(set(lengths)) > 1 else None
@@ -342,15 +344,83 @@ def test_other_forwards_run_eagerly(lib):
     assert FusedDecode.accepts(MAX_CHUNK, "strict_causal", None, True)
 
 
-def test_weight_format_is_exact():
-    w = torch.randn(8, 8)
+def gguf_values(w: torch.Tensor, kind: str) -> torch.Tensor:
+    """w quantized and dequantized by gguf-py (the GGUF reference code, not ours)."""
+    from gguf import GGMLQuantizationType, quants
+    kind_ = getattr(GGMLQuantizationType, kind)
+    return torch.from_numpy(quants.dequantize(quants.quantize(w.numpy(), kind_), kind_)).float()
+
+
+def unpack(packed: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Our block layouts read back in Python (cpu_decode.c's Q4_1 / Q8_0 structs)."""
+    out = packed.shape[0]
+    if fmt == "q4_1":
+        b = packed.view(out, -1, 24)
+        scale = b[..., :8].contiguous().view(torch.float32)
+        codes = torch.cat([b[..., 8:] & 15, b[..., 8:] >> 4], -1).float()
+        return (codes * scale[..., :1] + scale[..., 1:]).view(out, -1)
+    b = packed.view(out, -1, 36)
+    codes, scale = b[..., 4:].contiguous().view(torch.int8).float(), b[..., :4].contiguous().view(torch.float32)
+    return (codes * scale).view(out, -1)
+
+
+def test_weight_formats_are_exact():
+    w = torch.randn(8, 64)
     tiny = w * 2 ** -20                  # below float16's normal range: bfloat16 keeps these, float16 does not
-    assert weight_format([w]) == torch.float32
-    assert weight_format([w.half().float()]) == torch.float16
-    assert weight_format([w.bfloat16().float()]) == torch.float16   # 8 significant bits fit float16's 11
-    assert weight_format([tiny.bfloat16().float()]) == torch.bfloat16
-    assert weight_format([w.half().float(), w]) == torch.float32
-    assert weight_format([torch.tensor([[2.0 ** 17]])]) == torch.bfloat16  # beyond float16's range
+    assert pack([w]).format == "f32"
+    assert pack([w.half().float()]).format == "f16"
+    assert pack([w.bfloat16().float()]).format == "f16"   # 8 significant bits fit float16's 11
+    assert pack([tiny.bfloat16().float()]).format == "bf16"
+    assert pack([w.half().float(), w]).format == "f32"
+    assert pack([torch.tensor([[2.0 ** 17]])]).format == "bf16"  # beyond float16's range
+    for kind in ("Q4_1", "Q8_0"):
+        values = gguf_values(w, kind)
+        packed = pack([values])
+        assert packed.format == kind.lower() and packed.odd_rows[0].numel() == 0
+        assert torch.equal(unpack(packed.copies[0], packed.format), values)    # bit for bit
+        assert pack([values], blocks=False).format == "f32"
+    odd = gguf_values(w, "Q4_1")
+    odd[3] = torch.randn(64)             # one row no block holds: a trained MASK embedding
+    assert pack([odd]).format == "f32"
+    spared = pack([odd], spare_rows=1)
+    assert spared.format == "q4_1" and spared.odd_rows[0].tolist() == [3]
+    assert torch.equal(spared.odd_values[0], odd[3:4])
+    assert pack([gguf_values(w, "Q4_1")[:, :40].contiguous()]).format == "f32"   # rows of no multiple of 32
+
+
+def gguf_model(cfg: ModelConfig) -> Transformer:
+    """A random model as the real default model comes from its GGUF: Q4_1 projections, a Q8_0 embedding (tied
+    head) with one row replaced (an adapter's trained MASK row), float32 norms."""
+    model = random_model(cfg, torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(gguf_values(p.detach().contiguous(), "Q8_0" if "embed" in name else "Q4_1"))
+        model.embed_tokens.weight[5] = 0.15 * torch.randn(cfg.hidden_size)
+    return model
+
+
+def test_gguf_blocks_give_the_float32_steps_numbers(lib, monkeypatch):
+    """The block formats are the float32 weights: 1- and 2-row steps (which read them) give the float32 step's
+    logits bit for bit, the odd head row included, and match the eager forward."""
+    cfg = CONFIGS["qwen3"]
+    model = gguf_model(cfg)
+    fused = FusedDecode(model, lib)
+    assert (fused.format, fused.head_format) == ("q4_1", "q8_0")
+    assert fused.narrow.head.odd_rows[0].tolist() == [5]
+    monkeypatch.setattr(weight_blocks, "PACKERS", {})
+    plain = FusedDecode(model, lib)
+    assert (plain.format, plain.head_format) == ("f32", "f32")
+    for lengths, queries in (([7], 1), ([9], 2), ([12, 3], 1), ([4], 5)):
+        ids, positions, prefix, valid, write = batch(lengths, queries, cfg.vocab_size)
+        ids[0, 0] = 5
+        padded = valid if len(set(lengths)) > 1 else None
+        with torch.inference_mode():
+            got = forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, padded, write))
+            want = forward(plain, ids, positions, kv=KVContext(filled_cache(cfg), prefix, padded, write))
+            eager = model(ids, positions, kv=KVContext(filled_cache(cfg), prefix, padded, write))
+        assert torch.equal(got, want), (lengths, queries)
+        assert (got - eager).abs().max().item() <= 1e-5 * max(eager.abs().max().item(), 1.0)
 
 
 def test_unsupported_models_and_missing_compiler_decode_eagerly():
@@ -399,13 +469,13 @@ def test_engine_decodes_through_the_fused_step(loaded, heldout_prompts):
     and verifies, quadratic's masked verifies and block_diffusion's bidirectional blocks."""
     fused_engine, eager_engine = Engine(loaded, num_slots=4096, check_invariants=True), Engine(loaded, 4096)
     step = fused_engine.rt.backend
-    assert isinstance(step, FusedDecode) and step.format == torch.float16
+    assert isinstance(step, FusedDecode) and step.format == "f16"
     eager_engine.rt.backend = eager_engine.rt.eager
     calls = []
     lib = step.lib
 
     def counting(*args):
-        calls.append(args[6])   # rows
+        calls.append(args[9])   # rows
         return lib.decode_step(*args)
 
     step.lib = SimpleNamespace(decode_step=counting)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from backend.forward.plan import Eager, ForwardBackend, ForwardPlan, ForwardResult
+from backend.forward.weight_blocks import BLOCK_FORMATS, FORMATS, Packed, pack
 from backend.model.transformer import KVContext, PagedKV, Transformer
 from kernels.native import ENABLED, library, ptr
 
@@ -33,18 +34,11 @@ MAX_CHUNK = 32
 """Query rows per request the fused step takes (verify chunks, short prompts' prefills); longer chunks are
 compute-bound, where eager GEMMs win (measured crossover ~40 rows at prefix 60, one thread)."""
 BIASES = LAYER_TENSORS[4:8]
-FORMATS = (torch.float32, torch.float16, torch.bfloat16)
-"""cpu_decode.c's weight formats, by their enum value."""
-
-
-def weight_format(weights: list[Tensor]) -> torch.dtype:
-    """The narrowest format that holds every weight exactly (a float16 checkpoint loaded as float32: float16)."""
-    for dtype in (torch.float16, torch.bfloat16):
-        if all(torch.equal(w.to(dtype).float(), w) for w in weights):
-            return dtype
-    return torch.float32
-
-
+NARROW_ROWS = 2
+"""Rows up to which a forward reads the block formats (memory-bound; measured faster up to 2 rows, slower from 4 on
+an AVX2 EPYC: docs/performance.md); wider forwards read the float32 copy."""
+ODD_HEAD_ROWS = 16
+"""Head rows that may sit outside the head's block format, summed in float32 (an adapter's trained MASK row)."""
 def supported(model: Transformer, cache: PagedKV) -> str | None:
     """Why the fused step cannot run this model (None: it can)."""
     weight = model.embed_tokens.weight
@@ -143,47 +137,72 @@ class StepPointers:
     embed: Any
     final_norm: Any
     head: Any
-    lora: Any
+    odd_rows: Any
+    odd_count: int
+    odd_values: Any
+
+
+@dataclass
+class WeightSet:
+    """One layout of the step's weights: the projections and the head each in one format (weight_blocks.pack),
+    the tables cpu_decode.c reads them through, and the copies those tables point at."""
+    projections: Packed
+    head: Packed
+    dims: Tensor
+    tensors: Tensor
+    pointers: StepPointers
 
 
 class FusedDecode:
     """The forward backend for short causal chunks (decode steps, few-row verifies and drafts, the adapter on at
     any rows), as one call into cpu_decode.c; any other plan runs on `fallback` (the runtime's eager backend;
-    default: one of its own). It reads its own copies of the weights (row-major, in weight_format's dtype), made
-    here once: rebuild it if they change."""
+    default: one of its own). It reads its own copies of the weights (row-major), made here once: rebuild it if
+    they change. Each weight group is in the narrowest format that holds it exactly (weight_blocks.pack); a block
+    format (a GGUF model's Q4_1 / Q8_0) streams a fraction of the bytes but widens every weight on each pass, so
+    forwards of more than NARROW_ROWS rows, compute-bound, read a float32 copy instead: the same numbers."""
 
     def __init__(self, model: Transformer, lib: Any, fallback: ForwardBackend | None = None):
         cfg = model.cfg
         self.fallback, self.lib = fallback or Eager(model), lib
         with torch.no_grad():
-            layers = [dict(layer.named_modules()) for layer in model.layers]
+            self.layers = [dict(layer.named_modules()) for layer in model.layers]
             head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-            projections = [m[name].weight for m in layers for name in PROJECTIONS] + [model.embed_tokens.weight, head]
-            self.format = weight_format(projections)
-            copies: dict[int, Tensor] = {}   # one copy per distinct weight (a tied head is the embedding)
+            projections = [m[name].weight for m in self.layers for name in PROJECTIONS]
+            copies: dict[int, Tensor] = {}   # one float32 copy per distinct small tensor
 
-            def copy(w: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+            def copy(w: Tensor | None) -> Tensor | None:
                 if w is not None and id(w) not in copies:
-                    copies[id(w)] = w.detach().to(dtype).contiguous()
+                    copies[id(w)] = w.detach().float().contiguous()
                 return None if w is None else copies[id(w)]
 
-            self.tensors = address_table(
-                [[copy(getattr(m.get(name), "weight", None), torch.float32) for name in LAYER_TENSORS[:4]]
-                 + [copy(m[name].weight, self.format) for name in PROJECTIONS]
-                 + [copy(m[name].bias, torch.float32) for name in BIASES] for m in layers])
-            embed, head_copy = copy(model.embed_tokens.weight, self.format), copy(head, self.format)
-            final_norm = copy(model.norm.weight, torch.float32)
-            self.has_adapter = any(getattr(m[name], "lora_A", None) is not None for m in layers for name in PROJECTIONS)
-            self.lora, self.lora_rank, self.lora_scale = self._lora_table(layers, copy)
+            self.small = [[copy(getattr(m.get(name), "weight", None)) for name in LAYER_TENSORS[:4]]
+                          + [copy(m[name].bias) for name in BIASES] for m in self.layers]
+            self.embed, self.final_norm = copy(model.embed_tokens.weight), copy(model.norm.weight)
+            self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
+            self.narrow = self._weights(cfg, pack(projections), pack([head], spare_rows=ODD_HEAD_ROWS))
+            blocks = self.narrow.projections.format in BLOCK_FORMATS or self.narrow.head.format in BLOCK_FORMATS
+            self.wide = self._weights(cfg, pack(projections, blocks=False), pack([head], blocks=False)) \
+                if blocks else self.narrow
+            self.format, self.head_format = self.narrow.projections.format, self.narrow.head.format
+            self.has_adapter = any(getattr(m[name], "lora_A", None) is not None
+                                   for m in self.layers for name in PROJECTIONS)
+            self.lora, self.lora_rank, self.lora_scale = self._lora_table(self.layers, copy)
             self.copies = list(copies.values())   # keeps what the tables point at alive
-        self.dims = torch.tensor([cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
-                                  cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                  cfg.vocab_size, FORMATS.index(self.format)], dtype=torch.long)
-        self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
+        self.lora_pointer = ptr(self.lora)
         self.vocab = cfg.vocab_size
         self.rope = RopeTable(model)
-        self.pointers = StepPointers(ptr(self.dims), ptr(self.eps), ptr(self.tensors), ptr(embed), ptr(final_norm),
-                                     ptr(head_copy), ptr(self.lora))
+
+    def _weights(self, cfg: Any, projections: Packed, head: Packed) -> WeightSet:
+        per_layer = iter(projections.copies)
+        tensors = address_table([small[:4] + [next(per_layer) for _ in PROJECTIONS] + small[4:]
+                                 for small in self.small])
+        dims = torch.tensor([cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
+                             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size,
+                             FORMATS.index(projections.format), FORMATS.index(head.format)], dtype=torch.long)
+        pointers = StepPointers(ptr(dims), ptr(self.eps), ptr(tensors), ptr(self.embed), ptr(self.final_norm),
+                                ptr(head.copies[0]), ptr(head.odd_rows[0]), head.odd_rows[0].numel(),
+                                ptr(head.odd_values[0]))
+        return WeightSet(projections, head, dims, tensors, pointers)
 
     @staticmethod
     def _lora_table(layers: list[dict], copy) -> tuple[Tensor | None, int, float]:
@@ -196,7 +215,7 @@ class FusedDecode:
             return None, 0, 0.0
         (rank, scale), = shapes
         table = [[w for name in PROJECTIONS for w in
-                  ((copy(m[name].lora_A, torch.float32), copy(m[name].lora_B, torch.float32))
+                  ((copy(m[name].lora_A), copy(m[name].lora_B))
                    if getattr(m[name], "lora_A", None) is not None else (None, None))] for m in layers]
         return address_table(table), rank, scale
 
@@ -242,12 +261,13 @@ class FusedDecode:
         self.rope.cover(int(at.max()))
         rope = self.rope
         logits = torch.empty(requests, queries, self.vocab, dtype=torch.float32)
+        weights = (self.narrow if requests * queries <= NARROW_ROWS else self.wide).pointers
         status = self.lib.decode_step(
-            self.pointers.dims, self.pointers.eps, self.pointers.tensors, self.pointers.embed,
-            self.pointers.final_norm, self.pointers.head, requests * queries, ptr(ids_), ptr(at), ptr(rope.cos),
-            ptr(rope.sin), ptr(rope.q_scale), ptr(prefix), prefix.shape[1], ptr(lengths), ptr(write),
+            weights.dims, weights.eps, weights.tensors, weights.embed, weights.final_norm, weights.head,
+            weights.odd_rows, weights.odd_count, weights.odd_values, requests * queries, ptr(ids_), ptr(at),
+            ptr(rope.cos), ptr(rope.sin), ptr(rope.q_scale), ptr(prefix), prefix.shape[1], ptr(lengths), ptr(write),
             ptr(kv.cache.k), ptr(kv.cache.v), kv.cache.k.stride(0), queries if block else 0,
-            self.pointers.lora if adapter is not None else ptr(None), self.lora_rank, self.lora_scale, ptr(adapter),
+            self.lora_pointer if adapter is not None else ptr(None), self.lora_rank, self.lora_scale, ptr(adapter),
             ptr(logits))
         if status:
             raise MemoryError("fused decode step: out of memory")

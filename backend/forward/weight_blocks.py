@@ -1,0 +1,105 @@
+"""The fused step's weight formats (kernels/cpu_decode.c's enum), and how a float32 weight is packed into the
+narrowest one that holds it exactly.
+
+Besides float16 / bfloat16, a weight dequantized from a GGUF Q4_1 or Q8_0 tensor (the real default model's) is
+found again in its float32 values: per block of 32 values along a row, Q4_1 is d * q + m with q in 0..15 (m the
+block's minimum, where q = 0), Q8_0 is d * q with |q| <= 127 (d the block's largest magnitude over 127). d, m
+are float16 in the file; d * q is exact in float32, so the one rounding of + m is the dequantizer's own. A block
+is packed only when every value comes back bit for bit, so a packed weight is the float32 weight: a fifth of the
+bytes to stream for Q4_1, and the same sums."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+FORMATS = ("f32", "f16", "bf16", "q4_1", "q8_0")
+"""cpu_decode.c's weight formats, by their enum value."""
+BLOCK = 32
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def f16_neighbours(x: Tensor) -> Tensor:
+    """[3, ...] float32: x rounded to float16, and the float16 values just below and above it."""
+    bits = x.to(torch.float16).view(torch.int16)
+    return torch.stack([(bits + k).view(torch.float16) for k in (0, -1, 1)]).float()
+
+
+def exact_codes(blocks: Tensor, scales: Tensor, low: Tensor, lo: int, hi: int) -> tuple[Tensor, Tensor, Tensor]:
+    """For blocks [B, 32] and candidate scales [C, B]: per block the first candidate d whose codes
+    q = round((x - low) / d) in lo..hi give back every value as d * q + low: (d [B], q [B, 32] int32, found [B]
+    bool). Each candidate is tried on the blocks still open only."""
+    d, codes = scales[0].clone(), torch.zeros(blocks.shape, dtype=torch.int32)
+    found = torch.zeros(blocks.shape[0], dtype=torch.bool)
+    for candidate in scales:
+        open_ = (~found).nonzero()[:, 0]
+        if open_.numel() == 0:
+            break
+        x, c, base = blocks[open_], candidate[open_, None], low[open_, None]
+        q = torch.round((x - base) / torch.where(c == 0, torch.ones_like(c), c)).clamp(lo, hi)
+        q = torch.where(c == 0, torch.zeros_like(q), q)
+        ok = (c * q + base == x).all(-1)
+        hit = open_[ok]
+        d[hit], codes[hit], found[hit] = candidate[hit], q[ok].to(torch.int32), True
+    return d, codes, found
+
+
+def q4_1(w: Tensor) -> tuple[Tensor, Tensor]:
+    """w [out, in] as Q4_1 blocks (uint8 [out, in / 32 * 24]: d, m float32, 16 code bytes), and which rows
+    [out] bool it holds exactly."""
+    blocks = w.reshape(-1, BLOCK)
+    low = blocks.amin(-1)
+    d, q, found = exact_codes(blocks, f16_neighbours((blocks.amax(-1) - low) / 15), low, 0, 15)
+    nibbles = (q[:, :16] | (q[:, 16:] << 4)).to(torch.uint8)
+    packed = torch.cat([torch.stack([d, low], -1).view(torch.uint8), nibbles], -1)
+    return packed.reshape(w.shape[0], -1), found.view(w.shape[0], -1).all(-1)
+
+
+def q8_0(w: Tensor) -> tuple[Tensor, Tensor]:
+    """w [out, in] as Q8_0 blocks (uint8 [out, in / 32 * 36]: d float32, 32 int8 codes), and which rows [out]
+    bool it holds exactly."""
+    blocks = w.reshape(-1, BLOCK)
+    d, q, found = exact_codes(blocks, f16_neighbours(blocks.abs().amax(-1) / 127), torch.zeros(blocks.shape[0]),
+                              -127, 127)
+    packed = torch.cat([d[:, None].view(torch.uint8), q.to(torch.int8).view(torch.uint8)], -1)
+    return packed.reshape(w.shape[0], -1), found.view(w.shape[0], -1).all(-1)
+
+
+PACKERS = {"q4_1": q4_1, "q8_0": q8_0}
+BLOCK_FORMATS = tuple(PACKERS)
+
+
+@dataclass
+class Packed:
+    """A weight group in one format: each weight's row-major copy, and for each the rows [k] (int64) that the
+    format does not hold, with their float32 values [k, in] (a block format's few odd rows; empty otherwise)."""
+    format: str
+    copies: list[Tensor]
+    odd_rows: list[Tensor]
+    odd_values: list[Tensor]
+
+
+def pack(weights: list[Tensor], spare_rows: int = 0, blocks: bool = True) -> Packed:
+    """The narrowest format that holds every weight of the group exactly, but for at most `spare_rows` rows of
+    each (the head's: an adapter's trained MASK row is no GGUF block). The block formats need rows of a multiple
+    of 32 values; the first weight that fails a format is the last one tried in it. blocks=False: only the
+    float formats."""
+    weights = [w.detach().float().contiguous() for w in weights]
+    if blocks and all(w.shape[-1] % BLOCK == 0 for w in weights):
+        for name, packer in PACKERS.items():
+            copies, odd = [], []
+            for w in weights:
+                packed, exact = packer(w)
+                if int((~exact).sum()) > spare_rows:
+                    break
+                copies.append(packed)
+                odd.append((~exact).nonzero()[:, 0])
+            else:
+                return Packed(name, copies, odd, [w[rows].contiguous() for w, rows in zip(weights, odd, strict=True)])
+    none = [torch.zeros(0, dtype=torch.long)] * len(weights)
+    empty = [w[:0] for w in weights]
+    for name, dtype in DTYPES.items():
+        if all(torch.equal(w.to(dtype).float(), w) for w in weights):
+            return Packed(name, [w.to(dtype) for w in weights], none, empty)
+    return Packed("f32", weights, none, empty)
