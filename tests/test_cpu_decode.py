@@ -401,8 +401,8 @@ def gguf_model(cfg: ModelConfig) -> Transformer:
 
 
 def test_gguf_blocks_give_the_float32_steps_numbers(lib, monkeypatch):
-    """The block formats are the float32 weights: 1- and 2-row steps (which read them) give the float32 step's
-    logits bit for bit, the odd head row included, and match the eager forward."""
+    """The block formats are the float32 weights: steps of up to NARROW_ROWS rows (which read them) give the
+    float32 step's logits bit for bit, the odd head row included, and match the eager forward."""
     cfg = CONFIGS["qwen3"]
     model = gguf_model(cfg)
     fused = FusedDecode(model, lib)
@@ -411,7 +411,7 @@ def test_gguf_blocks_give_the_float32_steps_numbers(lib, monkeypatch):
     monkeypatch.setattr(weight_blocks, "PACKERS", {})
     plain = FusedDecode(model, lib)
     assert (plain.format, plain.head_format) == ("f32", "f32")
-    for lengths, queries in (([7], 1), ([9], 2), ([12, 3], 1), ([4], 5)):
+    for lengths, queries in (([7], 1), ([9], 2), ([6], 3), ([12, 3], 1), ([4], 5)):
         ids, positions, prefix, valid, write = batch(lengths, queries, cfg.vocab_size)
         ids[0, 0] = 5
         padded = valid if len(set(lengths)) > 1 else None

@@ -34,9 +34,10 @@ MAX_CHUNK = 32
 """Query rows per request the fused step takes (verify chunks, short prompts' prefills); longer chunks are
 compute-bound, where eager GEMMs win (measured crossover ~40 rows at prefix 60, one thread)."""
 BIASES = LAYER_TENSORS[4:8]
-NARROW_ROWS = 2
-"""Rows up to which a forward reads the block formats (memory-bound; measured faster up to 2 rows, slower from 4 on
-an AVX2 EPYC: docs/performance.md); wider forwards read the float32 copy."""
+NARROW_ROWS = 3
+"""Rows up to which a forward reads the block formats (memory-bound: one pass over the blocks on AVX2; measured
+faster up to 3 rows and no faster from 4 on an AVX2 EPYC, docs/performance.md); wider forwards read the float32
+copy."""
 ODD_HEAD_ROWS = 16
 """Head rows that may sit outside the head's block format, summed in float32 (an adapter's trained MASK row)."""
 def supported(model: Transformer, cache: PagedKV) -> str | None:
