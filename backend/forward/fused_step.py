@@ -166,9 +166,9 @@ class FusedDecode:
         cfg = model.cfg
         self.fallback, self.lib = fallback or Eager(model), lib
         with torch.no_grad():
-            self.layers = [dict(layer.named_modules()) for layer in model.layers]
+            layers = [dict(layer.named_modules()) for layer in model.layers]
             head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-            projections = [m[name].weight for m in self.layers for name in PROJECTIONS]
+            projections = [m[name].weight for m in layers for name in PROJECTIONS]
             copies: dict[int, Tensor] = {}   # one float32 copy per distinct small tensor
 
             def copy(w: Tensor | None) -> Tensor | None:
@@ -177,7 +177,7 @@ class FusedDecode:
                 return None if w is None else copies[id(w)]
 
             self.small = [[copy(getattr(m.get(name), "weight", None)) for name in LAYER_TENSORS[:4]]
-                          + [copy(m[name].bias) for name in BIASES] for m in self.layers]
+                          + [copy(m[name].bias) for name in BIASES] for m in layers]
             self.embed, self.final_norm = copy(model.embed_tokens.weight), copy(model.norm.weight)
             self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
             self.narrow = self._weights(cfg, pack(projections), pack([head], spare_rows=ODD_HEAD_ROWS))
@@ -186,8 +186,8 @@ class FusedDecode:
                 if blocks else self.narrow
             self.format, self.head_format = self.narrow.projections.format, self.narrow.head.format
             self.has_adapter = any(getattr(m[name], "lora_A", None) is not None
-                                   for m in self.layers for name in PROJECTIONS)
-            self.lora, self.lora_rank, self.lora_scale = self._lora_table(self.layers, copy)
+                                   for m in layers for name in PROJECTIONS)
+            self.lora, self.lora_rank, self.lora_scale = self._lora_table(layers, copy)
             self.copies = list(copies.values())   # keeps what the tables point at alive
         self.lora_pointer = ptr(self.lora)
         self.vocab = cfg.vocab_size
