@@ -81,7 +81,14 @@ def chat(page: Any, mode: str) -> None:
     page.fill("#chat-input textarea", PROMPT)
     page.press("#chat-input textarea", "Enter")
     page.wait_for_function("n => document.querySelectorAll('#chat-bot .bot').length > n", arg=answers)
-    page.wait_for_selector(f"#chat-bot .bot:last-of-type >> text=/{mode}\\s*· TPF/")
+    wait_last_answer(page, f"{mode}\\s*· TPF")
+
+
+def wait_last_answer(page: Any, pattern: str, timeout: float | None = None) -> None:
+    """Wait until the chat's last answer matches the regular expression `pattern`. (A `.bot:last-of-type` selector
+    matches every answer, each being the last of its own row, so it also finds an earlier answer's text.)"""
+    page.wait_for_function("p => new RegExp(p).test([...document.querySelectorAll('#chat-bot .bot')].pop()?.innerText"
+                           " ?? '')", arg=pattern, **({} if timeout is None else {"timeout": timeout}))
 
 
 CODE_PROMPT = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "

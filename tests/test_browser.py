@@ -26,6 +26,7 @@ from browser import (
     set_number,
     shot,
     start_long_raw_run,
+    wait_last_answer,
 )
 from fastapi import FastAPI
 from live_server import free_port, serving
@@ -227,7 +228,7 @@ def test_stop_ends_the_run_and_shows_it(page) -> None:
     """Issue 16.6: Stop cancels the run; the answer keeps its text with a "stopped" note and the run's stats."""
     start_long_raw_run(page, "spiffy", 256)
     page.click("#chat-stop")
-    page.wait_for_selector("#chat-bot .bot:last-of-type >> text=stopped")
+    wait_last_answer(page, "stopped")
     assert "(cancelled)" in last_answer(page) and "TPF" in last_answer(page)
     run_id = page.input_value("#chat-run textarea")
     run = stored_run(page, run_id)
@@ -286,7 +287,7 @@ def test_visualizer_follows_a_chat_run_live(page) -> None:
     page.wait_for_function("n => Number(document.querySelector('#viz-slider').max) > n", arg=seen, timeout=90_000)
     page.get_by_role("tab", name="Chat").click()
     page.click("#chat-stop")
-    page.wait_for_selector("#chat-bot .bot:last-of-type >> text=⏹ stopped", timeout=90_000)
+    wait_last_answer(page, "⏹ stopped", timeout=90_000)
     page.get_by_role("tab", name="Visualizer").click()
     page.wait_for_function("() => document.querySelector('#viz-summary').innerText.includes(' cancelled ')",
                            timeout=60_000)
@@ -474,7 +475,7 @@ def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -
         page.wait_for_selector("#chat-queued >> text=never answered", timeout=60_000)   # shown as waiting
     finally:  # stopped also when the check fails: a 900-token stream would go on under the next test
         page.locator("#chat-stop").dispatch_event("click")  # as a user clicks: no wait for a still layout
-    page.wait_for_selector("#chat-bot .bot:last-of-type >> text=⏹ stopped", timeout=90_000)
+    wait_last_answer(page, "⏹ stopped", timeout=90_000)
     page.wait_for_timeout(1500)
     assert page.locator("#chat-bot .user").count() == 1 and page.locator("#chat-queued").count() == 0
     page.uncheck("#param-raw input[type=checkbox]")

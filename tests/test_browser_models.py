@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import NEEDS_BROWSER, chat, choose, new_page, shot, start_long_raw_run
+from browser import NEEDS_BROWSER, chat, choose, new_page, shot, start_long_raw_run, wait_last_answer
 from hf_tiny import save_hf
 from serve_process import Served
 
@@ -89,7 +89,7 @@ def test_a_run_cancelled_by_a_model_switch_says_so(page, server) -> None:
     page.get_by_role("tab", name="Chat").click()
     start_long_raw_run(page, "specfold", 900)   # hundreds of traced rounds: still going when the switch comes
     httpx.post(f"{server}/api/models/rand-b", timeout=60).raise_for_status()
-    page.wait_for_selector("#chat-bot .bot:last-of-type >> text=switched models")
+    wait_last_answer(page, "switched models")
     assert "⏹ stopped" not in page.locator("#chat-bot .bot").last.inner_text()
     run = httpx.get(f"{server}/api/runs/{page.input_value('#chat-run textarea')}").json()
     assert run["status"] == "cancelled"
