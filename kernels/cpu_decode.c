@@ -37,13 +37,6 @@ enum { IN_NORM, POST_NORM, Q_NORM, K_NORM, WQ, WK, WV, WO, WGATE, WUP, WDOWN, BQ
 /* Dimensions, in this order, in the `dims` table. */
 enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT, HEAD_FORMAT };
 
-/* Query rows that share each weight load: their accumulators (ROW_BLOCK x 4 vectors, one vector step at a time)
-   and the 4 weight vectors stay in registers (16 on AVX2, where the x loads are the FMAs' memory operands). */
-#if VW == 8
-#define ROW_BLOCK 3
-#else
-#define ROW_BLOCK 4
-#endif
 /* Weight rows are requested PREFETCH_AHEAD elements ahead of their loads, into L1 (locality 3) unless
    kernels/native.py asks for the non-temporal hint (locality 0, 256 ahead) on AMD CPUs: on an EPYC it measured ~8 %
    faster than no prefetch. On a Sapphire Rapids Xeon that hint made a token 2.2x slower (1550 vs 690 us), and t0
@@ -60,6 +53,23 @@ enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT, HEAD_FOR
    split a linear's outputs, so every output is summed as on one thread and the numbers do not depend on their
    count. */
 #define PARALLEL_MIN 32768
+
+/* Forwards of fewer than WIDE_ROWS rows are memory-bound: each pass streams 4 weight rows once, widening them
+   in registers, for all the rows (their accumulators, up to 3 x 4 vectors a vector step, and the 4 weight
+   vectors fit AVX2's 16 registers). Wider forwards are compute-bound: a linear widens TILE_OUTS weight rows at a
+   time into a float32 tile (float32 rows are read where they are) and runs the query rows over it WIDE_BLOCK
+   at a time, 2 x TILE_OUTS accumulators: each weight is widened once per forward, and a pass loads 14 vectors
+   per 12 FMAs (4 x 3 rows loaded 24: the compiler reloads the weights per row). On an AVX2 EPYC, an 8-row forward
+   of the default model took 44.5 ms, against 60.1 ms when it streamed float32 copies 4 x 3 at a time
+   (docs/performance.md). */
+#define WIDE_ROWS 4
+#define TILE_OUTS 6
+#ifdef _OPENMP
+#define THREAD omp_get_thread_num()
+#else
+#define THREAD 0
+#endif
+#define WIDE_BLOCK 2
 
 /* Per format: the bytes of a row of `in` values, the address of value i of a row (for prefetches), the VW values
    from value j (a multiple of VW) and value k alone (a row's tail). */
@@ -88,26 +98,55 @@ static inline float q4_value(const q4_1_block *b, int64_t k) {
     return fmaf((float)((k & 16 ? b->q[k & 15] >> 4 : b->q[k & 15]) & 15), b->d, b->m);
 }
 
-/* y[m, o] = sum_i w[o, i] x[m, i] for `rows` rows. Four output rows share each pass over x, and ROW_BLOCK query
-   rows share each weight load (and its widening), so a chunk of rows is not a chunk of weight streams. Every
-   (row, output) accumulates its products in the same order as a lone row would: a chunk row is the decode step's
-   number bit for bit. Weight rows are prefetched ahead (see PREFETCH_LOCALITY). */
-#define DEFINE_LINEAR(NAME, BYTES, AT, LOAD, SCALAR)                                                                        \
-    static inline __attribute__((always_inline)) void NAME##_block(const uint8_t *const *wr, int n, int in,       \
-                                                                   const float *x, int64_t ldx, float *y,     \
-                                                                   int64_t ldy, int rb, int prefetch) {       \
-        vec acc[ROW_BLOCK][4][STEPS];                                                                         \
+/* y[m, o] = sum_i w[o, i] x[m, i] for rb rows (< WIDE_ROWS) of a wide forward's weight rows tr (float32, n of
+   them real; TILE_OUTS accumulators a row). Every (row, output) accumulates its products in the same order as the
+   narrow pass and a lone row do: LANES partial sums over the vector steps, lane_sum, then the tail. */
+static inline __attribute__((always_inline)) void wide_block(const float *const *tr, int n, int in, const float *x,
+                                                             int64_t ldx, float *y, int64_t ldy, int rb) {
+    vec acc[WIDE_BLOCK][TILE_OUTS][STEPS];
+    int i = 0;
+    for (int u = 0; u < STEPS; u++) {
+        vec part[WIDE_BLOCK][TILE_OUTS];
+        for (int b = 0; b < rb; b++)
+            for (int r = 0; r < TILE_OUTS; r++) part[b][r] = vzero();
+        for (i = 0; i + LANES <= in; i += LANES) {
+            int j = i + u * VW;
+            for (int b = 0; b < rb; b++) {
+                vec xj = vload(x + b * ldx + j);
+                for (int r = 0; r < TILE_OUTS; r++) part[b][r] = vfma(vload(tr[r] + j), xj, part[b][r]);
+            }
+        }
+        for (int b = 0; b < rb; b++)
+            for (int r = 0; r < TILE_OUTS; r++) acc[b][r][u] = part[b][r];
+    }
+    for (int b = 0; b < rb; b++) {
+        const float *xb = x + b * ldx;
+        for (int r = 0; r < n; r++) {
+            float s = lane_sum(acc[b][r]);
+            for (int k = i; k < in; k++) s += tr[r][k] * xb[k];
+            y[b * ldy + r] = s;
+        }
+    }
+}
+
+/* y[m, o] = sum_i w[o, i] x[m, i] for `rows` rows, each (row, output) summed in the same order whatever the
+   rows' count, so a chunk row is the decode step's number bit for bit. Fewer than WIDE_ROWS rows: one pass per 4
+   weight rows, streamed and widened in registers, prefetched ahead (see PREFETCH_LOCALITY); more: over float32
+   tiles (see WIDE_ROWS). */
+#define DEFINE_LINEAR(NAME, BYTES, AT, LOAD, SCALAR)                                                          \
+    static inline __attribute__((always_inline)) void NAME##_block(const uint8_t *const *wr, int n, int in,   \
+                                                                   const float *x, int64_t ldx, float *y, \
+                                                                   int64_t ldy, int rb) {                 \
+        vec acc[WIDE_ROWS - 1][4][STEPS];                                                                     \
         int i = 0;                                                                                            \
         for (int u = 0; u < STEPS; u++) { /* each vector step is its own chain: one at a time fits registers */ \
-            vec part[ROW_BLOCK][4];                                                                           \
+            vec part[WIDE_ROWS - 1][4];                                                                       \
             for (int b = 0; b < rb; b++)                                                                      \
                 for (int r = 0; r < 4; r++) part[b][r] = vzero();                                             \
             for (i = 0; i + LANES <= in; i += LANES) {                                                        \
                 int j = i + u * VW;                                                                           \
-                if (prefetch && u == 0)                                                                       \
+                if (u == 0)                                                                                   \
                     for (int r = 0; r < 4; r++) __builtin_prefetch(AT(wr[r], i + PREFETCH_AHEAD), 0, PREFETCH_LOCALITY); \
-                if (prefetch > 1 && u == 0) /* more row blocks follow: fetch the next 4 weight rows meanwhile */ \
-                    for (int r = 0; r < 4; r++) __builtin_prefetch(AT(wr[r] + 4 * BYTES(in), i), 0, 3);          \
                 vec w0 = LOAD(wr[0], j), w1 = LOAD(wr[1], j), w2 = LOAD(wr[2], j), w3 = LOAD(wr[3], j);   \
                 for (int b = 0; b < rb; b++) {                                                                \
                     const float *xj = x + b * ldx + j;                                                        \
@@ -128,24 +167,53 @@ static inline float q4_value(const q4_1_block *b, int64_t k) {
             for (int r = 0; r < n; r++) y[b * ldy + r] = s[r];                                                \
         }                                                                                                     \
     }                                                                                                         \
+    /* TILE_OUTS weight rows wr widened into tile [TILE_OUTS, in] (the values LOAD gives: exact). */         \
+    static inline void NAME##_widen(const uint8_t *const *wr, int in, float *tile) {                          \
+        for (int r = 0; r < TILE_OUTS; r++) {                                                                 \
+            int j = 0;                                                                                        \
+            for (; j + VW <= in; j += VW) vstore(tile + (int64_t)r * in + j, LOAD(wr[r], j));                 \
+            for (; j < in; j++) tile[(int64_t)r * in + j] = SCALAR(wr[r], j);                                 \
+        }                                                                                                     \
+    }                                                                                                         \
+    static void NAME##_wide(const void *w, int out, int in, const float *x, int64_t ldx, float *y,           \
+                            int64_t ldy, int rows, float *tiles) {                                            \
+        _Pragma("omp parallel if ((int64_t)out * in * rows >= PARALLEL_MIN)")                                  \
+        {                                                                                                     \
+            int direct = BYTES(1) == 4; /* float32 rows are their own tile */                                 \
+            float *tile = direct ? NULL : tiles + (int64_t)THREAD * TILE_OUTS * in;                           \
+            _Pragma("omp for schedule(static)")                                                                \
+            for (int o = 0; o < out; o += TILE_OUTS) {                                                        \
+                int n = out - o < TILE_OUTS ? out - o : TILE_OUTS;                                            \
+                const uint8_t *wr[TILE_OUTS];                                                                 \
+                const float *tr[TILE_OUTS];                                                                   \
+                for (int r = 0; r < TILE_OUTS; r++) wr[r] = (const uint8_t *)w + (o + (r < n ? r : 0)) * BYTES(in); \
+                if (!direct) NAME##_widen(wr, in, tile);                                                      \
+                for (int r = 0; r < TILE_OUTS; r++)                                                           \
+                    tr[r] = direct ? (const float *)wr[r] : tile + (int64_t)(r < n ? r : 0) * in;             \
+                int m = 0;                                                                                    \
+                for (; m + WIDE_BLOCK <= rows; m += WIDE_BLOCK)                                               \
+                    wide_block(tr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, WIDE_BLOCK);                \
+                if (m < rows) wide_block(tr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 1);               \
+            }                                                                                                 \
+        }                                                                                                     \
+    }                                                                                                         \
     static void NAME(const void *w, int out, int in, const float *x, int64_t ldx, float *y, int64_t ldy,     \
-                     int rows) {                                                                            \
+                     int rows, float *tiles) {                                                              \
+        if (rows >= WIDE_ROWS) {                                                                              \
+            NAME##_wide(w, out, in, x, ldx, y, ldy, rows, tiles);                                             \
+            return;                                                                                           \
+        }                                                                                                     \
         _Pragma("omp parallel for schedule(static) if ((int64_t)out * in * rows >= PARALLEL_MIN)")                \
         for (int o = 0; o < out; o += 4) {                                                                    \
             int n = out - o < 4 ? out - o : 4;                                                                \
-            const uint8_t *wr[4];                                                                                \
-            for (int r = 0; r < 4; r++) wr[r] = (const uint8_t *)w + (o + (r < n ? r : 0)) * BYTES(in);                        \
-            int m = 0;                                                                                        \
-            for (; m + ROW_BLOCK <= rows; m += ROW_BLOCK)                                                     \
-                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, ROW_BLOCK,                    \
-                             m == 0 ? 1 + (rows > ROW_BLOCK && o + 4 < out) : 0);                             \
-            /* the last rows share one pass too (a literal count each: unrolled) */                         \
-            if (rows - m == 3)                                                                            \
-                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 3, m == 0);                 \
-            else if (rows - m == 2)                                                                       \
-                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 2, m == 0);                 \
-            else if (rows - m == 1)                                                                       \
-                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 1, m == 0);                 \
+            const uint8_t *wr[4];                                                                             \
+            for (int r = 0; r < 4; r++) wr[r] = (const uint8_t *)w + (o + (r < n ? r : 0)) * BYTES(in);       \
+            if (rows == 3) /* a literal count each: unrolled */                                              \
+                NAME##_block(wr, n, in, x, ldx, y + o, ldy, 3);                                               \
+            else if (rows == 2)                                                                               \
+                NAME##_block(wr, n, in, x, ldx, y + o, ldy, 2);                                               \
+            else                                                                                              \
+                NAME##_block(wr, n, in, x, ldx, y + o, ldy, 1);                                               \
         }                                                                                                     \
     }
 DEFINE_LINEAR(linear_f32, F32_BYTES, F32_AT, F32_LOAD, F32_VALUE)
@@ -154,14 +222,15 @@ DEFINE_LINEAR(linear_bf16, F16_BYTES, F16_AT, BF16_LOAD, BF16_VALUE)
 DEFINE_LINEAR(linear_q4_1, Q4_1_BYTES, Q4_1_AT, Q4_1_LOAD, Q4_1_VALUE)
 DEFINE_LINEAR(linear_q8_0, Q8_0_BYTES, Q8_0_AT, Q8_0_LOAD, Q8_0_VALUE)
 
+/* tiles: room for TILE_OUTS * in floats per thread (a wide forward's widened weight rows). */
 static void linear(const void *w, int format, const float *bias, int out, int in, const float *x, int64_t ldx,
-                   float *y, int64_t ldy, int rows) {
+                   float *y, int64_t ldy, int rows, float *tiles) {
     switch (format) {
-    case F32: linear_f32(w, out, in, x, ldx, y, ldy, rows); break;
-    case F16: linear_f16(w, out, in, x, ldx, y, ldy, rows); break;
-    case BF16: linear_bf16(w, out, in, x, ldx, y, ldy, rows); break;
-    case Q4_1: linear_q4_1(w, out, in, x, ldx, y, ldy, rows); break;
-    default: linear_q8_0(w, out, in, x, ldx, y, ldy, rows);
+    case F32: linear_f32(w, out, in, x, ldx, y, ldy, rows, tiles); break;
+    case F16: linear_f16(w, out, in, x, ldx, y, ldy, rows, tiles); break;
+    case BF16: linear_bf16(w, out, in, x, ldx, y, ldy, rows, tiles); break;
+    case Q4_1: linear_q4_1(w, out, in, x, ldx, y, ldy, rows, tiles); break;
+    default: linear_q8_0(w, out, in, x, ldx, y, ldy, rows, tiles);
     }
     if (bias)
         for (int m = 0; m < rows; m++)
@@ -205,8 +274,8 @@ static void add_lora(const float *a, const float *b, int rank, float scale, int 
         if (on[m]) memcpy(tmp + (int64_t)n++ * in, x + m * ldx, sizeof(float) * in);
     if (!n) return;
     float *t = tmp + (int64_t)n * in, *delta = t + (int64_t)n * rank;
-    linear_f32(a, rank, in, tmp, in, t, rank, n);
-    linear_f32(b, out, rank, t, rank, delta, out, n);
+    linear_f32(a, rank, in, tmp, in, t, rank, n, NULL);   /* float32: no tiles */
+    linear_f32(b, out, rank, t, rank, delta, out, n, NULL);
     for (int m = 0, i = 0; m < rows; m++)
         if (on[m]) {
             for (int o = 0; o < out; o++) y[m * ldy + o] += scale * delta[(int64_t)i * out + o];
@@ -250,12 +319,13 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
     widest = widest > D ? widest : D;
     size_t lora_tmp = lora && lora_on ? (size_t)rows * (2 * widest + lora_rank) : 0;
     int64_t score_room = max_len + own;
+    size_t tile_room = rows >= WIDE_ROWS ? (size_t)threads * TILE_OUTS * widest : 0;
     float *buf = malloc(sizeof(float) * ((size_t)rows * (2 * D + 2 * qs + 2 * kvs + 2 * I) + lora_tmp
-                                         + (size_t)threads * score_room));
+                                         + (size_t)threads * score_room + tile_room));
     if (!buf) return -1;
     float *h = buf, *x = h + rows * D, *q = x + rows * D, *k = q + rows * qs, *v = k + rows * kvs;
     float *att = v + rows * kvs, *gate = att + rows * qs, *up = gate + rows * I, *tmp = up + rows * I;
-    float *scores = tmp + lora_tmp;
+    float *scores = tmp + lora_tmp, *tiles = scores + (size_t)threads * score_room;
 
     for (int m = 0; m < rows; m++)
         memcpy(h + m * D, embed + ids[m] * D, sizeof(float) * D);
@@ -267,7 +337,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #define F(name) ((const float *)(intptr_t)t[name])
 #define PROJECT(name, bias, out, in, src, ldx, dst, ldy)                                                        \
         do {                                                                                                  \
-            linear(W(name), fmt, bias, out, in, src, ldx, dst, ldy, rows);                                    \
+            linear(W(name), fmt, bias, out, in, src, ldx, dst, ldy, rows, tiles);                                  \
             if (lora_tmp && adapter[2 * LORA_OF(name)])                                                       \
                 add_lora((const float *)(intptr_t)adapter[2 * LORA_OF(name)],                                 \
                          (const float *)(intptr_t)adapter[2 * LORA_OF(name) + 1], lora_rank, lora_scale, out, \
@@ -317,7 +387,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #undef F
     }
     for (int m = 0; m < rows; m++) rms_norm(h + m * D, final_norm, eps, D, x + m * D);
-    linear(head, head_fmt, NULL, V, D, x, D, logits, V, rows);
+    linear(head, head_fmt, NULL, V, D, x, D, logits, V, rows, tiles);
     for (int64_t e = 0; e < odd_count; e++)   /* the sums a float32 head gives (a linear output is one dot) */
         for (int m = 0; m < rows; m++) logits[m * V + odd_rows[e]] = dot(odd_values + e * D, x + m * D, D);
     free(buf);

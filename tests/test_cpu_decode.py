@@ -378,7 +378,6 @@ def test_weight_formats_are_exact():
         packed = pack([values])
         assert packed.format == kind.lower() and packed.odd_rows[0].numel() == 0
         assert torch.equal(unpack(packed.copies[0], packed.format), values)    # bit for bit
-        assert pack([values], blocks=False).format == "f32"
     odd = gguf_values(w, "Q4_1")
     odd[3] = torch.randn(64)             # one row no block holds: a trained MASK embedding
     assert pack([odd]).format == "f32"
@@ -401,17 +400,18 @@ def gguf_model(cfg: ModelConfig) -> Transformer:
 
 
 def test_gguf_blocks_give_the_float32_steps_numbers(lib, monkeypatch):
-    """The block formats are the float32 weights: steps of up to NARROW_ROWS rows (which read them) give the
-    float32 step's logits bit for bit, the odd head row included, and match the eager forward."""
+    """The block formats are the float32 weights: steps that read the blocks (few rows) or widen them into float32
+    tiles (TILE_ROWS rows and more, kernels/cpu_decode.c) give the float32 step's logits bit for bit, the odd head
+    row included, and match the eager forward."""
     cfg = CONFIGS["qwen3"]
     model = gguf_model(cfg)
     fused = FusedDecode(model, lib)
     assert (fused.format, fused.head_format) == ("q4_1", "q8_0")
-    assert fused.narrow.head.odd_rows[0].tolist() == [5]
+    assert fused.weights.head.odd_rows[0].tolist() == [5]
     monkeypatch.setattr(weight_blocks, "PACKERS", {})
     plain = FusedDecode(model, lib)
     assert (plain.format, plain.head_format) == ("f32", "f32")
-    for lengths, queries in (([7], 1), ([9], 2), ([6], 3), ([12, 3], 1), ([4], 5)):
+    for lengths, queries in (([7], 1), ([9], 2), ([6], 3), ([12, 3], 1), ([4], 4), ([4], 5), ([5, 8], 4), ([3], 9)):
         ids, positions, prefix, valid, write = batch(lengths, queries, cfg.vocab_size)
         ids[0, 0] = 5
         padded = valid if len(set(lengths)) > 1 else None

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from backend.forward.plan import Eager, ForwardBackend, ForwardPlan, ForwardResult
-from backend.forward.weight_blocks import BLOCK_FORMATS, FORMATS, Packed, pack
+from backend.forward.weight_blocks import FORMATS, Packed, pack
 from backend.model.transformer import KVContext, PagedKV, Transformer
 from kernels.native import ENABLED, library, ptr
 
@@ -34,10 +34,6 @@ MAX_CHUNK = 32
 """Query rows per request the fused step takes (verify chunks, short prompts' prefills); longer chunks are
 compute-bound, where eager GEMMs win (measured crossover ~40 rows at prefix 60, one thread)."""
 BIASES = LAYER_TENSORS[4:8]
-NARROW_ROWS = 3
-"""Rows up to which a forward reads the block formats (memory-bound: one pass over the blocks on AVX2; measured
-faster up to 3 rows and no faster from 4 on an AVX2 EPYC, docs/performance.md); wider forwards read the float32
-copy."""
 ODD_HEAD_ROWS = 16
 """Head rows that may sit outside the head's block format, summed in float32 (an adapter's trained MASK row)."""
 def supported(model: Transformer, cache: PagedKV) -> str | None:
@@ -159,8 +155,8 @@ class FusedDecode:
     any rows), as one call into cpu_decode.c; any other plan runs on `fallback` (the runtime's eager backend;
     default: one of its own). It reads its own copies of the weights (row-major), made here once: rebuild it if
     they change. Each weight group is in the narrowest format that holds it exactly (weight_blocks.pack); a block
-    format (a GGUF model's Q4_1 / Q8_0) streams a fraction of the bytes but widens every weight on each pass, so
-    forwards of more than NARROW_ROWS rows, compute-bound, read a float32 copy instead: the same numbers."""
+    format (a GGUF model's Q4_1 / Q8_0) streams a fraction of the bytes, and wider forwards widen each weight
+    once into a float32 tile (cpu_decode.c's TILE_ROWS): the same numbers either way."""
 
     def __init__(self, model: Transformer, lib: Any, fallback: ForwardBackend | None = None):
         cfg = model.cfg
@@ -180,11 +176,8 @@ class FusedDecode:
                           + [copy(m[name].bias) for name in BIASES] for m in layers]
             self.embed, self.final_norm = copy(model.embed_tokens.weight), copy(model.norm.weight)
             self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
-            self.narrow = self._weights(cfg, pack(projections), pack([head], spare_rows=ODD_HEAD_ROWS))
-            blocks = self.narrow.projections.format in BLOCK_FORMATS or self.narrow.head.format in BLOCK_FORMATS
-            self.wide = self._weights(cfg, pack(projections, blocks=False), pack([head], blocks=False)) \
-                if blocks else self.narrow
-            self.format, self.head_format = self.narrow.projections.format, self.narrow.head.format
+            self.weights = self._weights(cfg, pack(projections), pack([head], spare_rows=ODD_HEAD_ROWS))
+            self.format, self.head_format = self.weights.projections.format, self.weights.head.format
             self.has_adapter = any(getattr(m[name], "lora_A", None) is not None
                                    for m in layers for name in PROJECTIONS)
             self.lora, self.lora_rank, self.lora_scale = self._lora_table(layers, copy)
@@ -262,7 +255,7 @@ class FusedDecode:
         self.rope.cover(int(at.max()))
         rope = self.rope
         logits = torch.empty(requests, queries, self.vocab, dtype=torch.float32)
-        weights = (self.narrow if requests * queries <= NARROW_ROWS else self.wide).pointers
+        weights = self.weights.pointers
         status = self.lib.decode_step(
             weights.dims, weights.eps, weights.tensors, weights.embed, weights.final_norm, weights.head,
             weights.odd_rows, weights.odd_count, weights.odd_values, requests * queries, ptr(ids_), ptr(at),

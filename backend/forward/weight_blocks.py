@@ -80,13 +80,12 @@ class Packed:
     odd_values: list[Tensor]
 
 
-def pack(weights: list[Tensor], spare_rows: int = 0, blocks: bool = True) -> Packed:
+def pack(weights: list[Tensor], spare_rows: int = 0) -> Packed:
     """The narrowest format that holds every weight of the group exactly, but for at most `spare_rows` rows of
     each (the head's: an adapter's trained MASK row is no GGUF block). The block formats need rows of a multiple
-    of 32 values; the first weight that fails a format is the last one tried in it. blocks=False: only the
-    float formats."""
+    of 32 values; the first weight that fails a format is the last one tried in it."""
     weights = [w.detach().float().contiguous() for w in weights]
-    if blocks and all(w.shape[-1] % BLOCK == 0 for w in weights):
+    if all(w.shape[-1] % BLOCK == 0 for w in weights):
         for name, packer in PACKERS.items():
             copies, odd = [], []
             for w in weights:
