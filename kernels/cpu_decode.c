@@ -54,14 +54,23 @@ enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT, HEAD_FOR
    count. */
 #define PARALLEL_MIN 32768
 
-/* Forwards of fewer than WIDE_ROWS rows are memory-bound: each pass streams 4 weight rows once, widening them
-   in registers, for all the rows (their accumulators, up to 3 x 4 vectors a vector step, and the 4 weight
-   vectors fit AVX2's 16 registers). Wider forwards are compute-bound: a linear widens TILE_OUTS weight rows at a
-   time into a float32 tile (float32 rows are read where they are) and runs the query rows over it WIDE_BLOCK
-   at a time, 2 x TILE_OUTS accumulators: each weight is widened once per forward, and a pass loads 14 vectors
-   per 12 FMAs (4 x 3 rows loaded 24: the compiler reloads the weights per row). On an AVX2 EPYC, an 8-row forward
-   of the default model took 44.5 ms, against 60.1 ms when it streamed float32 copies 4 x 3 at a time
-   (docs/performance.md). */
+/* Query rows that share each weight load on the streaming pass: their accumulators (ROW_BLOCK x 4 vectors, one
+   vector step at a time) and the 4 weight vectors stay in registers (16 on AVX2, where the x loads are the FMAs'
+   memory operands). */
+#if VW == 8
+#define ROW_BLOCK 3
+#else
+#define ROW_BLOCK 4
+#endif
+/* Forwards of fewer than WIDE_ROWS rows are memory-bound: the streaming pass reads each 4 weight rows once,
+   widening them in registers, for all the rows. Wider forwards are compute-bound: for float32 and the block
+   formats a linear then widens TILE_OUTS weight rows at a time into a float32 tile (float32 rows are read where
+   they are) and runs the query rows over it WIDE_BLOCK at a time, 2 x TILE_OUTS accumulators: each block is
+   widened once per forward, and a pass loads 14 vectors per 12 FMAs (the streaming pass's 4 x 3 loads 24: the
+   compiler reloads the weights per row). On an AVX2 EPYC an 8-row forward of the default model took 44.5 ms this
+   way, against 60.1 ms on the streaming pass over float32 copies (docs/performance.md). Float16 and bfloat16
+   widen in one instruction and stay on the streaming pass: on the tiny model's 256-wide rows the tiles were
+   slower (isd 497 against 614 tok/s). */
 #define WIDE_ROWS 4
 #define TILE_OUTS 6
 #ifdef _OPENMP
@@ -98,7 +107,7 @@ static inline float q4_value(const q4_1_block *b, int64_t k) {
     return fmaf((float)((k & 16 ? b->q[k & 15] >> 4 : b->q[k & 15]) & 15), b->d, b->m);
 }
 
-/* y[m, o] = sum_i w[o, i] x[m, i] for rb rows (< WIDE_ROWS) of a wide forward's weight rows tr (float32, n of
+/* y[m, o] = sum_i w[o, i] x[m, i] for rb rows (1 or WIDE_BLOCK) of a wide forward's weight rows tr (float32, n of
    them real; TILE_OUTS accumulators a row). Every (row, output) accumulates its products in the same order as the
    narrow pass and a lone row do: LANES partial sums over the vector steps, lane_sum, then the tail. */
 static inline __attribute__((always_inline)) void wide_block(const float *const *tr, int n, int in, const float *x,
@@ -130,23 +139,25 @@ static inline __attribute__((always_inline)) void wide_block(const float *const 
 }
 
 /* y[m, o] = sum_i w[o, i] x[m, i] for `rows` rows, each (row, output) summed in the same order whatever the
-   rows' count, so a chunk row is the decode step's number bit for bit. Fewer than WIDE_ROWS rows: one pass per 4
-   weight rows, streamed and widened in registers, prefetched ahead (see PREFETCH_LOCALITY); more: over float32
-   tiles (see WIDE_ROWS). */
-#define DEFINE_LINEAR(NAME, BYTES, AT, LOAD, SCALAR)                                                          \
+   rows' count, so a chunk row is the decode step's number bit for bit. The streaming pass: per 4 weight rows,
+   ROW_BLOCK query rows share each weight load (and its widening), the weights prefetched ahead (see
+   PREFETCH_LOCALITY). WIDE (float32, the block formats): from WIDE_ROWS rows on, over float32 tiles instead. */
+#define DEFINE_LINEAR(NAME, BYTES, AT, LOAD, SCALAR, WIDE)                                                        \
     static inline __attribute__((always_inline)) void NAME##_block(const uint8_t *const *wr, int n, int in,   \
                                                                    const float *x, int64_t ldx, float *y, \
-                                                                   int64_t ldy, int rb) {                 \
-        vec acc[WIDE_ROWS - 1][4][STEPS];                                                                     \
+                                                                   int64_t ldy, int rb, int prefetch) {   \
+        vec acc[ROW_BLOCK][4][STEPS];                                                                         \
         int i = 0;                                                                                            \
         for (int u = 0; u < STEPS; u++) { /* each vector step is its own chain: one at a time fits registers */ \
-            vec part[WIDE_ROWS - 1][4];                                                                       \
+            vec part[ROW_BLOCK][4];                                                                           \
             for (int b = 0; b < rb; b++)                                                                      \
                 for (int r = 0; r < 4; r++) part[b][r] = vzero();                                             \
             for (i = 0; i + LANES <= in; i += LANES) {                                                        \
                 int j = i + u * VW;                                                                           \
-                if (u == 0)                                                                                   \
+                if (prefetch && u == 0)                                                                       \
                     for (int r = 0; r < 4; r++) __builtin_prefetch(AT(wr[r], i + PREFETCH_AHEAD), 0, PREFETCH_LOCALITY); \
+                if (prefetch > 1 && u == 0) /* more row blocks follow: fetch the next 4 weight rows meanwhile */ \
+                    for (int r = 0; r < 4; r++) __builtin_prefetch(AT(wr[r] + 4 * BYTES(in), i), 0, 3);          \
                 vec w0 = LOAD(wr[0], j), w1 = LOAD(wr[1], j), w2 = LOAD(wr[2], j), w3 = LOAD(wr[3], j);   \
                 for (int b = 0; b < rb; b++) {                                                                \
                     const float *xj = x + b * ldx + j;                                                        \
@@ -199,7 +210,7 @@ static inline __attribute__((always_inline)) void wide_block(const float *const 
     }                                                                                                         \
     static void NAME(const void *w, int out, int in, const float *x, int64_t ldx, float *y, int64_t ldy,     \
                      int rows, float *tiles) {                                                              \
-        if (rows >= WIDE_ROWS) {                                                                              \
+        if (WIDE && rows >= WIDE_ROWS) {                                                                      \
             NAME##_wide(w, out, in, x, ldx, y, ldy, rows, tiles);                                             \
             return;                                                                                           \
         }                                                                                                     \
@@ -208,19 +219,21 @@ static inline __attribute__((always_inline)) void wide_block(const float *const 
             int n = out - o < 4 ? out - o : 4;                                                                \
             const uint8_t *wr[4];                                                                             \
             for (int r = 0; r < 4; r++) wr[r] = (const uint8_t *)w + (o + (r < n ? r : 0)) * BYTES(in);       \
-            if (rows == 3) /* a literal count each: unrolled */                                              \
-                NAME##_block(wr, n, in, x, ldx, y + o, ldy, 3);                                               \
-            else if (rows == 2)                                                                               \
-                NAME##_block(wr, n, in, x, ldx, y + o, ldy, 2);                                               \
-            else                                                                                              \
-                NAME##_block(wr, n, in, x, ldx, y + o, ldy, 1);                                               \
+            int m = 0;                                                                                        \
+            for (; m + ROW_BLOCK <= rows; m += ROW_BLOCK)                                                     \
+                NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, ROW_BLOCK,                    \
+                             m == 0 ? 1 + (rows > ROW_BLOCK && o + 4 < out) : 0);                             \
+            /* the last rows share one pass too (a literal count each: unrolled) */                         \
+            if (rows - m == 3) NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 3, m == 0);   \
+            else if (rows - m == 2) NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 2, m == 0); \
+            else if (rows - m == 1) NAME##_block(wr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 1, m == 0); \
         }                                                                                                     \
     }
-DEFINE_LINEAR(linear_f32, F32_BYTES, F32_AT, F32_LOAD, F32_VALUE)
-DEFINE_LINEAR(linear_f16, F16_BYTES, F16_AT, F16_LOAD, F16_VALUE)
-DEFINE_LINEAR(linear_bf16, F16_BYTES, F16_AT, BF16_LOAD, BF16_VALUE)
-DEFINE_LINEAR(linear_q4_1, Q4_1_BYTES, Q4_1_AT, Q4_1_LOAD, Q4_1_VALUE)
-DEFINE_LINEAR(linear_q8_0, Q8_0_BYTES, Q8_0_AT, Q8_0_LOAD, Q8_0_VALUE)
+DEFINE_LINEAR(linear_f32, F32_BYTES, F32_AT, F32_LOAD, F32_VALUE, 1)
+DEFINE_LINEAR(linear_f16, F16_BYTES, F16_AT, F16_LOAD, F16_VALUE, 0)
+DEFINE_LINEAR(linear_bf16, F16_BYTES, F16_AT, BF16_LOAD, BF16_VALUE, 0)
+DEFINE_LINEAR(linear_q4_1, Q4_1_BYTES, Q4_1_AT, Q4_1_LOAD, Q4_1_VALUE, 1)
+DEFINE_LINEAR(linear_q8_0, Q8_0_BYTES, Q8_0_AT, Q8_0_LOAD, Q8_0_VALUE, 1)
 
 /* tiles: room for TILE_OUTS * in floats per thread (a wide forward's widened weight rows). */
 static void linear(const void *w, int format, const float *bias, int out, int in, const float *x, int64_t ldx,
