@@ -11,6 +11,7 @@
    own format (float16 / bfloat16 when every value is one, else float32) and are widened exactly on load:
    the same products as the float32 model, half the bytes to stream. Built with cpu_fold.c into one library
    (kernels/native.py); backend/forward/fused_step.py lays out the tables below. */
+#include <limits.h>
 #include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -63,22 +64,27 @@ enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT, HEAD_FOR
 #define ROW_BLOCK 4
 #endif
 /* Forwards of fewer than WIDE_ROWS rows are memory-bound: the streaming pass reads each 4 weight rows once,
-   widening them in registers, for all the rows. Wider forwards are compute-bound: for float32 and the block
-   formats a linear then widens TILE_OUTS weight rows at a time into a float32 tile (float32 rows are read where
-   they are) and runs the query rows over it WIDE_BLOCK at a time, 2 x TILE_OUTS accumulators: each block is
-   widened once per forward, and a pass loads 14 vectors per 12 FMAs (the streaming pass's 4 x 3 loads 24: the
-   compiler reloads the weights per row). On an AVX2 EPYC an 8-row forward of the default model took 44.5 ms this
-   way, against 60.1 ms on the streaming pass over float32 copies (docs/performance.md). Float16 and bfloat16
-   widen in one instruction and stay on the streaming pass: on the tiny model's 256-wide rows the tiles were
-   slower (isd 497 against 614 tok/s). */
+   widening them in registers, for all the rows. On AVX2, wider forwards are compute-bound: for float32 and the
+   block formats a linear then widens TILE_OUTS weight rows at a time into a float32 tile (float32 rows are read
+   where they are), once per forward, and runs each query row over it with every vector step in one loop: 12
+   accumulators (6 outputs x 2 steps) and 14 contiguous loads per 12 FMAs (the streaming pass's 4 x 3 loads 24:
+   the compiler reloads the weights per row). On an AVX2 EPYC an 8-row forward of the default model took 35-37 ms
+   this way, against 44-62 ms with 6 outputs x 2 rows one vector step at a time, and 60 ms on the streaming pass
+   over float32 copies. With AVX-512's 32 registers the streaming pass keeps 4 rows x 4 outputs in registers and
+   stays ahead at any row count: on an AVX-512 EPYC, 8 rows took 13-14 ms on it against 18-24 ms over the tiles
+   (docs/performance.md). Float16 and bfloat16 widen in one instruction and stay on the streaming pass: on the
+   tiny model's 256-wide rows the tiles were slower (isd 497 against 614 tok/s). */
+#if VW == 8
 #define WIDE_ROWS 4
+#else
+#define WIDE_ROWS INT_MAX
+#endif
 #define TILE_OUTS 6
 #ifdef _OPENMP
 #define THREAD omp_get_thread_num()
 #else
 #define THREAD 0
 #endif
-#define WIDE_BLOCK 2
 
 /* Per format: the bytes of a row of `in` values, the address of value i of a row (for prefetches), the VW values
    from value j (a multiple of VW) and value k alone (a row's tail). */
@@ -107,34 +113,24 @@ static inline float q4_value(const q4_1_block *b, int64_t k) {
     return fmaf((float)((k & 16 ? b->q[k & 15] >> 4 : b->q[k & 15]) & 15), b->d, b->m);
 }
 
-/* y[m, o] = sum_i w[o, i] x[m, i] for rb rows (1 or WIDE_BLOCK) of a wide forward's weight rows tr (float32, n of
-   them real; TILE_OUTS accumulators a row). Every (row, output) accumulates its products in the same order as the
-   narrow pass and a lone row do: LANES partial sums over the vector steps, lane_sum, then the tail. */
-static inline __attribute__((always_inline)) void wide_block(const float *const *tr, int n, int in, const float *x,
-                                                             int64_t ldx, float *y, int64_t ldy, int rb) {
-    vec acc[WIDE_BLOCK][TILE_OUTS][STEPS];
+/* y[o] = sum_i w[o, i] x[i] for one row over a wide forward's weight rows tr (float32, n of them real). Every
+   output accumulates its products in the same order as the streaming pass and a lone row do: LANES partial sums
+   over the vector steps, lane_sum, then the tail. */
+static inline __attribute__((always_inline)) void wide_row(const float *const *tr, int n, int in, const float *x,
+                                                           float *y) {
+    vec acc[TILE_OUTS][STEPS];
+    for (int r = 0; r < TILE_OUTS; r++)
+        for (int u = 0; u < STEPS; u++) acc[r][u] = vzero();
     int i = 0;
-    for (int u = 0; u < STEPS; u++) {
-        vec part[WIDE_BLOCK][TILE_OUTS];
-        for (int b = 0; b < rb; b++)
-            for (int r = 0; r < TILE_OUTS; r++) part[b][r] = vzero();
-        for (i = 0; i + LANES <= in; i += LANES) {
-            int j = i + u * VW;
-            for (int b = 0; b < rb; b++) {
-                vec xj = vload(x + b * ldx + j);
-                for (int r = 0; r < TILE_OUTS; r++) part[b][r] = vfma(vload(tr[r] + j), xj, part[b][r]);
-            }
+    for (; i + LANES <= in; i += LANES)
+        for (int u = 0; u < STEPS; u++) {
+            vec xj = vload(x + i + u * VW);
+            for (int r = 0; r < TILE_OUTS; r++) acc[r][u] = vfma(vload(tr[r] + i + u * VW), xj, acc[r][u]);
         }
-        for (int b = 0; b < rb; b++)
-            for (int r = 0; r < TILE_OUTS; r++) acc[b][r][u] = part[b][r];
-    }
-    for (int b = 0; b < rb; b++) {
-        const float *xb = x + b * ldx;
-        for (int r = 0; r < n; r++) {
-            float s = lane_sum(acc[b][r]);
-            for (int k = i; k < in; k++) s += tr[r][k] * xb[k];
-            y[b * ldy + r] = s;
-        }
+    for (int r = 0; r < n; r++) {
+        float s = lane_sum(acc[r]);
+        for (int k = i; k < in; k++) s += tr[r][k] * x[k];
+        y[r] = s;
     }
 }
 
@@ -201,10 +197,7 @@ static inline __attribute__((always_inline)) void wide_block(const float *const 
                 if (!direct) NAME##_widen(wr, in, tile);                                                      \
                 for (int r = 0; r < TILE_OUTS; r++)                                                           \
                     tr[r] = direct ? (const float *)wr[r] : tile + (int64_t)(r < n ? r : 0) * in;             \
-                int m = 0;                                                                                    \
-                for (; m + WIDE_BLOCK <= rows; m += WIDE_BLOCK)                                               \
-                    wide_block(tr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, WIDE_BLOCK);                \
-                if (m < rows) wide_block(tr, n, in, x + m * ldx, ldx, y + m * ldy + o, ldy, 1);               \
+                for (int m = 0; m < rows; m++) wide_row(tr, n, in, x + m * ldx, y + m * ldy + o);             \
             }                                                                                                 \
         }                                                                                                     \
     }                                                                                                         \
