@@ -17,6 +17,7 @@ from backend.store import Store
 
 TOKEN = "sk-test-token"
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
+LONG_RAW_PROMPT = "Write a haiku about rivers."
 
 
 @pytest.fixture(scope="module")
@@ -164,11 +165,12 @@ def test_a_full_server_answers_429(loaded, tmp_path):
 
 
 def test_a_client_that_leaves_mid_stream_leaves_nothing_running(served):
-    stream = served["client"].chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=400,
-                                                      stream=True)
+    # raw, this prompt runs on to any max_tokens (~2.3 s of block_diffusion), so the client always leaves mid-run
+    stream = served["client"].completions.create(model="tiny:block_diffusion", prompt=LONG_RAW_PROMPT,
+                                                 max_tokens=512, stream=True)
     first = next(iter(stream))
     stream.close()
-    run_id = first.id.removeprefix("chatcmpl-")
+    run_id = first.id.removeprefix("cmpl-")
     wait_idle(served)
     assert rest(served, f"/runs/{run_id}")["status"] == "cancelled"
     assert served["engine"].rt.pool.used == 0
