@@ -281,15 +281,22 @@ def llama_cpp_peer(gguf: Path, eos: int | None, threads: int) -> Generate | None
     return generate
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two outputs share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> None:
-    """Fill same_as_reference (fraction of prompts with identical tokens), tokens/s ratios to ar
-    (speedup_vs_ar) and to the peer (vs_peer), and the verify-forward speed-up over the reference mode."""
+    """Fill same_as_reference (fraction of prompts with identical tokens), agreed_prefix (per prompt, the share of
+    the reference's tokens given before the first difference, averaged), tokens/s ratios to ar (speedup_vs_ar)
+    and to the peer (vs_peer), and the verify-forward speed-up over the reference mode."""
     for row in rows.values():
         ref = get_mode(row["mode"]).lossless_vs or "ar"
         row["reference"] = ref
         if ref in rows:
-            pairs = zip(row["outputs"], rows[ref]["outputs"], strict=True)
-            row["same_as_reference"] = sum(a == b for a, b in pairs) / len(row["outputs"])
+            pairs = list(zip(row["outputs"], rows[ref]["outputs"], strict=True))
+            row["same_as_reference"] = sum(a == b for a, b in pairs) / len(pairs)
+            row["agreed_prefix"] = sum(common_prefix(a, b) / max(len(b), 1) for a, b in pairs) / len(pairs)
             ref_ms, ms = rows[ref].get("verify_forward_ms"), row.get("verify_forward_ms")
             if ref_ms and ms:
                 row["verify_speedup_vs_reference"] = ref_ms / ms
@@ -317,6 +324,8 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
     for label, r in rows.items():
         same = r.get("same_as_reference")
         same_txt = "—" if same is None else f"{100 * same:.0f} % vs {r['reference']}"
+        if same is not None and same < 1:
+            same_txt += f", first {100 * r['agreed_prefix']:.0f} % agree"
         verify = fmt(r.get("verify_forward_ms"), ".1f")
         if r.get("verify_speedup_vs_reference"):
             verify += f" ({r['verify_speedup_vs_reference']:.2f}× vs {r['reference']})"
@@ -337,7 +346,9 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
              f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']} "
              f"(adapter scope {meta.get('adapter_scope')}), "
              f"{meta['threads']} torch thread(s), {meta['dtype']}. Ratios are tokens/s ratios from this one run; "
-             f"verify ms: median per verify forward.\n\n")
+             f"verify ms: median per verify forward; same as ref: the prompts whose tokens equal the reference "
+             f"mode's, and where not all do, the share of the reference's tokens given before the first "
+             f"difference (averaged over prompts).\n\n")
     text = intro + head + "\n".join(lines) + "\n"
     text += ("\nWhere the time goes: forwards by kind, other = sampling, mode and engine Python, tracing:\n\n"
              + "\n".join(split) + "\n")

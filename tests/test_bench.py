@@ -45,6 +45,18 @@ def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
     assert cost["vs_one_row"]["1"] == 1.0 and "Verify forward of k rows" in (tmp_path / "bench.md").read_text()
 
 
+def test_a_lossy_modes_agreement_is_the_share_of_the_references_tokens_before_the_first_difference():
+    ar = {"mode": "ar", "outputs": [[1, 2, 3, 4], [5, 6]], "tok_per_s": 10.0}
+    block = {"mode": "block_diffusion", "outputs": [[1, 2, 9, 4], [5, 6]], "tok_per_s": 5.0}
+    short = {"mode": "block_diffusion", "outputs": [[1], [5, 6, 7]], "tok_per_s": 5.0}   # longer: stops later
+    rows = {"ar": ar, "block_diffusion": block, "block_diffusion:threshold=0.3": short}
+    bench.compare_to_references(rows, None)
+    assert ar["same_as_reference"] == ar["agreed_prefix"] == 1.0
+    assert block["same_as_reference"] == 0.5 and block["agreed_prefix"] == (2 / 4 + 1) / 2
+    assert short["same_as_reference"] == 0.0 and short["agreed_prefix"] == (1 / 4 + 1) / 2
+    assert block["speedup_vs_ar"] == 0.5
+
+
 def test_verify_rows_leaves_the_kv_pool_as_it_found_it(loaded):
     """Every slot a timed forward takes (the prompt's and the rows') is freed again."""
     from backend.engine.engine import Engine

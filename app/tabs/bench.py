@@ -22,11 +22,14 @@ def mode_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
     """One row per mode of a `specscope bench` document."""
     rows = []
     for name, m in ((doc or {}).get("modes") or {}).items():
-        same = m.get("same_as_reference")
+        same, agreed = m.get("same_as_reference"), m.get("agreed_prefix")
+        same_txt = "—" if same is None else f"{same:.0%} vs {m.get('reference')}"
+        if same is not None and same < 1 and agreed is not None:
+            same_txt += f", first {agreed:.0%} agree"
         rows.append([name, m.get("nfe"), fmt(m.get("tpf"), 2), fmt(m.get("tok_per_s"), 0),
                      fmt(m.get("speedup_vs_ar"), 2), fmt(m.get("accept_len_mean"), 2),
                      fmt((m.get("accuracy") or {}).get("average"), 2),
-                     "—" if same is None else f"{same:.0%} vs {m.get('reference')}", fmt(m.get("fold_ratio"), 2)])
+                     same_txt, fmt(m.get("fold_ratio"), 2)])
     return rows
 
 
