@@ -305,7 +305,7 @@ def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] 
         if peer is not None:
             row["vs_peer"] = row["tok_per_s"] / peer["tok_per_s"]
     if peer is not None and "ar" in rows:
-        pairs = zip(peer["outputs"], rows["ar"]["outputs"], strict=True)
+        pairs = list(zip(peer["outputs"], rows["ar"]["outputs"], strict=True))
         peer["same_as_ar"] = sum(a == b for a, b in pairs) / len(peer["outputs"])
 
 
