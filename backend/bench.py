@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from backend.engine.blocks import longest_match
 from backend.engine.engine import Engine, RunResult
 from backend.engine.modes import get_mode, mode_names
 from backend.model.chat_prompts import prompt_set
@@ -281,11 +282,6 @@ def llama_cpp_peer(gguf: Path, eos: int | None, threads: int) -> Generate | None
     return generate
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two outputs share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
-
 def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> None:
     """Fill same_as_reference (fraction of prompts with identical tokens), agreed_prefix (per prompt, the share of
     the reference's tokens given before the first difference, averaged), tokens/s ratios to ar (speedup_vs_ar)
@@ -296,7 +292,7 @@ def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] 
         if ref in rows:
             pairs = list(zip(row["outputs"], rows[ref]["outputs"], strict=True))
             row["same_as_reference"] = sum(a == b for a, b in pairs) / len(pairs)
-            row["agreed_prefix"] = sum(common_prefix(a, b) / max(len(b), 1) for a, b in pairs) / len(pairs)
+            row["agreed_prefix"] = sum(longest_match(b, a[:len(b)]) / max(len(b), 1) for a, b in pairs) / len(pairs)
             ref_ms, ms = rows[ref].get("verify_forward_ms"), row.get("verify_forward_ms")
             if ref_ms and ms:
                 row["verify_speedup_vs_reference"] = ref_ms / ms
@@ -306,7 +302,7 @@ def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] 
             row["vs_peer"] = row["tok_per_s"] / peer["tok_per_s"]
     if peer is not None and "ar" in rows:
         pairs = list(zip(peer["outputs"], rows["ar"]["outputs"], strict=True))
-        peer["same_as_ar"] = sum(a == b for a, b in pairs) / len(peer["outputs"])
+        peer["same_as_ar"] = sum(a == b for a, b in pairs) / len(pairs)
 
 
 def fmt(x: float | None, spec: str, suffix: str = "") -> str:

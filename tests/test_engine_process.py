@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from support.modes import LONG_RAW_PROMPT
 
 from backend.engine.engine import Engine
 from backend.engine.params import ParamError
@@ -27,7 +28,6 @@ from backend.store import Store
 from backend.tracing import RecordingTracer
 
 PROMPT = "What is 12 + 30?"
-LONG_PROMPT = "Write a haiku about rivers."   # raw, the shipped model runs on to any max_new_tokens
 HERE = Path(__file__).resolve().parent
 
 
@@ -99,7 +99,7 @@ def test_bad_input_a_full_queue_and_cancel_are_answered(served) -> None:
         served.submit(PROMPT, "no_such_mode", {}, Ended()).admitted.result(60)
     first_round = threading.Event()
     long_runs = [Ended(on_round=lambda _: first_round.set()), Ended()]
-    runs = [served.submit(LONG_PROMPT, "block_diffusion", {"max_new_tokens": 512, "raw": True}, t)  # ~2.6 s
+    runs = [served.submit(LONG_RAW_PROMPT, "block_diffusion", {"max_new_tokens": 512, "raw": True}, t)  # ~2.6 s
             for t in long_runs]
     with pytest.raises(Busy):
         served.submit(PROMPT, "ar", {}, Ended())
@@ -132,7 +132,7 @@ def test_a_dead_engine_process_ends_its_runs_with_an_error(tmp_path) -> None:
     engine.start()
     with Store(f"sqlite:///{tmp_path / 'dead.db'}") as store, TestClient(create_app(engine, store)) as c:
         with c.websocket_connect("/ws/generate") as ws:
-            ws.send_json({"type": "generate", "prompt": LONG_PROMPT, "mode": "block_diffusion",   # ~2.6 s
+            ws.send_json({"type": "generate", "prompt": LONG_RAW_PROMPT, "mode": "block_diffusion",   # ~2.6 s
                           "params": {"max_new_tokens": 512, "raw": True}})
             events = [ws.receive_json()]
             while events[-1]["type"] != "round":

@@ -11,13 +11,13 @@ import httpx
 import openai
 import pytest
 from live_server import serving
+from support.modes import LONG_RAW_PROMPT
 
 from backend.server import create_app
 from backend.store import Store
 
 TOKEN = "sk-test-token"
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
-LONG_RAW_PROMPT = "Write a haiku about rivers."
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_a_full_server_answers_429(loaded, tmp_path):
 
 
 def test_a_client_that_leaves_mid_stream_leaves_nothing_running(served):
-    # raw, this prompt runs on to any max_tokens (~2.3 s of block_diffusion), so the client always leaves mid-run
+    # ~2.3 s of block_diffusion: the client always leaves mid-run
     stream = served["client"].completions.create(model="tiny:block_diffusion", prompt=LONG_RAW_PROMPT,
                                                  max_tokens=512, stream=True)
     first = next(iter(stream))

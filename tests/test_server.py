@@ -436,7 +436,7 @@ def test_disconnect_mid_run_cancels_it_and_frees_its_kv(client, gate, store, eng
             pass
         assert engine.rt.pool.used > 0
     gate.open()
-    wait_for(lambda: store.get_run(run_id)["status"] != "running")
+    wait_for(lambda: (store.get_run(run_id) or {"status": "running"})["status"] != "running")   # not stored yet: wait
     run = store.get_run(run_id)
     assert run["status"] == "cancelled"
     assert store.events(run_id)[-1]["status"] == "cancelled"

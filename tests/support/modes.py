@@ -7,6 +7,9 @@ import pytest
 
 from backend.engine.modes import mode_names
 
+LONG_RAW_PROMPT = "Write a haiku about rivers."
+"""Sent raw, the shipped tiny model runs on to any max_new_tokens: a run that is still going when a test stops it."""
+
 HELDOUT_GEN = {"max_new_tokens": 16}
 """The held-out runs' generation parameters: the lossless checks (test_modes) and the mode files' checks on the
 same runs (heldout_runs keeps them for the session) must ask for the same ones."""
