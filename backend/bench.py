@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from backend.bench_cells import same_as_reference
 from backend.engine.blocks import longest_match
 from backend.engine.engine import Engine, RunResult
 from backend.engine.modes import get_mode, mode_names
@@ -318,10 +319,6 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
                      f"{fmt(peer['tok_per_s'] / rows['ar']['tok_per_s'] if 'ar' in rows else None, '.2f', '×')} | "
                      f"1.00× | — | — | {fmt(peer.get('same_as_ar'), '.0%', ' vs ar')} | — | — | — |")
     for label, r in rows.items():
-        same = r.get("same_as_reference")
-        same_txt = "—" if same is None else f"{100 * same:.0f} % vs {r['reference']}"
-        if same is not None and same < 1:
-            same_txt += f", first {100 * r['agreed_prefix']:.0f} % agree"
         verify = fmt(r.get("verify_forward_ms"), ".1f")
         if r.get("verify_speedup_vs_reference"):
             verify += f" ({r['verify_speedup_vs_reference']:.2f}× vs {r['reference']})"
@@ -329,7 +326,7 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
             f"| {label} | {r['nfe']} | {r['tpf']:.2f} | {r['tok_per_s']:.0f} | "
             f"{fmt(r.get('speedup_vs_ar'), '.2f', '×')} | {fmt(r.get('vs_peer'), '.2f', '×')} | "
             f"{r['accept_len_mean'] or 0:.2f} | "
-            f"{fmt(r['accuracy'] and 100 * r['accuracy']['average'], '.0f', ' %')} | {same_txt} | "
+            f"{fmt(r['accuracy'] and 100 * r['accuracy']['average'], '.0f', ' %')} | {same_as_reference(r)} | "
             f"{fmt(r['tracing_ratio'], '.2f')} | {verify} | {r['kv_peak']} |")
     split = [f"- {label}: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in r["time_split"].items())
              for label, r in rows.items()]

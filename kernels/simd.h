@@ -47,6 +47,7 @@ static inline vec vload_bf16(const uint16_t *p) {
 }
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec vset1(float a) { return _mm512_set1_ps(a); }
 static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
 /* VW codes of a 32-value block (kernels' Q4_1 / Q8_0 layouts, cpu_decode.c): `half` picks the high nibbles. */
 static inline vec vload_q4(const uint8_t *q, int half, float d, float m) {
@@ -69,6 +70,7 @@ static inline vec vload_bf16(const uint16_t *p) {
 }
 static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec vset1(float a) { return _mm256_set1_ps(a); }
 static inline void vstore(float *p, vec a) { _mm256_storeu_ps(p, a); }
 static inline vec vload_q4(const uint8_t *q, int half, float d, float m) {
     __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
@@ -87,6 +89,7 @@ static inline vec vload_f16(const uint16_t *p) { return f16_value(p); }
 static inline vec vload_bf16(const uint16_t *p) { return bf16_value(p); }
 static inline vec vfma(vec a, vec b, vec c) { return fmaf(a, b, c); }
 static inline vec vsub(vec a, vec b) { return a - b; }
+static inline vec vset1(float a) { return a; }
 static inline void vstore(float *p, vec a) { *p = a; }
 static inline vec vload_q4(const uint8_t *q, int half, float d, float m) {
     return fmaf((float)((half ? *q >> 4 : *q) & 15), d, m);

@@ -7,6 +7,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from live_server import free_port, serving
+from support.modes import LONG_RAW_PROMPT
 
 from app.client import BackendError, BackendUnavailable, Client, base_urls
 from app.plot import PLOTLY_ROUTE
@@ -101,8 +102,8 @@ def test_client_against_live_server(engine, tmp_path) -> None:
 
     async def stopped() -> list[dict]:
         seen: list[dict] = []
-        code = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
-        async for e in client.generate(code, "ar", {"max_new_tokens": 400, "raw": True}, stop=lambda: len(seen) > 3):
+        params = {"max_new_tokens": 512, "raw": True}      # block_diffusion runs on for ~2.5 s: stopped mid-run
+        async for e in client.generate(LONG_RAW_PROMPT, "block_diffusion", params, stop=lambda: len(seen) > 3):
             seen.append(e)
         return seen
 

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from app.client import BackendError, BackendUnavailable
 from app.figures import LAYOUT, fmt, warning_html
 from app.session import Backend
+from backend.bench_cells import same_as_reference
 
 MODE_COLUMNS = ["mode", "NFE", "TPF", "tok/s", "vs ar", "tokens / round", "accuracy", "same as ref", "fold ratio"]
 KERNEL_COLUMNS = ["branches", "prefix", "fold target", "fold QKV", "fold FFN", "dense ms", "folded ms", "speedup",
@@ -22,14 +23,10 @@ def mode_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
     """One row per mode of a `specscope bench` document."""
     rows = []
     for name, m in ((doc or {}).get("modes") or {}).items():
-        same, agreed = m.get("same_as_reference"), m.get("agreed_prefix")
-        same_txt = "—" if same is None else f"{same:.0%} vs {m.get('reference')}"
-        if same is not None and same < 1 and agreed is not None:
-            same_txt += f", first {agreed:.0%} agree"
         rows.append([name, m.get("nfe"), fmt(m.get("tpf"), 2), fmt(m.get("tok_per_s"), 0),
                      fmt(m.get("speedup_vs_ar"), 2), fmt(m.get("accept_len_mean"), 2),
                      fmt((m.get("accuracy") or {}).get("average"), 2),
-                     same_txt, fmt(m.get("fold_ratio"), 2)])
+                     same_as_reference(m), fmt(m.get("fold_ratio"), 2)])
     return rows
 
 

@@ -180,8 +180,8 @@ class FusedDecode:
             self.format, self.head_format = self.weights.projections.format, self.weights.head.format
             self.has_adapter = any(getattr(m[name], "lora_A", None) is not None
                                    for m in layers for name in PROJECTIONS)
-            self.lora, self.lora_rank, self.lora_scale = self._lora_table(layers, copy)
-            self.copies = list(copies.values())   # keeps what the tables point at alive
+            self.lora, self.lora_rank, self.lora_scale, lora_copies = self._lora_table(layers)
+            self.copies = list(copies.values()) + lora_copies   # keeps what the tables point at alive
         self.lora_pointer = ptr(self.lora)
         self.vocab = cfg.vocab_size
         self.rope = RopeTable(model)
@@ -199,19 +199,19 @@ class FusedDecode:
         return WeightSet(projections, head, dims, tensors, pointers)
 
     @staticmethod
-    def _lora_table(layers: list[dict], copy) -> tuple[Tensor | None, int, float]:
-        """[layers, 2 x 7] pointers to each projection's float32 LoRA A and B (0 where it has none), its rank and
-        scale; None when no projection has an adapter, or when their ranks or scales differ (the adapter then
-        runs eagerly)."""
+    def _lora_table(layers: list[dict]) -> tuple[Tensor | None, int, float, list[Tensor]]:
+        """[layers, 2 x 7] pointers to each projection's float32 LoRA A and B transposed ([rank, out]; 0 where it
+        has none), its rank and scale, and the copies they point at; a None table when no projection has an
+        adapter, or when their ranks or scales differ (the adapter then runs eagerly)."""
         adapted = [m[name] for m in layers for name in PROJECTIONS if getattr(m[name], "lora_A", None) is not None]
         shapes = {(int(p.lora_A.shape[0]), float(p.lora_scale)) for p in adapted}
         if len(shapes) != 1:
-            return None, 0, 0.0
+            return None, 0, 0.0, []
         (rank, scale), = shapes
-        table = [[w for name in PROJECTIONS for w in
-                  ((copy(m[name].lora_A), copy(m[name].lora_B))
-                   if getattr(m[name], "lora_A", None) is not None else (None, None))] for m in layers]
-        return address_table(table), rank, scale
+        copies = {id(p): (p.lora_A.detach().float().contiguous(), p.lora_B.detach().float().t().contiguous())
+                  for p in adapted}
+        table = [[w for name in PROJECTIONS for w in copies.get(id(m[name]), (None, None))] for m in layers]
+        return address_table(table), rank, scale, [w for pair in copies.values() for w in pair]
 
     def adapter_rows(self, lora: bool | Tensor, rows: int) -> np.ndarray | None | Literal[False]:
         """The rows the adapter is on, one uint8 each (None: nowhere; False: the kernel cannot apply it)."""

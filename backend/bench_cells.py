@@ -1,0 +1,16 @@
+"""The bench table's cells that both its Markdown (`backend.bench`) and the UI's Bench tab show; no torch here."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def same_as_reference(row: Mapping[str, Any]) -> str:
+    """'100 % vs ar'; for a mode whose tokens differ, '0 % vs ar, first 11 % agree'; '—' where no reference ran."""
+    same, agreed = row.get("same_as_reference"), row.get("agreed_prefix")
+    if same is None:
+        return "—"
+    text = f"{100 * same:.0f} % vs {row.get('reference')}"
+    if same < 1 and agreed is not None:
+        text += f", first {100 * agreed:.0f} % agree"
+    return text
