@@ -315,9 +315,10 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
             "tracing on/off | verify ms (vs ref) | KV peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     if peer is not None:
+        peer_same = same_as_reference({"same_as_reference": peer.get("same_as_ar"), "reference": "ar"})
         lines.append(f"| {PEER} generate (peer) | — | — | {peer['tok_per_s']:.0f} | "
                      f"{fmt(peer['tok_per_s'] / rows['ar']['tok_per_s'] if 'ar' in rows else None, '.2f', '×')} | "
-                     f"1.00× | — | — | {fmt(peer.get('same_as_ar'), '.0%', ' vs ar')} | — | — | — |")
+                     f"1.00× | — | — | {peer_same} | — | — | — |")
     for label, r in rows.items():
         verify = fmt(r.get("verify_forward_ms"), ".1f")
         if r.get("verify_speedup_vs_reference"):
