@@ -41,6 +41,7 @@ from backend.bench_cells import same_as_reference
 from backend.engine.blocks import longest_match
 from backend.engine.engine import Engine, RunResult
 from backend.engine.modes import get_mode, mode_names
+from backend.forward.fused_step import MATMULS
 from backend.model.chat_prompts import prompt_set
 from backend.model.checkpoint import load_checkpoint
 from backend.model.families import ADAPTER_SCOPES
@@ -55,6 +56,8 @@ STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "
             "kv_leaked", "rounds"}
 PEER = "transformers"
 LLAMA_CPP = "llama.cpp"
+FLOAT32_AR = "ar (float32)"
+"""With --matmul bf16: `ar` with the float32 fused step, the exact model's fastest path, in the same run."""
 BENCH_SEED = 7
 """The held-out chat prompts' draw (the adapter's held-out figures use seed 0 of the same templates)."""
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -87,6 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="weights, KV and activations of our engine and of the peer alike (the lossless equalities "
                         "are claimed in float32)")
+    p.add_argument("--matmul", choices=MATMULS, default="float32",
+                   help="the fused CPU step's matmuls: float32, or bf16 on AMX tiles (then `ar` also runs with "
+                        "float32 matmuls, as the row 'ar (float32)')")
     p.add_argument("--no-peer", action="store_true",
                    help="skip the peers (transformers generate; llama.cpp on the GGUF when installed)")
     p.add_argument("--variant", action="append", default=[], metavar="MODE:KEY=VALUE[,KEY=VALUE]",
@@ -339,7 +345,8 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
              f"greedy, "
              f"{meta['repeats']} repeats (median, {meta['clock']} clock), model {meta['model']} "
              f"(adapter scope {meta.get('adapter_scope')}), "
-             f"{meta['threads']} torch thread(s), {meta['dtype']}. Ratios are tokens/s ratios from this one run; "
+             f"{meta['threads']} torch thread(s), {meta['dtype']}{matmul_note(meta)}. Ratios are tokens/s ratios "
+             f"from this one run; "
              f"verify ms: median per verify forward; same as ref: the prompts whose tokens equal the reference "
              f"mode's, and where not all do, the share of the reference's tokens given before the first "
              f"difference (averaged over prompts).\n\n")
@@ -348,7 +355,20 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
              + "\n".join(split) + "\n")
     if extras:
         text += "\nMode metrics (counts summed, ratios averaged over prompts):\n\n" + "\n".join(extras) + "\n"
+    if FLOAT32_AR in rows:
+        exact = rows[FLOAT32_AR]["tok_per_s"]
+        text += (f"\nAgainst `ar` with float32 matmuls ({exact:.0f} tok/s, the exact model): "
+                 + ", ".join(f"{label} {r['tok_per_s'] / exact:.2f}×" for label, r in rows.items()
+                             if label != FLOAT32_AR) + ".\n")
     return text
+
+
+def matmul_note(meta: dict[str, Any]) -> str:
+    """How the fused step multiplied, where not in float32."""
+    if meta.get("matmul", "float32") == "float32":
+        return ""
+    return (", matmuls in bf16 on AMX tiles (weights and each linear's input rows rounded to bfloat16, float32 "
+            "sums)")
 
 
 def provenance() -> dict[str, Any]:
@@ -392,7 +412,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     source = resolve(args.model)
     adapter = False if args.adapter == "none" else args.adapter or source.adapter
     engine = Engine(load_checkpoint(source.folder, dtype, adapter=adapter, adapter_scope=args.adapter_scope,
-                                    name=source.name), num_slots=8192)
+                                    name=source.name), num_slots=8192, matmul=args.matmul)
     tasks, prompt_kind = bench_prompts(source.folder, args)
     params = {"max_new_tokens": args.max_new_tokens}
     runs: list[tuple[str, str, dict[str, Any]]] = [(m, m, {}) for m in modes]
@@ -402,9 +422,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     benches: dict[str, ModeBench | PeerBench] = {
         label: ModeBench(engine, mode, tasks, {**params, **extra}, clock, traced) for label, mode, extra in runs}
     if args.adapter_off and engine.rt.loaded.adapter_scope is not None:
-        bare = Engine(load_checkpoint(source.folder, dtype, adapter=False, name=source.name), num_slots=8192)
+        bare = Engine(load_checkpoint(source.folder, dtype, adapter=False, name=source.name), num_slots=8192,
+                      matmul=args.matmul)
         benches.update({f"{label} (adapter off)": ModeBench(bare, mode, tasks, {**params, **extra}, clock, traced)
                         for label, mode, extra in runs[:len(modes)] if get_mode(mode).needs_mask})
+    if args.matmul != "float32" and "ar" in modes:
+        exact = Engine(load_checkpoint(source.folder, dtype, adapter=False, name=source.name), num_slots=8192)
+        benches[FLOAT32_AR] = ModeBench(exact, "ar", tasks, params, clock, traced)
     prompts = [engine.encode_prompt(t.prompt, raw=False) for t in tasks]
     peers: list[tuple[str, Generate | None]] = []
     if not args.no_peer:
@@ -430,7 +454,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     meta = {**provenance(), "prompts": len(tasks), "prompt_kind": prompt_kind, "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats,
             "model": engine.model_name, "adapter_scope": engine.rt.loaded.adapter_scope,
-            "threads": torch.get_num_threads(), "clock": args.clock, "dtype": args.dtype}
+            "threads": torch.get_num_threads(), "clock": args.clock, "dtype": args.dtype, "matmul": args.matmul}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer, "llama_cpp": llama,

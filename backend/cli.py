@@ -68,15 +68,16 @@ def build_engine(args: argparse.Namespace) -> Engine:
         torch.set_num_threads(args.threads)
     tiers = parse_tiers(args.block_size_tiers) if args.block_size_tiers else None
     loaded, slots = load_from_args(args, at_most_per_sequence=MAX_RUNNING)
-    return Engine(loaded, num_slots=slots, tiers=tiers)
+    return Engine(loaded, num_slots=slots, tiers=tiers, matmul=args.matmul)
 
 
 def load_engine(args: argparse.Namespace) -> Engine:
     """build_engine, its errors as CLIError."""
+    from backend.forward.fused_step import MatmulUnavailable
     from backend.model.config import CheckpointError
     try:
         return build_engine(args)
-    except (ParamError, CheckpointError) as e:
+    except (ParamError, CheckpointError, MatmulUnavailable) as e:
         raise CLIError(str(e)) from None
 
 

@@ -20,3 +20,5 @@ void norm_rows(const float *h, const int64_t *rows, int64_t m, int64_t d, const 
 
 void norm_rope(float *x, int64_t rows, int64_t heads, int64_t hd, const float *weight, float eps,
                const float *cos, const float *sin, const int64_t *position, const float *scale);
+
+int amx_bf16_ready(void);

@@ -18,16 +18,16 @@
 #endif
 
 #include "simd.h"
+#include "amx.h"
 #include "api.h"
 
-/* Weight formats (dims[FORMAT] for the projections, dims[HEAD_FORMAT] for the embedding and the head): the
-   checkpoint's own values, widened to float32 exactly where they are read. Q4_1 and Q8_0 hold rows of 32-value
-   blocks (the GGUF quantizations, their scales widened to float32; backend/forward/weight_blocks.py finds them
-   in the float32 weights and packs them): Q4_1 value = d * q + m (q in 0..15, nibble j of block byte j % 16,
+/* Weight formats (dims[FORMAT] for the projections, dims[HEAD_FORMAT] for the embedding and the head; the enum in
+   amx.h): the checkpoint's own values, widened to float32 exactly where they are read. Q4_1 and Q8_0 hold rows of
+   32-value blocks (the GGUF quantizations, their scales widened to float32; backend/forward/weight_blocks.py finds
+   them in the float32 weights and packs them): Q4_1 value = d * q + m (q in 0..15, nibble j of block byte j % 16,
    low nibble for j < 16), Q8_0 value = d * q (int8 q). d * q is exact in float32, so either is the float32
-   weight bit for bit. */
-enum { F32, F16, BF16, Q4_1, Q8_0 };
-typedef struct { float d, m; uint8_t q[16]; } q4_1_block;
+   weight bit for bit. AMX_BF16 and AMX_Q4_1 are the formats that round: bfloat16 weights on AMX tiles, rows
+   rounded to bfloat16 where they enter a linear (cpu_amx.c), on CPUs with AMX, when asked for. */
 typedef struct { float d; int8_t q[32]; } q8_0_block;
 /* Per-layer tensors, in this order, in the `tensors` table (0 = absent). Projections are row-major [out, in]
    in the weight format; norms and biases float32. */
@@ -228,7 +228,8 @@ DEFINE_LINEAR(linear_bf16, F16_BYTES, F16_AT, BF16_LOAD, BF16_VALUE, 0)
 DEFINE_LINEAR(linear_q4_1, Q4_1_BYTES, Q4_1_AT, Q4_1_LOAD, Q4_1_VALUE, 1)
 DEFINE_LINEAR(linear_q8_0, Q8_0_BYTES, Q8_0_AT, Q8_0_LOAD, Q8_0_VALUE, 1)
 
-/* tiles: room for TILE_OUTS * in floats per thread (a wide forward's widened weight rows). */
+/* tiles: room for TILE_OUTS * in floats per thread (a wide forward's widened weight rows), or for AMX_BF16 the
+   rows in bfloat16 (AMX_PADDED(rows) * in values). */
 static void linear(const void *w, int format, const float *bias, int out, int in, const float *x, int64_t ldx,
                    float *y, int64_t ldy, int rows, float *tiles) {
     switch (format) {
@@ -236,7 +237,8 @@ static void linear(const void *w, int format, const float *bias, int out, int in
     case F16: linear_f16(w, out, in, x, ldx, y, ldy, rows, tiles); break;
     case BF16: linear_bf16(w, out, in, x, ldx, y, ldy, rows, tiles); break;
     case Q4_1: linear_q4_1(w, out, in, x, ldx, y, ldy, rows, tiles); break;
-    default: linear_q8_0(w, out, in, x, ldx, y, ldy, rows, tiles);
+    case Q8_0: linear_q8_0(w, out, in, x, ldx, y, ldy, rows, tiles); break;
+    default: amx_linear(w, format, out, in, x, ldx, y, ldy, rows, (uint16_t *)tiles);
     }
     if (bias)
         for (int m = 0; m < rows; m++)
@@ -310,7 +312,8 @@ static void add_lora(const float *a, const float *bt, int rank, float scale, int
    head_dim], their layers layer_cache elements apart. block: 0, each row attending to its table and itself;
    else rows come in blocks of `block` (one per request), each row attending to its table and its whole block.
    lora [layers, 2 * N_LORA] (or NULL): each adapted projection's float32 A [rank, in] and B transposed [rank, out]
-   (0 = none), in LORA_OF order, scaled by lora_scale and added at the rows with lora_on[m] (NULL: none).
+   (with AMX projections: A and B [out, AMX_RANK(rank)] in bfloat16; amx.h) (0 = none), in LORA_OF order,
+   scaled by lora_scale and added at the rows with lora_on[m] (NULL: none).
    logits [rows, vocab]. Returns 0, or -1 when memory ran out. */
 int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const float *embed,
                 const float *final_norm, const void *head, const int64_t *odd_rows, int64_t odd_count,
@@ -334,9 +337,11 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #endif
     int widest = I > qs ? I : qs;
     widest = widest > D ? widest : D;
-    size_t lora_tmp = lora && lora_on ? (size_t)rows * (widest + lora_rank) : 0;
+    size_t lora_tmp = lora && lora_on ? (size_t)rows * (2 * widest + AMX_RANK(lora_rank)) : 0;
     int64_t score_room = max_len + own;
     size_t tile_room = rows >= WIDE_ROWS ? (size_t)threads * TILE_OUTS * widest : 0;
+    if (fmt >= AMX_BF16 || head_fmt >= AMX_BF16) /* amx_linear's scratch */
+        tile_room = (size_t)AMX_PADDED(rows) * widest + 32;
     float *buf = malloc(sizeof(float) * ((size_t)rows * (2 * D + 2 * qs + 2 * kvs + 2 * I) + lora_tmp
                                          + (size_t)threads * score_room + tile_room));
     if (!buf) return -1;
@@ -355,7 +360,11 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #define PROJECT(name, bias, out, in, src, ldx, dst, ldy)                                                        \
         do {                                                                                                  \
             linear(W(name), fmt, bias, out, in, src, ldx, dst, ldy, rows, tiles);                                  \
-            if (lora_tmp && adapter[2 * LORA_OF(name)])                                                       \
+            if (lora_tmp && adapter[2 * LORA_OF(name)] && fmt >= AMX_BF16)                                  \
+                amx_lora((const void *)(intptr_t)adapter[2 * LORA_OF(name)],                                  \
+                         (const void *)(intptr_t)adapter[2 * LORA_OF(name) + 1], lora_rank, lora_scale,       \
+                         out, in, src, ldx, dst, ldy, rows, lora_on, tmp, (uint16_t *)tiles);                 \
+            else if (lora_tmp && adapter[2 * LORA_OF(name)])                                                  \
                 add_lora((const float *)(intptr_t)adapter[2 * LORA_OF(name)],                                 \
                          (const float *)(intptr_t)adapter[2 * LORA_OF(name) + 1], lora_rank, lora_scale, out, \
                          in, src, ldx, dst, ldy, rows, lora_on, tmp);                                         \

@@ -191,8 +191,9 @@ def test_adapter_rows_equal_eager(lib, config):
             want = model(ids, positions, kv=KVContext(eager_cache, prefix, valid, write), lora=lora)
             got = forward(fused, ids, positions, kv=KVContext(fused_cache, prefix, valid, write), lora=lora)
             plain = forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write))
-        assert (got - want).abs().max().item() <= 1e-5 * max(want.abs().max().item(), 1.0)
-        # relative to K's scale, like the logits: float32 sums in another order (torch's GEMM differs by CPU)
+        # relative to the logits' and K's scales: float32 sums in another order, and the eager LoRA's own GEMMs
+        # (torch's, which differ by CPU: on a Sapphire Rapids Xeon the query-scaled model's logits differ by 1e-5)
+        assert (got - want).abs().max().item() <= 1e-4 * max(want.abs().max().item(), 1.0)
         assert torch.allclose(fused_cache.k, eager_cache.k, atol=1e-4 * max(eager_cache.k.abs().max().item(), 1.0))
         assert not torch.allclose(got, plain, atol=1e-3)     # the adapter did something
         if lora is some:   # request 0's row 0 precedes its adapted rows: untouched by them

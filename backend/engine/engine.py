@@ -42,8 +42,8 @@ class Engine:
     """Owns the model runtime, the KV pool and the scheduler."""
 
     def __init__(self, loaded: LoadedModel | None = None, num_slots: int = 16384,
-                 tiers: Tiers | None = None, check_invariants: bool = False):
-        self.rt = Runtime(loaded or load_checkpoint(), num_slots)
+                 tiers: Tiers | None = None, check_invariants: bool = False, matmul: str = "float32"):
+        self.rt = Runtime(loaded or load_checkpoint(), num_slots, matmul)
         self.scheduler = Scheduler(self.rt, tiers, check_invariants)
         self.pieces = PieceTable(self.rt.tokenizer)
         """Each prompt id's own text, for run_start."""

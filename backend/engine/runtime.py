@@ -23,7 +23,7 @@ MAX_ALTERNATIVES = 8   # top-k entries kept per position and round (one per forw
 
 
 class Runtime:
-    def __init__(self, loaded: LoadedModel, num_slots: int):
+    def __init__(self, loaded: LoadedModel, num_slots: int, matmul: str = "float32"):
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -36,9 +36,10 @@ class Runtime:
             self.model.store_weights_input_major()   # the eager backend's layout: x @ W for CPU matmuls
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
         self.eager = Eager(self.model)
-        self.backend: ForwardBackend = fused_decode(self.model, self.pool.memory, self.eager) or self.eager
-        """Every plan but a fold: the fused CPU step (float32 models on the CPU; what it cannot take runs on
-        self.eager), else the eager backend."""
+        self.matmul = matmul
+        self.backend: ForwardBackend = fused_decode(self.model, self.pool.memory, self.eager, matmul) or self.eager
+        """Every plan but a fold: the fused CPU step (float32 models on the CPU, its matmuls in `matmul`
+        precision; what it cannot take runs on self.eager), else the eager backend."""
         self._folded: dict[str, ForwardBackend] = {}
 
     @property

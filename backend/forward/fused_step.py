@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from backend.forward.plan import Eager, ForwardBackend, ForwardPlan, ForwardResult
-from backend.forward.weight_blocks import FORMATS, Packed, pack
+from backend.forward.weight_blocks import FORMATS, Packed, amx_fits, pack, pack_amx
 from backend.model.transformer import KVContext, PagedKV, Transformer
 from kernels.native import ENABLED, library, ptr
 
@@ -36,6 +37,17 @@ compute-bound, where eager GEMMs win (measured crossover ~40 rows at prefix 60, 
 BIASES = LAYER_TENSORS[4:8]
 ODD_HEAD_ROWS = 16
 """Head rows that may sit outside the head's block format, summed in float32 (an adapter's trained MASK row)."""
+MATMULS = ("float32", "bf16")
+"""The fused step's matmul precisions: float32 (the weights exactly, in their narrowest exact format), or bf16 on
+Intel AMX tiles (weights rounded to bfloat16, rows rounded where they enter a linear, float32 sums; norms,
+attention, softmax and KV stay float32). Either way a row's numbers do not depend on how many rows share its
+forward, so the lossless modes equal `ar` in each."""
+
+
+class MatmulUnavailable(ValueError):
+    """The asked-for matmul precision cannot run on this machine or model (the message says why)."""
+
+
 def supported(model: Transformer, cache: PagedKV) -> str | None:
     """Why the fused step cannot run this model (None: it can)."""
     weight = model.embed_tokens.weight
@@ -158,7 +170,8 @@ class FusedDecode:
     format (a GGUF model's Q4_1 / Q8_0) streams a fraction of the bytes, and wider forwards widen each weight
     once into a float32 tile (cpu_decode.c's TILE_ROWS): the same numbers either way."""
 
-    def __init__(self, model: Transformer, lib: Any, fallback: ForwardBackend | None = None):
+    def __init__(self, model: Transformer, lib: Any, fallback: ForwardBackend | None = None,
+                 matmul: str = "float32"):
         cfg = model.cfg
         self.fallback, self.lib = fallback or Eager(model), lib
         with torch.no_grad():
@@ -176,11 +189,11 @@ class FusedDecode:
                           + [copy(m[name].bias) for name in BIASES] for m in layers]
             self.embed, self.final_norm = copy(model.embed_tokens.weight), copy(model.norm.weight)
             self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
-            self.weights = self._weights(cfg, pack(projections), pack([head], spare_rows=ODD_HEAD_ROWS))
+            self.weights = self._weights(cfg, *pack_weights(projections, head, matmul))
             self.format, self.head_format = self.weights.projections.format, self.weights.head.format
             self.has_adapter = any(getattr(m[name], "lora_A", None) is not None
                                    for m in layers for name in PROJECTIONS)
-            self.lora, self.lora_rank, self.lora_scale, lora_copies = self._lora_table(layers)
+            self.lora, self.lora_rank, self.lora_scale, lora_copies = self._lora_table(layers, matmul)
             self.copies = list(copies.values()) + lora_copies   # keeps what the tables point at alive
         self.lora_pointer = ptr(self.lora)
         self.vocab = cfg.vocab_size
@@ -199,17 +212,20 @@ class FusedDecode:
         return WeightSet(projections, head, dims, tensors, pointers)
 
     @staticmethod
-    def _lora_table(layers: list[dict]) -> tuple[Tensor | None, int, float, list[Tensor]]:
-        """[layers, 2 x 7] pointers to each projection's float32 LoRA A and B transposed ([rank, out]; 0 where it
-        has none), its rank and scale, and the copies they point at; a None table when no projection has an
-        adapter, or when their ranks or scales differ (the adapter then runs eagerly)."""
+    def _lora_table(layers: list[dict], matmul: str = "float32") -> tuple[Tensor | None, int, float, list[Tensor]]:
+        """[layers, 2 x 7] pointers to each projection's LoRA A and B (0 where it has none), its rank and scale,
+        and the copies they point at: float32 A and B transposed ([rank, out]), or with bf16 matmuls both in the
+        amx_bf16 layout (amx_lora_pair); a None table when no projection has an adapter, or when their ranks or
+        scales differ, or a bf16 rank is no multiple of 16 (the adapter then runs eagerly)."""
         adapted = [m[name] for m in layers for name in PROJECTIONS if getattr(m[name], "lora_A", None) is not None]
         shapes = {(int(p.lora_A.shape[0]), float(p.lora_scale)) for p in adapted}
         if len(shapes) != 1:
             return None, 0, 0.0, []
         (rank, scale), = shapes
-        copies = {id(p): (p.lora_A.detach().float().contiguous(), p.lora_B.detach().float().t().contiguous())
-                  for p in adapted}
+        if matmul == "bf16" and rank % 16:
+            return None, 0, 0.0, []
+        pair = amx_lora_pair if matmul == "bf16" else float32_lora_pair
+        copies = {id(p): pair(p.lora_A.detach().float(), p.lora_B.detach().float()) for p in adapted}
         table = [[w for name in PROJECTIONS for w in copies.get(id(m[name]), (None, None))] for m in layers]
         return address_table(table), rank, scale, [w for pair in copies.values() for w in pair]
 
@@ -268,14 +284,50 @@ class FusedDecode:
         return ForwardResult(logits)
 
 
-def fused_decode(model: Transformer, cache: PagedKV, fallback: ForwardBackend | None = None) -> FusedDecode | None:
+def float32_lora_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """A [rank, in] and B [out, rank] as add_lora reads them: A, and B transposed."""
+    return a.contiguous(), b.t().contiguous()
+
+
+def amx_lora_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """A and B as amx_lora reads them: row-major bfloat16, B's inputs (the rank) padded with zeros to a multiple
+    of 32."""
+    wide = -(-b.shape[1] // 32) * 32
+    return a.to(torch.bfloat16).contiguous(), F.pad(b, (0, wide - b.shape[1])).to(torch.bfloat16).contiguous()
+
+
+def pack_weights(projections: list[Tensor], head: Tensor, matmul: str) -> tuple[Packed, Packed]:
+    """The projections and the head in the layout of the matmul precision (MATMULS)."""
+    if matmul == "bf16":
+        return pack_amx(projections), pack_amx([head.detach().float()])
+    return pack(projections), pack([head], spare_rows=ODD_HEAD_ROWS)
+
+
+def amx_unsupported(model: Transformer, lib: Any) -> str | None:
+    """Why the bf16 matmuls cannot run this model here (None: they can)."""
+    if lib is None or not lib.amx_bf16_ready():
+        return "this CPU (or its C build) has no AMX bfloat16 tiles"
+    layers = [dict(layer.named_modules()) for layer in model.layers]
+    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    if not amx_fits([m[name].weight for m in layers for name in PROJECTIONS] + [head]):
+        return "a weight's outputs are no multiple of 16 or its inputs no multiple of 32"
+    return None
+
+
+def fused_decode(model: Transformer, cache: PagedKV, fallback: ForwardBackend | None = None,
+                 matmul: str = "float32") -> FusedDecode | None:
     """The fused decode step for this model and KV memory (the plans it cannot take run on `fallback`), or None
-    where it does not apply."""
-    if not ENABLED:
-        return None
-    reason = supported(model, cache)
+    where it does not apply. matmul="bf16" (MATMULS) raises ValueError where it cannot run: a user who asks for it
+    gets it or a reason (MatmulUnavailable), never the float32 step instead."""
+    if matmul not in MATMULS:
+        raise MatmulUnavailable(f"matmul {matmul!r}: expected one of {MATMULS}")
+    reason = supported(model, cache) or (None if ENABLED else "SPECSCOPE_FUSED_DECODE=0")
     lib = None if reason else library()
+    if matmul == "bf16":
+        reason = reason or amx_unsupported(model, lib)
+        if reason:
+            raise MatmulUnavailable(f"--matmul bf16: {reason}")
     if reason or lib is None:
         log.info("decoding eagerly: %s", reason or "no C compiler")
         return None
-    return FusedDecode(model, lib, fallback)
+    return FusedDecode(model, lib, fallback, matmul)

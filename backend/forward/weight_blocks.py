@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-FORMATS = ("f32", "f16", "bf16", "q4_1", "q8_0")
-"""cpu_decode.c's weight formats, by their enum value."""
+FORMATS = ("f32", "f16", "bf16", "q4_1", "q8_0", "amx_bf16", "amx_q4_1")
+"""The C kernels' weight formats, by their enum value (kernels/amx.h). All but the two AMX formats hold the float32
+weights exactly; those hold them rounded to bfloat16 (amx_q4_1 as Q4_1 blocks, widened to bfloat16 on the fly)."""
 BLOCK = 32
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -102,3 +103,26 @@ def pack(weights: list[Tensor], spare_rows: int = 0) -> Packed:
         if all(torch.equal(w.to(dtype).float(), w) for w in weights):
             return Packed(name, [w.to(dtype) for w in weights], none, empty)
     return Packed("f32", weights, none, empty)
+
+
+def amx_fits(weights: list[Tensor]) -> bool:
+    """Whether every weight has the AMX formats' shape: outputs a multiple of 16, inputs of 32."""
+    return all(w.shape[0] % 16 == 0 and w.shape[1] % BLOCK == 0 for w in weights)
+
+
+def tile_order(blocks: Tensor) -> Tensor:
+    """Q4_1 blocks [out, in / 32 * 24] (uint8) in amx_q4_1's order: per 16 rows and block column, the 16 rows'
+    blocks in a run."""
+    out = blocks.shape[0]
+    return blocks.reshape(out // 16, 16, -1, 24).permute(0, 2, 1, 3).contiguous().reshape(out, -1)
+
+
+def pack_amx(weights: list[Tensor]) -> Packed:
+    """The group for the AMX linears: as Q4_1 blocks (amx_q4_1) where every weight is one exactly, else in
+    bfloat16, row-major (amx_bf16). Both are the weights rounded to bfloat16: the same numbers."""
+    none = [torch.zeros(0, dtype=torch.long)] * len(weights)
+    empty = [w[:0] for w in weights]
+    exact = pack(weights)
+    if exact.format == "q4_1" and not any(rows.numel() for rows in exact.odd_rows):
+        return Packed("amx_q4_1", [tile_order(blocks) for blocks in exact.copies], none, empty)
+    return Packed("amx_bf16", [w.detach().to(torch.bfloat16).contiguous() for w in weights], none, empty)

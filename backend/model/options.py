@@ -25,6 +25,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weights and KV dtype (default: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--slots", type=int, default=None, help="KV pool size in slots (default: half the free memory)")
+    p.add_argument("--matmul", choices=("float32", "bf16"), default="float32",
+                   help="the fused CPU step's matmuls: float32 (the exact model), or bf16 on Intel AMX tiles (weights "
+                        "and each linear's input rounded to bfloat16, float32 sums: a verify of up to 16 rows costs "
+                        "about one decode step; the lossless modes still equal ar, in this precision)")
 
 
 def load_from_args(args: argparse.Namespace, at_most_per_sequence: int = 64) -> tuple[LoadedModel, int]:

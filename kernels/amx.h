@@ -1,0 +1,28 @@
+/* The weight formats every linear reads, and the AMX linears (cpu_amx.c) that cpu_decode.c's linear() calls for
+   the two AMX formats. */
+#ifndef SPECSCOPE_AMX_H
+#define SPECSCOPE_AMX_H
+#include <stdint.h>
+
+/* dims[FORMAT] / dims[HEAD_FORMAT] (backend/forward/weight_blocks.py's FORMATS). F32 .. Q8_0 hold the float32
+   weights exactly (cpu_decode.c); AMX_BF16 and AMX_Q4_1 are the AMX linears' bfloat16 weights (cpu_amx.c). */
+enum { F32, F16, BF16, Q4_1, Q8_0, AMX_BF16, AMX_Q4_1 };
+typedef struct { float d, m; uint8_t q[16]; } q4_1_block;
+
+#define TILE_ROWS 16 /* rows of a tile: outputs of a weight tile, query rows of a row tile */
+#define TILE_IN 32   /* bfloat16 inputs per tile row */
+#define AMX_PADDED(rows) (((rows) + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS)
+/* The LoRA rank padded to whole tile rows of B's inputs (zeros past the rank). */
+#define AMX_RANK(rank) (((rank) + TILE_IN - 1) / TILE_IN * TILE_IN)
+
+/* y[m, o] = sum_i w[o, i] x[m, i] for `rows` rows, w in `format` (AMX_BF16 or AMX_Q4_1; out a multiple of 16, in
+   of 32). scratch: room for AMX_PADDED(rows) * in floats. */
+void amx_linear(const void *w, int format, int out, int in, const float *x, int64_t ldx, float *y, int64_t ldy,
+                int rows, uint16_t *scratch);
+
+/* y[m] += scale * B (A x[m]) at the rows with on[m]: A [rank, in] and B [out, AMX_RANK(rank)] (zeros past the
+   rank) row-major bfloat16, rank a multiple of 16; cpu_decode.c's add_lora on tiles. tmp: room for
+   rows * (in + AMX_RANK(rank) + out) floats; scratch as for amx_linear. */
+void amx_lora(const void *a, const void *b, int rank, float scale, int out, int in, const float *x, int64_t ldx,
+              float *y, int64_t ldy, int rows, const uint8_t *on, float *tmp, uint16_t *scratch);
+#endif

@@ -1,0 +1,149 @@
+"""The fused step's bf16 matmuls on AMX tiles (kernels/cpu_amx.c, `--matmul bf16`).
+
+On a CPU with AMX: against the eager forward (within bfloat16 rounding), every row of a forward equal bit for bit
+to a lone decode step at its position, whatever the rows (across the 16-row tile) and threads, the Q4_1 layout equal
+to plain bfloat16 bit for bit, the adapter applied on tiles, and the engine's lossless modes equal to `ar` in this
+precision with working drafters. Anywhere: asking for bf16 where it cannot run is a clear error, never a silent
+float32 step.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from support.plans import forward
+from test_cpu_decode import CONFIGS, batch, filled_cache, gguf_model, random_model, with_adapter
+
+from backend.engine.engine import Engine
+from backend.forward import fused_step, weight_blocks
+from backend.forward.fused_step import FusedDecode, MatmulUnavailable, fused_decode
+from backend.model.transformer import KVContext, PagedKV
+from kernels.native import library
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+CFG = CONFIGS["qwen3"]   # every output a multiple of 16 and every input of 32: the AMX formats' shapes
+
+
+@pytest.fixture(scope="module")
+def lib():
+    built = library()
+    if built is None or not built.amx_bf16_ready():
+        pytest.skip("this CPU has no AMX bfloat16 tiles")
+    return built
+
+
+def test_bf16_tiles_are_the_eager_forward_within_bfloat16_rounding(lib):
+    """Decode steps and a verify chunk, padded rows: the eager forward of the bfloat16-rounded weights, to within
+    what rounding each linear's input to bfloat16 costs; the K/V written where asked."""
+    model = random_model(CFG, torch.bfloat16)     # weights bfloat16 already: only the rows are rounded
+    fused = FusedDecode(model, lib, matmul="bf16")
+    assert (fused.format, fused.head_format) == ("amx_bf16", "amx_bf16")
+    for lengths, queries in (([7], 1), ([12, 3, 0, 9], 1), ([9], 5), ([5, 8], 3)):
+        ids, positions, prefix, valid, write = batch(lengths, queries, CFG.vocab_size)
+        padded = valid if len(set(lengths)) > 1 else None
+        eager_cache, fused_cache = filled_cache(CFG), filled_cache(CFG)
+        with torch.inference_mode():
+            want = model(ids, positions, kv=KVContext(eager_cache, prefix, padded, write))
+            got = forward(fused, ids, positions, kv=KVContext(fused_cache, prefix, padded, write))
+        scale = want.abs().max().item()
+        assert 0 < (got - want).abs().max().item() <= 2e-2 * scale, (lengths, queries)
+        written = write.view(-1)
+        assert torch.allclose(fused_cache.k[:, written], eager_cache.k[:, written], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("queries", [5, 16, 21])
+def test_a_chunk_row_is_the_decode_step_at_its_position(lib, queries):
+    """A causal chunk of 5, 16 or 21 rows (past one tile of 16) gives, row for row, the numbers of lone 1-row
+    steps bit for bit: what keeps the lossless modes equal to `ar` with bf16 matmuls."""
+    fused = FusedDecode(with_adapter(random_model(CFG, torch.float32), rank=16), lib, matmul="bf16")
+    ids, positions, prefix, _, write = batch([9], queries, CFG.vocab_size)
+    lora = ids % 3 == 0
+    chunk_cache, step_cache = filled_cache(CFG), filled_cache(CFG)
+    with torch.inference_mode():
+        chunk = forward(fused, ids, positions, kv=KVContext(chunk_cache, prefix, None, write), lora=lora)
+        steps = [forward(fused, ids[:, m:m + 1], positions[:, m:m + 1],
+                         kv=KVContext(step_cache, torch.cat([prefix, write[:, :m]], 1), None, write[:, m:m + 1]),
+                         lora=lora[:, m:m + 1])
+                 for m in range(queries)]
+    assert torch.equal(chunk, torch.cat(steps, dim=1))
+    assert torch.equal(chunk_cache.k, step_cache.k) and torch.equal(chunk_cache.v, step_cache.v)
+
+
+def test_threads_split_outputs_not_sums(lib):
+    fused = FusedDecode(random_model(CFG, torch.float32), lib, matmul="bf16")
+    ids, positions, prefix, valid, write = batch([20, 31], 6, CFG.vocab_size)
+    outs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        with torch.inference_mode():
+            outs.append(forward(fused, ids, positions, kv=KVContext(filled_cache(CFG), prefix, valid, write)))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_q4_1_blocks_widen_to_the_bfloat16_weights(lib, monkeypatch):
+    """GGUF Q4_1 projections stream as blocks and widen in registers to the very bfloat16 values the plain layout
+    holds: the same logits bit for bit, at 1 row and past a tile."""
+    model = gguf_model(CFG)
+    blocks = FusedDecode(model, lib, matmul="bf16")
+    assert (blocks.format, blocks.head_format) == ("amx_q4_1", "amx_bf16")
+    monkeypatch.setattr(weight_blocks, "PACKERS", {})
+    plain = FusedDecode(model, lib, matmul="bf16")
+    assert plain.format == "amx_bf16"
+    for lengths, queries in (([7], 1), ([9], 18)):
+        ids, positions, prefix, _, write = batch(lengths, queries, CFG.vocab_size)
+        with torch.inference_mode():
+            got = forward(blocks, ids, positions, kv=KVContext(filled_cache(CFG), prefix, None, write))
+            want = forward(plain, ids, positions, kv=KVContext(filled_cache(CFG), prefix, None, write))
+        assert torch.equal(got, want)
+
+
+def test_adapter_rows_on_tiles(lib):
+    """A rank-16 LoRA on at some rows: those rows are the eager adapted forward within bfloat16 rounding, and the
+    others are the tiles' own numbers without the adapter, bit for bit."""
+    model = with_adapter(random_model(CFG, torch.bfloat16), rank=16)
+    fused = FusedDecode(model, lib, matmul="bf16")
+    assert fused.lora is not None
+    ids, positions, prefix, _, write = batch([7], 5, CFG.vocab_size)
+    some = torch.tensor([[False, True, True, False, True]])
+    with torch.inference_mode():
+        want = model(ids, positions, kv=KVContext(filled_cache(CFG), prefix, None, write), lora=some)
+        got = forward(fused, ids, positions, kv=KVContext(filled_cache(CFG), prefix, None, write), lora=some)
+        plain = forward(fused, ids, positions, kv=KVContext(filled_cache(CFG), prefix, None, write))
+    assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
+    assert torch.equal(got[0, 0], plain[0, 0])        # before any adapted row
+    assert not torch.allclose(got[0, 1], plain[0, 1], atol=1e-3)
+
+
+def test_lossless_modes_equal_ar_with_bf16_matmuls(lib, loaded, heldout_prompts):
+    """On the tiny model with bf16 matmuls, every lossless mode gives `ar`'s tokens on held-out prompts, its
+    drafter accepting tokens (TPF above 1), and its KV invariants hold."""
+    engine = Engine(loaded, num_slots=4096, check_invariants=True, matmul="bf16")
+    assert engine.rt.backend.format == "amx_bf16"
+    exact = Engine(loaded, num_slots=4096)
+    prompts = heldout_prompts[::4]
+    ar = [engine.generate(p, "ar", {"max_new_tokens": 24}) for p in prompts]
+    agree = sum(a.output_ids == b.output_ids for a, b in zip(ar, [exact.generate(p, "ar", {"max_new_tokens": 24})
+                                                                for p in prompts], strict=True))
+    assert agree >= len(prompts) - 1    # bfloat16 rounding may flip a near tie, rarely
+    for mode in ("isd", "quadratic", "linear_spec"):
+        runs = [engine.generate(p, mode, {"max_new_tokens": 24}) for p in prompts]
+        assert [r.output_ids for r in runs] == [r.output_ids for r in ar], mode
+        assert sum(r.metrics["tokens"] for r in runs) > sum(r.metrics["nfe"] for r in runs), mode
+    assert engine.rt.pool.free_count == engine.rt.pool.num_slots
+
+
+def test_bf16_where_it_cannot_run_is_an_error(monkeypatch):
+    """No AMX (or no C build): asking for bf16 matmuls raises with the reason instead of running float32."""
+    model = random_model(CFG, torch.float32)
+    cache = PagedKV.empty(CFG, 4, torch.float32, "cpu")
+    monkeypatch.setattr(fused_step, "library", lambda: SimpleNamespace(amx_bf16_ready=lambda: 0))
+    with pytest.raises(MatmulUnavailable, match="no AMX"):
+        fused_decode(model, cache, matmul="bf16")
+    with pytest.raises(MatmulUnavailable, match="expected one of"):
+        fused_decode(model, cache, matmul="int4")
+    odd = random_model(CONFIGS["odd-biased"], torch.float32)
+    monkeypatch.setattr(fused_step, "library", lambda: SimpleNamespace(amx_bf16_ready=lambda: 1))
+    with pytest.raises(MatmulUnavailable, match="multiple of 16"):
+        fused_decode(odd, PagedKV.empty(CONFIGS["odd-biased"], 4, torch.float32, "cpu"), matmul="bf16")
+
