@@ -29,6 +29,9 @@
 
 #define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for the AMX tile state, once per process */
 #define XFEATURE_XTILEDATA 18
+#ifndef AHEAD
+#define AHEAD 4
+#endif
 #define ROW_INDEX _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 
 typedef struct {
@@ -77,6 +80,8 @@ static inline const uint16_t *weight_tile(const void *w, int format, int64_t row
     }
     const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const q4_1_block *blocks = (const q4_1_block *)w + (row * (in / TILE_IN) + (int64_t)c * TILE_ROWS);
+    for (int line = 0; line < TILE_ROWS * (int)sizeof(q4_1_block); line += 64) /* the chunk AHEAD chunks on */
+        __builtin_prefetch((const char *)(blocks + AHEAD * TILE_ROWS) + line, 0, 3);
     for (int r = 0; r < TILE_ROWS; r++) {
         const q4_1_block *b = blocks + r;
         __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b->q));

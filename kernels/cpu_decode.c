@@ -405,6 +405,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
         for (int m = 0; m < rows; m++) rms_norm(h + m * D, F(POST_NORM), eps, D, x + m * D);
         PROJECT(WGATE, NULL, I, D, x, D, gate, I);
         PROJECT(WUP, NULL, I, D, x, D, up, I);
+        _Pragma("omp parallel for schedule(static) if (rows * I >= 8192)") /* elementwise: any split, same numbers */
         for (int i = 0; i < rows * I; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
         PROJECT(WDOWN, NULL, D, I, gate, I, x, D);
         for (int i = 0; i < rows * D; i++) h[i] += x[i];
