@@ -29,9 +29,7 @@
 
 #define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for the AMX tile state, once per process */
 #define XFEATURE_XTILEDATA 18
-#ifndef AHEAD
-#define AHEAD 4
-#endif
+#define AHEAD 4 /* Q4_1 chunks between a prefetch and its use */
 #define ROW_INDEX _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 
 typedef struct {
@@ -48,8 +46,8 @@ int amx_bf16_ready(void) {
 
 /* rows x in float32 (row stride ldx), rounded to bfloat16 (nearest even), as the tile product's right operand:
    per block of 16 rows and chunk of 32 inputs, 16 x 16 pairs, pair (k, n) = inputs 2k, 2k + 1 of row n (rows past
-   `rows` zero). out: room for AMX_PADDED(rows) * in values; the rows in bfloat16 go first to out's second half
-   (scratch: room for as many again). */
+   `rows` zero). out: room for AMX_PADDED(rows) * in values; scratch: as many again, where the rows go in bfloat16
+   first. */
 static void rows_to_pairs(const float *x, int64_t ldx, int rows, int in, uint32_t *out, uint16_t *scratch) {
     int padded = AMX_PADDED(rows), chunks = in / TILE_IN;
     for (int m = 0; m < rows; m++)

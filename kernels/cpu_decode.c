@@ -228,8 +228,8 @@ DEFINE_LINEAR(linear_bf16, F16_BYTES, F16_AT, BF16_LOAD, BF16_VALUE, 0)
 DEFINE_LINEAR(linear_q4_1, Q4_1_BYTES, Q4_1_AT, Q4_1_LOAD, Q4_1_VALUE, 1)
 DEFINE_LINEAR(linear_q8_0, Q8_0_BYTES, Q8_0_AT, Q8_0_LOAD, Q8_0_VALUE, 1)
 
-/* tiles: room for TILE_OUTS * in floats per thread (a wide forward's widened weight rows), or for AMX_BF16 the
-   rows in bfloat16 (AMX_PADDED(rows) * in values). */
+/* tiles: room for TILE_OUTS * in floats per thread (a wide forward's widened weight rows), or for the AMX formats
+   amx_linear's scratch (AMX_PADDED(rows) * in floats). */
 static void linear(const void *w, int format, const float *bias, int out, int in, const float *x, int64_t ldx,
                    float *y, int64_t ldy, int rows, float *tiles) {
     switch (format) {
@@ -337,7 +337,9 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #endif
     int widest = I > qs ? I : qs;
     widest = widest > D ? widest : D;
-    size_t lora_tmp = lora && lora_on ? (size_t)rows * (2 * widest + AMX_RANK(lora_rank)) : 0;
+    /* a row's room in amx_lora's tmp, or in add_lora's */
+    size_t lora_room = fmt >= AMX_BF16 ? 2 * widest + AMX_RANK(lora_rank) : widest + lora_rank;
+    size_t lora_tmp = lora && lora_on ? (size_t)rows * lora_room : 0;
     int64_t score_room = max_len + own;
     size_t tile_room = rows >= WIDE_ROWS ? (size_t)threads * TILE_OUTS * widest : 0;
     if (fmt >= AMX_BF16 || head_fmt >= AMX_BF16) /* amx_linear's scratch */

@@ -18,6 +18,7 @@ from test_cpu_decode import CONFIGS, batch, filled_cache, gguf_model, random_mod
 from backend.engine.engine import Engine
 from backend.forward import fused_step, weight_blocks
 from backend.forward.fused_step import FusedDecode, MatmulUnavailable, fused_decode
+from backend.model.config import ModelConfig
 from backend.model.transformer import KVContext, PagedKV
 from kernels.native import library
 
@@ -71,13 +72,17 @@ def test_a_chunk_row_is_the_decode_step_at_its_position(lib, queries):
 
 
 def test_threads_split_outputs_not_sums(lib):
-    fused = FusedDecode(random_model(CFG, torch.float32), lib, matmul="bf16")
-    ids, positions, prefix, valid, write = batch([20, 31], 6, CFG.vocab_size)
+    """Two threads split the tiles' outputs: the same logits as one thread, bit for bit (a model whose head and FFN
+    are big enough for amx_linear's parallel region)."""
+    cfg = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=16)
+    fused = FusedDecode(random_model(cfg, torch.float32), lib, matmul="bf16")
+    ids, positions, prefix, valid, write = batch([20, 31], 6, cfg.vocab_size)
     outs = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
         with torch.inference_mode():
-            outs.append(forward(fused, ids, positions, kv=KVContext(filled_cache(CFG), prefix, valid, write)))
+            outs.append(forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write)))
     assert torch.equal(outs[0], outs[1])
 
 

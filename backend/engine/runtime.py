@@ -36,7 +36,6 @@ class Runtime:
             self.model.store_weights_input_major()   # the eager backend's layout: x @ W for CPU matmuls
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
         self.eager = Eager(self.model)
-        self.matmul = matmul
         self.backend: ForwardBackend = fused_decode(self.model, self.pool.memory, self.eager, matmul) or self.eager
         """Every plan but a fold: the fused CPU step (float32 models on the CPU, its matmuls in `matmul`
         precision; what it cannot take runs on self.eager), else the eager backend."""

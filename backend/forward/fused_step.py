@@ -176,8 +176,7 @@ class FusedDecode:
         self.fallback, self.lib = fallback or Eager(model), lib
         with torch.no_grad():
             layers = [dict(layer.named_modules()) for layer in model.layers]
-            head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-            projections = [m[name].weight for m in layers for name in PROJECTIONS]
+            projections, head = linear_weights(model)
             copies: dict[int, Tensor] = {}   # one float32 copy per distinct small tensor
 
             def copy(w: Tensor | None) -> Tensor | None:
@@ -296,10 +295,17 @@ def amx_lora_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return a.to(torch.bfloat16).contiguous(), F.pad(b, (0, wide - b.shape[1])).to(torch.bfloat16).contiguous()
 
 
+def linear_weights(model: Transformer) -> tuple[list[Tensor], Tensor]:
+    """Every layer's projection weights, in PROJECTIONS order, and the head's (the tied embedding, or lm_head)."""
+    layers = [dict(layer.named_modules()) for layer in model.layers]
+    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    return [m[name].weight for m in layers for name in PROJECTIONS], head
+
+
 def pack_weights(projections: list[Tensor], head: Tensor, matmul: str) -> tuple[Packed, Packed]:
     """The projections and the head in the layout of the matmul precision (MATMULS)."""
     if matmul == "bf16":
-        return pack_amx(projections), pack_amx([head.detach().float()])
+        return pack_amx(projections), pack_amx([head])
     return pack(projections), pack([head], spare_rows=ODD_HEAD_ROWS)
 
 
@@ -307,9 +313,8 @@ def amx_unsupported(model: Transformer, lib: Any) -> str | None:
     """Why the bf16 matmuls cannot run this model here (None: they can)."""
     if lib is None or not lib.amx_bf16_ready():
         return "this CPU (or its C build) has no AMX bfloat16 tiles"
-    layers = [dict(layer.named_modules()) for layer in model.layers]
-    head = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    if not amx_fits([m[name].weight for m in layers for name in PROJECTIONS] + [head]):
+    projections, head = linear_weights(model)
+    if not amx_fits([*projections, head]):
         return "a weight's outputs are no multiple of 16 or its inputs no multiple of 32"
     return None
 
@@ -317,8 +322,8 @@ def amx_unsupported(model: Transformer, lib: Any) -> str | None:
 def fused_decode(model: Transformer, cache: PagedKV, fallback: ForwardBackend | None = None,
                  matmul: str = "float32") -> FusedDecode | None:
     """The fused decode step for this model and KV memory (the plans it cannot take run on `fallback`), or None
-    where it does not apply. matmul="bf16" (MATMULS) raises ValueError where it cannot run: a user who asks for it
-    gets it or a reason (MatmulUnavailable), never the float32 step instead."""
+    where it does not apply. matmul="bf16" (MATMULS) raises MatmulUnavailable where it cannot run: a user who asks
+    for it gets it or the reason, never the float32 step instead."""
     if matmul not in MATMULS:
         raise MatmulUnavailable(f"matmul {matmul!r}: expected one of {MATMULS}")
     reason = supported(model, cache) or (None if ENABLED else "SPECSCOPE_FUSED_DECODE=0")

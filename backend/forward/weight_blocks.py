@@ -120,9 +120,17 @@ def tile_order(blocks: Tensor) -> Tensor:
 def pack_amx(weights: list[Tensor]) -> Packed:
     """The group for the AMX linears: as Q4_1 blocks (amx_q4_1) where every weight is one exactly, else in
     bfloat16, row-major (amx_bf16). Both are the weights rounded to bfloat16: the same numbers."""
+    weights = [w.detach().float().contiguous() for w in weights]
     none = [torch.zeros(0, dtype=torch.long)] * len(weights)
     empty = [w[:0] for w in weights]
-    exact = pack(weights)
-    if exact.format == "q4_1" and not any(rows.numel() for rows in exact.odd_rows):
-        return Packed("amx_q4_1", [tile_order(blocks) for blocks in exact.copies], none, empty)
-    return Packed("amx_bf16", [w.detach().to(torch.bfloat16).contiguous() for w in weights], none, empty)
+    packer, blocks = PACKERS.get("q4_1"), []
+    for w in weights:
+        if packer is None:
+            break
+        packed, exact = packer(w)
+        if not bool(exact.all()):
+            break
+        blocks.append(tile_order(packed))
+    else:
+        return Packed("amx_q4_1", blocks, none, empty)
+    return Packed("amx_bf16", [w.to(torch.bfloat16) for w in weights], none, empty)
