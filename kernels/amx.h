@@ -12,17 +12,16 @@ typedef struct { float d, m; uint8_t q[16]; } q4_1_block;
 #define TILE_ROWS 16 /* rows of a tile: outputs of a weight tile, query rows of a row tile */
 #define TILE_IN 32   /* bfloat16 inputs per tile row */
 #define AMX_PADDED(rows) (((rows) + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS)
-/* The LoRA rank padded to whole tile rows of B's inputs (zeros past the rank). */
-#define AMX_RANK(rank) (((rank) + TILE_IN - 1) / TILE_IN * TILE_IN)
 
 /* y[m, o] = sum_i w[o, i] x[m, i] for `rows` rows, w in `format` (AMX_BF16 or AMX_Q4_1; out a multiple of 16, in
    of 32). scratch: room for AMX_PADDED(rows) * in floats. */
 void amx_linear(const void *w, int format, int out, int in, const float *x, int64_t ldx, float *y, int64_t ldy,
                 int rows, uint16_t *scratch);
 
-/* y[m] += scale * B (A x[m]) at the rows with on[m]: A [rank, in] and B [out, AMX_RANK(rank)] (zeros past the
-   rank) row-major bfloat16, rank a multiple of 16; cpu_decode.c's add_lora on tiles. tmp: room for
-   rows * (in + AMX_RANK(rank) + out) floats; scratch as for amx_linear. */
+/* y[m] += scale * B (A x[m]) at the rows with on[m], in AVX512-BF16 dot products (a rank of 16 leaves a tile
+   product nothing to amortize its row conversions and sum moves over): A [rank, in] row-major bfloat16, B in rank
+   pairs, [rank / 2, out, 2] bfloat16; rank a multiple of 16, in of 32, out of 16. cpu_decode.c's add_lora with
+   bf16 matmuls. Each row is summed alone, in the same order whatever the rows or threads. */
 void amx_lora(const void *a, const void *b, int rank, float scale, int out, int in, const float *x, int64_t ldx,
-              float *y, int64_t ldy, int rows, const uint8_t *on, float *tmp, uint16_t *scratch);
+              float *y, int64_t ldy, int rows, const uint8_t *on);
 #endif

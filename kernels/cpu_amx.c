@@ -30,6 +30,7 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for the AMX tile state, once per process */
 #define XFEATURE_XTILEDATA 18
 #define AHEAD 4 /* Q4_1 chunks between a prefetch and its use */
+#define LORA_THREADED_ROWS 2 /* adapted rows from which threads split them */
 #define ROW_INDEX _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 
 typedef struct {
@@ -158,20 +159,57 @@ void amx_linear(const void *w, int format, int out, int in, const float *x, int6
     }
 }
 
+/* The rows' products with A, t[m] = A x[m], as bf16 dot products (x[m] rounded to bfloat16 as it enters the
+   linear), 16 of A's rows at a time. */
+static void lora_down(const uint16_t *a, int rank, int in, const float *xm, float *t) {
+    for (int r0 = 0; r0 < rank; r0 += 16) {
+        __m512 acc[16];
+        for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+        for (int i = 0; i < in; i += TILE_IN) {
+            __m512bh xs = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(xm + i + 16), _mm512_loadu_ps(xm + i));
+            for (int j = 0; j < 16; j++)
+                acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(a + (int64_t)(r0 + j) * in + i), xs);
+        }
+        for (int j = 0; j < 16; j++) t[r0 + j] = _mm512_reduce_add_ps(acc[j]);
+    }
+}
+
+/* ym += scale * B t, t rounded to bfloat16 and multiplied by B's rank pairs 4 vectors of outputs at a time. */
+static void lora_up(const uint32_t *bp, int rank, float scale, int out, const float *t, float *ym) {
+    uint32_t pairs[rank / 2];
+    for (int r = 0; r < rank; r += 16)
+        _mm256_storeu_si256((__m256i *)((uint16_t *)pairs + r), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t + r)));
+    const __m512 s = _mm512_set1_ps(scale);
+    int o = 0;
+    for (; o + 64 <= out; o += 64) {
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int k = 0; k < rank / 2; k++) {
+            __m512bh tk = (__m512bh)_mm512_set1_epi32((int)pairs[k]);
+            for (int v = 0; v < 4; v++)
+                acc[v] = _mm512_dpbf16_ps(acc[v], (__m512bh)_mm512_loadu_si512(bp + (int64_t)k * out + o + 16 * v), tk);
+        }
+        for (int v = 0; v < 4; v++)
+            _mm512_storeu_ps(ym + o + 16 * v, _mm512_fmadd_ps(acc[v], s, _mm512_loadu_ps(ym + o + 16 * v)));
+    }
+    for (; o < out; o += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int k = 0; k < rank / 2; k++)
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(bp + (int64_t)k * out + o),
+                                   (__m512bh)_mm512_set1_epi32((int)pairs[k]));
+        _mm512_storeu_ps(ym + o, _mm512_fmadd_ps(acc, s, _mm512_loadu_ps(ym + o)));
+    }
+}
+
 void amx_lora(const void *a, const void *b, int rank, float scale, int out, int in, const float *x, int64_t ldx,
-              float *y, int64_t ldy, int rows, const uint8_t *on, float *tmp, uint16_t *scratch) {
-    int n = 0, wide = AMX_RANK(rank);
+              float *y, int64_t ldy, int rows, const uint8_t *on) {
+    int adapted[rows], n = 0;
     for (int m = 0; m < rows; m++)
-        if (on[m]) memcpy(tmp + (int64_t)n++ * in, x + m * ldx, sizeof(float) * in);
-    if (!n) return;
-    float *t = tmp + (int64_t)n * in, *u = t + (int64_t)n * wide;
-    memset(t, 0, sizeof(float) * n * wide); /* B's padded inputs meet zeros */
-    amx_linear(a, AMX_BF16, rank, in, tmp, in, t, wide, n, scratch);
-    amx_linear(b, AMX_BF16, out, wide, t, wide, u, out, n, scratch);
-    for (int m = 0, i = 0; m < rows; m++) {
-        if (!on[m]) continue;
-        float *ym = y + m * ldy, *um = u + (int64_t)i++ * out;
-        for (int o = 0; o < out; o++) ym[o] += scale * um[o];
+        if (on[m]) adapted[n++] = m;
+#pragma omp parallel for schedule(static) if (n >= LORA_THREADED_ROWS)
+    for (int i = 0; i < n; i++) {
+        float t[rank];
+        lora_down((const uint16_t *)a, rank, in, x + adapted[i] * ldx, t);
+        lora_up((const uint32_t *)b, rank, scale, out, t, y + adapted[i] * ldy);
     }
 }
 
@@ -187,9 +225,9 @@ void amx_linear(const void *w, int format, int out, int in, const float *x, int6
 }
 
 void amx_lora(const void *a, const void *b, int rank, float scale, int out, int in, const float *x, int64_t ldx,
-              float *y, int64_t ldy, int rows, const uint8_t *on, float *tmp, uint16_t *scratch) {
+              float *y, int64_t ldy, int rows, const uint8_t *on) {
     (void)a, (void)b, (void)rank, (void)scale, (void)out, (void)in, (void)x, (void)ldx, (void)y, (void)ldy;
-    (void)rows, (void)on, (void)tmp, (void)scratch;
+    (void)rows, (void)on;
     abort();
 }
 

@@ -312,7 +312,7 @@ static void add_lora(const float *a, const float *bt, int rank, float scale, int
    head_dim], their layers layer_cache elements apart. block: 0, each row attending to its table and itself;
    else rows come in blocks of `block` (one per request), each row attending to its table and its whole block.
    lora [layers, 2 * N_LORA] (or NULL): each adapted projection's float32 A [rank, in] and B transposed [rank, out]
-   (with AMX projections: A and B [out, AMX_RANK(rank)] in bfloat16; amx.h) (0 = none), in LORA_OF order,
+   (with AMX projections: A, and B in rank pairs, in bfloat16; amx.h) (0 = none), in LORA_OF order,
    scaled by lora_scale and added at the rows with lora_on[m] (NULL: none).
    logits [rows, vocab]. Returns 0, or -1 when memory ran out. */
 int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const float *embed,
@@ -337,9 +337,8 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #endif
     int widest = I > qs ? I : qs;
     widest = widest > D ? widest : D;
-    /* a row's room in amx_lora's tmp, or in add_lora's */
-    size_t lora_room = fmt >= AMX_BF16 ? 2 * widest + AMX_RANK(lora_rank) : widest + lora_rank;
-    size_t lora_tmp = lora && lora_on ? (size_t)rows * lora_room : 0;
+    int adapt = lora && lora_on;
+    size_t lora_tmp = adapt && fmt < AMX_BF16 ? (size_t)rows * (widest + lora_rank) : 0; /* add_lora's tmp */
     int64_t score_room = max_len + own;
     size_t tile_room = rows >= WIDE_ROWS ? (size_t)threads * TILE_OUTS * widest : 0;
     if (fmt >= AMX_BF16 || head_fmt >= AMX_BF16) /* amx_linear's scratch */
@@ -362,11 +361,11 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #define PROJECT(name, bias, out, in, src, ldx, dst, ldy)                                                        \
         do {                                                                                                  \
             linear(W(name), fmt, bias, out, in, src, ldx, dst, ldy, rows, tiles);                                  \
-            if (lora_tmp && adapter[2 * LORA_OF(name)] && fmt >= AMX_BF16)                                  \
+            if (adapt && adapter[2 * LORA_OF(name)] && fmt >= AMX_BF16)                                     \
                 amx_lora((const void *)(intptr_t)adapter[2 * LORA_OF(name)],                                  \
                          (const void *)(intptr_t)adapter[2 * LORA_OF(name) + 1], lora_rank, lora_scale,       \
-                         out, in, src, ldx, dst, ldy, rows, lora_on, tmp, (uint16_t *)tiles);                 \
-            else if (lora_tmp && adapter[2 * LORA_OF(name)])                                                  \
+                         out, in, src, ldx, dst, ldy, rows, lora_on);                                         \
+            else if (adapt && adapter[2 * LORA_OF(name)])                                                     \
                 add_lora((const float *)(intptr_t)adapter[2 * LORA_OF(name)],                                 \
                          (const float *)(intptr_t)adapter[2 * LORA_OF(name) + 1], lora_rank, lora_scale, out, \
                          in, src, ldx, dst, ldy, rows, lora_on, tmp);                                         \

@@ -2,7 +2,7 @@
 
 On a CPU with AMX: against the eager forward (within bfloat16 rounding), every row of a forward equal bit for bit
 to a lone decode step at its position, whatever the rows (across the 16-row tile) and threads, the Q4_1 layout equal
-to plain bfloat16 bit for bit, the adapter applied on tiles, and the engine's lossless modes equal to `ar` in this
+to plain bfloat16 bit for bit, the adapter in bf16 dot products, and the engine's lossless modes equal to `ar` in this
 precision with working drafters. Anywhere: asking for bf16 where it cannot run is a clear error, never a silent
 float32 step.
 """
@@ -72,17 +72,19 @@ def test_a_chunk_row_is_the_decode_step_at_its_position(lib, queries):
 
 
 def test_threads_split_outputs_not_sums(lib):
-    """Two threads split the tiles' outputs: the same logits as one thread, bit for bit (a model whose head and FFN
-    are big enough for amx_linear's parallel region)."""
+    """Two threads split the tiles' outputs and the adapted rows: the same logits as one thread, bit for bit (a model
+    whose head and FFN are big enough for amx_linear's parallel region)."""
     cfg = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=8, num_key_value_heads=2, head_dim=16)
-    fused = FusedDecode(random_model(cfg, torch.float32), lib, matmul="bf16")
+    fused = FusedDecode(with_adapter(random_model(cfg, torch.float32), rank=16), lib, matmul="bf16")
     ids, positions, prefix, valid, write = batch([20, 31], 6, cfg.vocab_size)
+    lora = ids % 2 == 0
     outs = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
         with torch.inference_mode():
-            outs.append(forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write)))
+            outs.append(forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write),
+                                lora=lora))
     assert torch.equal(outs[0], outs[1])
 
 
@@ -103,7 +105,7 @@ def test_q4_1_blocks_widen_to_the_bfloat16_weights(lib, monkeypatch):
         assert torch.equal(got, want)
 
 
-def test_adapter_rows_on_tiles(lib):
+def test_adapter_rows_in_bf16(lib):
     """A rank-16 LoRA on at some rows: those rows are the eager adapted forward within bfloat16 rounding, and the
     others are the tiles' own numbers without the adapter, bit for bit."""
     model = with_adapter(random_model(CFG, torch.bfloat16), rank=16)

@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from backend.forward.plan import Eager, ForwardBackend, ForwardPlan, ForwardResult
@@ -289,10 +288,10 @@ def float32_lora_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def amx_lora_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """A and B as amx_lora reads them: row-major bfloat16, B's inputs (the rank) padded with zeros to a multiple
-    of 32."""
-    wide = -(-b.shape[1] // 32) * 32
-    return a.to(torch.bfloat16).contiguous(), F.pad(b, (0, wide - b.shape[1])).to(torch.bfloat16).contiguous()
+    """A and B as amx_lora reads them, in bfloat16: A row-major [rank, in], B in rank pairs [rank / 2, out, 2]."""
+    out, rank = b.shape
+    pairs = b.to(torch.bfloat16).view(out, rank // 2, 2).transpose(0, 1)
+    return a.to(torch.bfloat16).contiguous(), pairs.contiguous()
 
 
 def linear_weights(model: Transformer) -> tuple[list[Tensor], Tensor]:
