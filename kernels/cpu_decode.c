@@ -245,6 +245,36 @@ static void linear(const void *w, int format, const float *bias, int out, int in
             for (int o = 0; o < out; o++) y[m * ldy + o] += bias[o];
 }
 
+/* x[i] = e^(x[i] - shift) for n values, in vectors; the last n % VW through a zero-padded vector, so every value
+   takes the same lane arithmetic (simd.h's vexp). */
+static void shifted_exp(float *x, int64_t n, float shift) {
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) vstore(x + i, vexp(vsub(vload(x + i), vset1(shift))));
+    if (i < n) {
+        float tail[VW] = {0};
+        memcpy(tail, x + i, sizeof(float) * (n - i));
+        vstore(tail, vexp(vsub(vload(tail), vset1(shift))));
+        memcpy(x + i, tail, sizeof(float) * (n - i));
+    }
+}
+
+static inline vec silu_times(vec g, vec u) { return vmul(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g)))), u); }
+
+/* gate[i] = SiLU(gate[i]) * up[i] for n values (elementwise: threads split them, the same numbers). */
+static void silu_mul(float *gate, const float *up, int64_t n) {
+    int64_t whole = n / VW;
+    _Pragma("omp parallel for schedule(static) if (n >= 8192)")
+    for (int64_t b = 0; b < whole; b++) vstore(gate + b * VW, silu_times(vload(gate + b * VW), vload(up + b * VW)));
+    if (whole * VW < n) {
+        int64_t i = whole * VW;
+        float g[VW] = {0}, u[VW] = {0};
+        memcpy(g, gate + i, sizeof(float) * (n - i));
+        memcpy(u, up + i, sizeof(float) * (n - i));
+        vstore(g, silu_times(vload(g), vload(u)));
+        memcpy(gate + i, g, sizeof(float) * (n - i));
+    }
+}
+
 /* Softmax attention of head h of one row over its prefix slots, then `own` rows of this step's k/v (the row itself,
    or its whole block) (GQA), scale 1/sqrt(head_dim). scores: room for length + own values. */
 static void attend_head(const int64_t *dims, int h, const float *q, const float *own_k, const float *own_v, int own,
@@ -261,8 +291,9 @@ static void attend_head(const int64_t *dims, int h, const float *q, const float 
     for (int i = 0; i < own; i++)
         scores[length + i] = dot(qh, own_k + i * slot_stride + g * hd, hd) * scale;
     for (int64_t j = 0; j < keys; j++) top = scores[j] > top ? scores[j] : top;
+    shifted_exp(scores, keys, top);
     float total = 0.0f;
-    for (int64_t j = 0; j < keys; j++) total += scores[j] = expf(scores[j] - top);
+    for (int64_t j = 0; j < keys; j++) total += scores[j];
     float *oh = out + h * hd;
     for (int d = 0; d < hd; d++) oh[d] = 0.0f;
     for (int64_t j = 0; j < keys; j++) {
@@ -406,8 +437,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
         for (int m = 0; m < rows; m++) rms_norm(h + m * D, F(POST_NORM), eps, D, x + m * D);
         PROJECT(WGATE, NULL, I, D, x, D, gate, I);
         PROJECT(WUP, NULL, I, D, x, D, up, I);
-        _Pragma("omp parallel for schedule(static) if (rows * I >= 8192)") /* elementwise: any split, same numbers */
-        for (int i = 0; i < rows * I; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        silu_mul(gate, up, (int64_t)rows * I);
         PROJECT(WDOWN, NULL, D, I, gate, I, x, D);
         for (int i = 0; i < rows * D; i++) h[i] += x[i];
 #undef PROJECT

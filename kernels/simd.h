@@ -49,6 +49,15 @@ static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline vec vset1(float a) { return _mm512_set1_ps(a); }
 static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+static inline vec vclamp(vec a, float lo, float hi) { return _mm512_min_ps(_mm512_max_ps(a, vset1(lo)), vset1(hi)); }
+static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* 2^n for integral n in [-126, 127], built in the exponent bits */
+static inline vec vpow2(vec n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
 /* VW codes of a 32-value block (kernels' Q4_1 / Q8_0 layouts, cpu_decode.c): `half` picks the high nibbles. */
 static inline vec vload_q4(const uint8_t *q, int half, float d, float m) {
     __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
@@ -72,6 +81,14 @@ static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 static inline vec vset1(float a) { return _mm256_set1_ps(a); }
 static inline void vstore(float *p, vec a) { _mm256_storeu_ps(p, a); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+static inline vec vclamp(vec a, float lo, float hi) { return _mm256_min_ps(_mm256_max_ps(a, vset1(lo)), vset1(hi)); }
+static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vpow2(vec n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
 static inline vec vload_q4(const uint8_t *q, int half, float d, float m) {
     __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
     c = _mm256_and_si256(half ? _mm256_srli_epi32(c, 4) : c, _mm256_set1_epi32(15));
@@ -91,12 +108,41 @@ static inline vec vfma(vec a, vec b, vec c) { return fmaf(a, b, c); }
 static inline vec vsub(vec a, vec b) { return a - b; }
 static inline vec vset1(float a) { return a; }
 static inline void vstore(float *p, vec a) { *p = a; }
+static inline vec vadd(vec a, vec b) { return a + b; }
+static inline vec vmul(vec a, vec b) { return a * b; }
+static inline vec vdiv(vec a, vec b) { return a / b; }
+static inline vec vclamp(vec a, float lo, float hi) { return fminf(fmaxf(a, lo), hi); }
+static inline vec vround(vec a) { return nearbyintf(a); }
+static inline vec vpow2(vec n) {
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 static inline vec vload_q4(const uint8_t *q, int half, float d, float m) {
     return fmaf((float)((half ? *q >> 4 : *q) & 15), d, m);
 }
 static inline vec vload_q8(const int8_t *q, float d) { return (float)*q * d; }
 #endif
 #define STEPS (LANES / VW)
+
+/* e^x lane by lane, the same numbers for every ISA (every lane is the same IEEE operations):
+   x clamped to [-87, 88] (so 2^n stays a normal float: e^-87 ~ 1.6e-38 stands for anything smaller), x = n ln2 +
+   r with |r| <= ln2 / 2 (ln2 in two parts, Cephes' split), e^r by Cephes' expf polynomial (~1 ulp), times 2^n.
+   (A libm expf call per value cost a decode step ~3 ns a value: SiLU's and the softmax's, some 100 k a row.) */
+static inline vec vexp(vec x) {
+    x = vclamp(x, -87.0f, 88.0f);
+    vec n = vround(vmul(x, vset1(1.44269504088896341f)));
+    vec r = vfma(n, vset1(-0.693359375f), x);
+    r = vfma(n, vset1(2.12194440e-4f), r);
+    vec p = vfma(vset1(1.9875691500e-4f), r, vset1(1.3981999507e-3f));
+    p = vfma(p, r, vset1(8.3334519073e-3f));
+    p = vfma(p, r, vset1(4.1665795894e-2f));
+    p = vfma(p, r, vset1(1.6666665459e-1f));
+    p = vfma(p, r, vset1(5.0000001201e-1f));
+    vec e = vfma(p, vmul(r, r), r);
+    return vmul(vadd(e, vset1(1.0f)), vpow2(n));
+}
 
 /* The sum of the LANES lanes as one tree, the same for every ISA: lane k + lane k+8, then k + k+4, k + k+2 and
    k + k+1 (a few vector adds, where a lane-by-lane sum was 16 dependent ones per output). */
