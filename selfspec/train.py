@@ -126,9 +126,11 @@ def kind_weights(text: str) -> dict[str, float]:
     return weights
 
 
-def mix_for(weights: dict[str, float]) -> Mix:
-    """The default layout mix, without the kinds weighted 0 (their chunks would cost a forward for nothing)."""
-    return Mix(**{kind: 0 for kind, w in weights.items() if w == 0})
+def mix_for(weights: dict[str, float], scale: int = 1) -> Mix:
+    """The default layout mix with `scale` times its chunks a sequence (more drafts trained for each clean pass),
+    without the kinds weighted 0 (their chunks would cost a forward for nothing)."""
+    counts = {kind: 0 if weights[kind] == 0 else getattr(Mix(), kind) * scale for kind in KINDS}
+    return Mix(**counts)
 
 
 def score(figures: dict[str, float], weights: dict[str, float]) -> float:
@@ -170,9 +172,9 @@ def train(args: argparse.Namespace) -> None:
         print(f"resumed at step {step} (best held-out {best:.3f})", flush=True)
     print(f"{len(rows)} training sequences, {len(held)} held out; {sum(x.numel() for x in params)} trainable",
           flush=True)
-    mix = mix_for(args.kind_weights)
+    mix = mix_for(args.kind_weights, args.chunk_scale)
     if step == 0:    # the starting adapter's figures; an --init-adapter's are what an export must beat
-        figures = heldout_figures(model, held, embed.mask_id, args.device, scope=args.scope)
+        figures = heldout_figures(model, held, embed.mask_id, args.device, args.eval_sequences, scope=args.scope)
         with (args.workdir / "heldout.jsonl").open("a") as f:
             f.write(json.dumps({"step": 0, **figures}) + "\n")
         print("heldout", json.dumps(figures), flush=True)
@@ -200,7 +202,7 @@ def train(args: argparse.Namespace) -> None:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
         if step % args.eval_every == 0 or step == args.steps:
-            figures = heldout_figures(model, held, embed.mask_id, args.device, scope=args.scope)
+            figures = heldout_figures(model, held, embed.mask_id, args.device, args.eval_sequences, scope=args.scope)
             with (args.workdir / "heldout.jsonl").open("a") as f:
                 f.write(json.dumps({"step": step, **figures}) + "\n")
             print("heldout", json.dumps(figures), flush=True)

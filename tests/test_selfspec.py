@@ -169,3 +169,13 @@ def test_a_kind_weighted_zero_gets_no_chunks():
     assert chunks and {c.kind for c in chunks} == {"block", "partial"}
     assert score({"block8": 2.5, "causal4": 1.5}, weights) == 2.5
     assert score({"block8": 2.5, "causal4": 1.5}, kind_weights("")) == 4.0
+
+
+def test_chunk_scale_multiplies_the_layouts_a_sequence_gets():
+    """--chunk-scale 2: twice the chunks of every trained kind, none of a kind weighted 0."""
+    from selfspec.train import kind_weights, mix_for
+    x = list(range(100, 160))
+    kinds = [[c.kind for c in chunks_for(x, 10, 0, mix_for(kind_weights(w), scale), random.Random(0))]
+             for w, scale in (("", 1), ("", 2), ("partial=0", 3))]
+    assert all(kinds[1].count(k) == 2 * kinds[0].count(k) > 0 for k in ("block", "causal", "partial"))
+    assert kinds[2].count("partial") == 0 and kinds[2].count("causal") == 3 * kinds[0].count("causal")

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from backend.engine.engine import Engine
+from backend.forward.fused_step import MATMULS
 from backend.model.chat_prompts import prompt_set
 from backend.model.checkpoint import load_checkpoint
 from backend.model.source import resolve
@@ -72,10 +73,12 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--matmul", choices=MATMULS, default="float32",
+                   help="the fused CPU step's matmul precision (bf16: AMX tiles, several times faster at 32 rows)")
     args = p.parse_args()
     source = resolve(args.model)
     loaded = load_checkpoint(source.folder, device=args.device, adapter=False)
-    engine = Engine(loaded, num_slots=args.batch * 2 * (args.max_new_tokens + 512))
+    engine = Engine(loaded, num_slots=args.batch * 2 * (args.max_new_tokens + 512), matmul=args.matmul)
     rows = prompt_set(args.count, args.seed, held_out=args.split == "heldout")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     generate(engine, rows, args.out, args.batch, args.max_new_tokens)

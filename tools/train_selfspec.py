@@ -38,8 +38,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=20)
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-sequences", type=int, default=16, help="held-out answers each evaluation reads")
     p.add_argument("--kind-weights", type=kind_weights, default=kind_weights(""),
                    help="loss weight per layout kind, e.g. causal=2 (default 1 each)")
+    p.add_argument("--chunk-scale", type=int, default=1,
+                   help="draft layouts trained per sequence, as a multiple of the default mix (selfspec/layouts.py)")
     p.add_argument("--scope", choices=("mask", "draft"), default="mask",
                    help="where the adapter is on: MASK rows (every mode, lossless everywhere) or whole draft "
                         "forwards (linear_spec and the block modes only; train it with causal=0)")
