@@ -31,8 +31,11 @@ CAUSAL = ("causal", "strict_causal")
 """Attention modes whose query chunk attends causally to itself (they differ only in a model's logit convention,
 which the runtime applies)."""
 MAX_CHUNK = 32
-"""Query rows per request the fused step takes (verify chunks, short prompts' prefills); longer chunks are
+"""Query rows per request the float32 fused step takes (verify chunks, short prompts' prefills); longer chunks are
 compute-bound, where eager GEMMs win (measured crossover ~40 rows at prefix 60, one thread)."""
+MAX_AMX_CHUNK = 256
+"""The same with bf16 matmuls: AMX tiles stay far ahead of float32 GEMMs at any width (a prompt's prefill, spiffy's
+8 branches of 32 rows)."""
 BIASES = LAYER_TENSORS[4:8]
 ODD_HEAD_ROWS = 16
 """Head rows that may sit outside the head's block format, summed in float32 (an adapter's trained MASK row)."""
@@ -194,6 +197,7 @@ class FusedDecode:
             self.lora, self.lora_rank, self.lora_scale, lora_copies = self._lora_table(layers, matmul)
             self.copies = list(copies.values()) + lora_copies   # keeps what the tables point at alive
         self.lora_pointer = ptr(self.lora)
+        self.max_chunk = MAX_AMX_CHUNK if matmul == "bf16" else MAX_CHUNK
         self.vocab = cfg.vocab_size
         self.rope = RopeTable(model)
 
@@ -238,18 +242,19 @@ class FusedDecode:
         return np.ones(rows, dtype=np.uint8)
 
     @staticmethod
-    def accepts(queries: int, attn: str, mask: Tensor | None, writes: bool, requests: int = 1) -> bool:
-        """Whether the fused step may compute a forward of this shape: up to MAX_CHUNK query rows per request;
-        causal (more than one row only when they write their K/V: each row reads the rows
-        before it from the cache), bidirectional `block` rows of up to MAX_CHUNK in all (each attends to its whole
-        block from the step's own K/V; spiffy's 8 branches of 32 rows run faster as eager GEMMs), or under a mask
-        override when they write (`masked_prefixes` then checks that the kernel can follow it)."""
-        if queries > MAX_CHUNK:
+    def accepts(queries: int, attn: str, mask: Tensor | None, writes: bool, requests: int = 1,
+                limit: int = MAX_CHUNK) -> bool:
+        """Whether the fused step may compute a forward of this shape: up to `limit` query rows per request (MAX_CHUNK,
+        or MAX_AMX_CHUNK with bf16 matmuls); causal (more than one row only when they write their K/V: each row reads
+        the rows before it from the cache), bidirectional `block` rows of up to `limit` in all (each attends to its
+        whole block from the step's own K/V; in float32, spiffy's 8 branches of 32 rows run faster as eager GEMMs),
+        or under a mask override when they write (`masked_prefixes` then checks that the kernel can follow it)."""
+        if queries > limit:
             return False
         if mask is not None:
             return writes
         if attn == "block":
-            return requests * queries <= MAX_CHUNK
+            return requests * queries <= limit
         return attn in CAUSAL and (queries == 1 or writes)
 
     def run(self, plan: ForwardPlan) -> ForwardResult:
@@ -257,7 +262,7 @@ class FusedDecode:
         requests, queries = ids.shape
         adapter = self.adapter_rows(plan.adapter, requests * queries)
         if plan.fold is not None or kv is None or adapter is False or not self.accepts(
-                queries, plan.attn, mask, kv.write_slots is not None, requests):
+                queries, plan.attn, mask, kv.write_slots is not None, requests, self.max_chunk):
             return self.fallback.run(plan)
         block = plan.attn == "block" and mask is None
         tables = chunk_prefixes(kv, queries, block) if mask is None else masked_prefixes(kv, mask)
