@@ -66,5 +66,4 @@ def chunk_logits(model: Transformer, p: Packed, cache: PagedKV, scope: str = "ma
         model(p.clean_ids, pos, kv=KVContext(cache, torch.zeros(b, 0, dtype=torch.long), None, slots))
     kv = KVContext(cache, slots)
     lora = p.ids == model.cfg.mask_token_id if scope == "mask" else True
-    additive = torch.zeros(p.mask.shape, dtype=cache.k.dtype, device=p.mask.device).masked_fill_(~p.mask, -torch.inf)
-    return model(p.ids, p.positions, kv=kv, mask=additive, lora=lora)   # additive: SDPA converts a bool mask per call
+    return model(p.ids, p.positions, kv=kv, mask=p.mask, lora=lora)

@@ -152,6 +152,16 @@ def export(model: Transformer, embed: MaskRow, folder: Path, figures: dict, args
     (folder / "training.json").write_text(json.dumps({"recipe": recipe, "heldout": figures}, indent=1))
 
 
+def record_heldout(model: Transformer, held: list[dict], mask_id: int, args: argparse.Namespace,
+                   step: int) -> dict[str, float]:
+    """The held-out figures at this step, appended to <workdir>/heldout.jsonl and printed."""
+    figures = heldout_figures(model, held, mask_id, args.device, args.eval_sequences, scope=args.scope)
+    with (args.workdir / "heldout.jsonl").open("a") as f:
+        f.write(json.dumps({"step": step, **figures}) + "\n")
+    print("heldout", json.dumps(figures), flush=True)
+    return figures
+
+
 def train(args: argparse.Namespace) -> None:
     """The training run the command line's options describe: resumed from <workdir>/state.pt when there is one."""
     torch.manual_seed(args.seed)
@@ -174,10 +184,7 @@ def train(args: argparse.Namespace) -> None:
           flush=True)
     mix = mix_for(args.kind_weights, args.chunk_scale)
     if step == 0:    # the starting adapter's figures; an --init-adapter's are what an export must beat
-        figures = heldout_figures(model, held, embed.mask_id, args.device, args.eval_sequences, scope=args.scope)
-        with (args.workdir / "heldout.jsonl").open("a") as f:
-            f.write(json.dumps({"step": 0, **figures}) + "\n")
-        print("heldout", json.dumps(figures), flush=True)
+        figures = record_heldout(model, held, embed.mask_id, args, 0)
         if args.init_adapter:
             best = score(figures, args.kind_weights)
     model.train()
@@ -202,10 +209,7 @@ def train(args: argparse.Namespace) -> None:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
         if step % args.eval_every == 0 or step == args.steps:
-            figures = heldout_figures(model, held, embed.mask_id, args.device, args.eval_sequences, scope=args.scope)
-            with (args.workdir / "heldout.jsonl").open("a") as f:
-                f.write(json.dumps({"step": step, **figures}) + "\n")
-            print("heldout", json.dumps(figures), flush=True)
+            figures = record_heldout(model, held, embed.mask_id, args, step)
             now = score(figures, args.kind_weights)
             if now > best:
                 best = now

@@ -13,13 +13,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 from support.plans import forward
-from test_cpu_decode import CONFIGS, batch, filled_cache, gguf_model, random_model, with_adapter
+from test_cpu_decode import (
+    CONFIGS,
+    SPLIT_CFG,
+    batch,
+    filled_cache,
+    gguf_model,
+    logits_at_1_and_2_threads,
+    random_model,
+    with_adapter,
+)
 
 from backend.engine.engine import Engine
 from backend.engine.modes import REGISTRY
 from backend.forward import fused_step, weight_blocks
 from backend.forward.fused_step import FusedDecode, MatmulUnavailable, fused_decode
-from backend.model.config import ModelConfig
 from backend.model.transformer import KVContext, PagedKV
 from kernels.native import library
 
@@ -78,18 +86,9 @@ def test_a_chunk_row_is_the_decode_step_at_its_position(lib, queries):
 def test_threads_split_outputs_not_sums(lib):
     """Two threads split the tiles' outputs and the adapted rows: the same logits as one thread, bit for bit (a model
     whose head and FFN are big enough for amx_linear's parallel region)."""
-    cfg = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=16)
-    fused = FusedDecode(with_adapter(random_model(cfg, torch.float32), rank=16), lib, matmul="bf16")
-    ids, positions, prefix, valid, write = batch([20, 31], 6, cfg.vocab_size)
-    lora = ids % 2 == 0
-    outs = []
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        with torch.inference_mode():
-            outs.append(forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write),
-                                lora=lora))
-    assert torch.equal(outs[0], outs[1])
+    fused = FusedDecode(with_adapter(random_model(SPLIT_CFG, torch.float32), rank=16), lib, matmul="bf16")
+    one, two = logits_at_1_and_2_threads(fused, [20, 31], 6, adapted_every=2)
+    assert torch.equal(one, two)
 
 
 def test_q4_1_blocks_widen_to_the_bfloat16_weights(lib, monkeypatch):

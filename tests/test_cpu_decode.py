@@ -203,20 +203,28 @@ def test_adapter_rows_equal_eager(lib, config):
 def test_threads_split_work_not_numbers(lib):
     """Two threads split each linear's outputs and the attention heads: the same logits as one thread, bit for
     bit (the engine's lossless equalities hold whatever torch.set_num_threads says)."""
-    cfg = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=16)   # big enough to split
-    model = with_adapter(random_model(cfg, torch.float32))
-    fused = FusedDecode(model, lib)
-    ids, positions, prefix, valid, write = batch([38, 40], 8, cfg.vocab_size)
-    lora = ids % 3 == 0
+    fused = FusedDecode(with_adapter(random_model(SPLIT_CFG, torch.float32)), lib)
+    one, two = logits_at_1_and_2_threads(fused, [38, 40], 8, adapted_every=3)
+    assert torch.equal(one, two)
+
+
+SPLIT_CFG = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=8, num_key_value_heads=2, head_dim=16)
+"""Big enough for the kernels' parallel regions (the head and the FFN split across threads)."""
+
+
+def logits_at_1_and_2_threads(fused: FusedDecode, lengths: list[int], queries: int,
+                              adapted_every: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SPLIT_CFG forward at 1 and at 2 threads (the adapter on at ids divisible by adapted_every)."""
+    ids, positions, prefix, valid, write = batch(lengths, queries, SPLIT_CFG.vocab_size)
     outs = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
         with torch.inference_mode():
-            outs.append(forward(fused, ids, positions, kv=KVContext(filled_cache(cfg), prefix, valid, write),
-                                lora=lora))
+            outs.append(forward(fused, ids, positions, kv=KVContext(filled_cache(SPLIT_CFG), prefix, valid, write),
+                                lora=ids % adapted_every == 0))
     torch.set_num_threads(1)
-    assert torch.equal(outs[0], outs[1])
+    return outs[0], outs[1]
 
 
 def test_masks_the_kernel_cannot_follow_run_eagerly(lib):
