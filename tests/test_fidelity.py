@@ -78,12 +78,13 @@ def test_isd_rejects_a_spec_whose_scaled_proposal_is_zero():
 
 
 def test_isd_argmax_drafts_take_the_argmax_of_q_at_any_temperature(engine):
-    req = Request("t", [1, 2], None, {"temperature": 1.5, "seed": 0, "max_new_tokens": 4, "draft": "argmax"}, None)
+    req = Request("t", [1, 2], None, {"temperature": 1.5, "seed": 0, "max_new_tokens": 4, "draft": "argmax",
+                                      "sampler": True}, None)
     st = ISDState()
     logits = torch.randn(3, engine.rt.model.cfg.vocab_size)
     logits[:, engine.rt.mask] = 100.0                      # MASK is never drafted
     masks = Scores(logits, req, engine.rt.mask)
-    ISD()._draft(req, st, masks)
+    ISD()._draft(req, engine.rt, st, masks, clean=2)    # the tiny model ships no sampler head: rows alone
     without_mask = logits.clone()
     without_mask[:, engine.rt.mask] = float("-inf")
     assert st.specs == without_mask.argmax(-1).tolist()

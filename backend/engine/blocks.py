@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
+
 from backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from backend.engine.params import Param, ParamError
 from backend.engine.request import Request
 from backend.engine.runtime import Runtime
+from backend.engine.sampling import confidence
 from backend.engine.scores import Scores
 from backend.tracing import RoundEvent
 
@@ -205,6 +208,17 @@ def fill_block(req: Request, rt: Runtime, block: list[int], start: int, lora: bo
         for i in unmask_step(block, guess, probs, candidates(block, rt.mask, 0), threshold):
             conf[i] = probs[i]
     return conf
+
+
+def chain_block(req: Request, rt: Runtime, block: list[int], start: int, lora: bool) -> list[float | None]:
+    """Draft every mask of `block` in place with one read-only `block` forward: position 1 from the seed's row,
+    the rest as one chain after it through the sampler head (Runtime.drafts). Returns the confidence each
+    position was drafted with (the chain's: under its re-ranked rows)."""
+    rows = block_logits(req, rt, block, start, "draft", lora)
+    (first,), (p_first,) = rows.rows(slice(0, 1)).pick_with_confidence()
+    rest, ranked = rt.drafts(rows.rows(slice(1, len(block) - 1)), first)
+    block[1:] = [first] + rest
+    return [None, p_first] + confidence(ranked.logits, torch.tensor(rest), rt.mask).tolist()
 
 
 def longest_match(verifier: list[int], drafts: list[int]) -> int:

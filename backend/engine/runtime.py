@@ -8,6 +8,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
+from backend.engine.draft_chain import draft_chain
 from backend.engine.kv import KVPool
 from backend.engine.request import Request
 from backend.engine.sampling import alternatives
@@ -40,6 +41,8 @@ class Runtime:
         """Every plan but a fold: the fused CPU step (float32 models on the CPU, its matmuls in `matmul`
         precision; what it cannot take runs on self.eager), else the eager backend."""
         self._folded: dict[str, ForwardBackend] = {}
+        self.chain = draft_chain(self.model, loaded.adapter_dir, self.mask_id)
+        """The adapter's sampler head, if it ships one: chained MASK drafts (`drafts`)."""
 
     @property
     def mask(self) -> int:
@@ -182,6 +185,15 @@ class Runtime:
                 kept = req.alternatives.setdefault(pos + 1, [])
                 if len(kept) < MAX_ALTERNATIVES:
                     kept.append({"kind": kind, **entry})
+
+    def drafts(self, masks: Scores, previous: int, argmax: bool = False,
+               chained: bool = True) -> tuple[list[int], Scores]:
+        """The tokens a run of MASK rows drafts after the token `previous`, and the rows they were drawn from (their
+        proposal): chained through the sampler head when the adapter ships one and `chained`, else each row's own
+        pick (its argmax if `argmax`, else the request's rule)."""
+        if chained and self.chain is not None:
+            return self.chain.draw(masks, previous, argmax)
+        return (masks.argmax() if argmax else masks.tokens()), masks
 
     def adapter(self, ids: Tensor, draft: bool) -> bool | Tensor:
         """Where the model's adapter is on in this forward, by its declared scope: `draft` passes that ask for

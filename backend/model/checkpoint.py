@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE, find_adapter, load_adapter
 from backend.model.config import CheckpointError, ModelConfig
 from backend.model.families import ADAPTER_SCOPES, Family, family_of
+from backend.model.sampler_head import SAMPLER_FILE
 from backend.model.tokenizer import ensure_chat_template, mask_token_id
 from backend.model.transformer import ATTN_MODES, Transformer
 
@@ -189,6 +190,7 @@ def load_checkpoint(folder: str | Path = DEFAULT_CHECKPOINT, dtype: torch.dtype 
                     if i is not None and i < cfg.vocab_size), None)
     stops = [i for i in _stop_ids(folder, d, tok, family) if i < cfg.vocab_size]
     files = weight_files(folder) + ([adapter_dir / WEIGHTS_FILE, adapter_dir / CONFIG_FILE] if adapter_dir else [])
+    files += [f for f in [adapter_dir / SAMPLER_FILE] if f.is_file()] if adapter_dir else []
     return LoadedModel(
         model, tok, mask_id, stops[0] if stops else None,
         (name or folder.name) + (f"+{adapter_dir.name}" if adapter_dir and adapter_dir != folder else ""), folder,

@@ -3,7 +3,8 @@
 Verify round  [pending, spec0 .. spec(N-2), M x (N-1)]: specs are checked left to right against the clean
 logits by the fused verify of kernels/isd_verify.py (greedy: spec == argmax p; T > 0: accept with
 min(1, p / (alpha q)), correction a Gumbel-max draw from norm(max(0, p - q))). All accepted (case V):
-emit the N-1 specs + the clean token, keep the new specs the masks drafted. Reject at spec i (case R): emit
+emit the N-1 specs + the clean token, keep the new specs the masks drafted (a chain after the clean token
+through the adapter's sampler head, when it ships one: backend/engine/draft_chain.py). Reject at spec i (case R): emit
 the i accepted specs + the correction, discard this round's drafts; the next round is a cold start on the
 correction. Cold start (case C) [t0, M x (2N-2)]: emit the clean token and keep N-1 new specs. MASK KV never
 stays: V frees N-1 slots, R frees (N-1-i) + (N-1), C frees 2N-2. The pending / t0 token is the last emitted
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backend.engine.draft_chain import SAMPLER_PARAM
 from backend.engine.modes import register
 from backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from backend.engine.params import Param
@@ -63,6 +65,7 @@ class ISD(Mode):
         Param("alpha", float, 1.0, 0.0, 10.0, "p/q acceptance slack at T > 0 (1 = exact)"),
         Param("draft", str, "sample", help="T > 0: sample the specs from q (exact speculative sampling) or take "
                                            "their argmax (the I-DLM code)", choices=("sample", "argmax")),
+        SAMPLER_PARAM,
     )
 
     def extra_positions(self, params: dict) -> int:
@@ -98,16 +101,16 @@ class ISD(Mode):
             return self._all_accepted(req, rt, st, scores, slots, start, block, pq)
         return self._rejected(req, st, slots, start, block, verdict.accepted, verdict.correction, pq)
 
-    def _draft(self, req: Request, st: ISDState, masks: Scores) -> None:
-        """New specs, drawn from (or the argmax of) the rows of N-1 masks, which are kept as their proposal q."""
-        st.specs = masks.argmax() if req.params["draft"] == "argmax" else masks.tokens()
-        st.draft = masks
+    def _draft(self, req: Request, rt: Runtime, st: ISDState, masks: Scores, clean: int) -> None:
+        """New specs after the clean token, drawn from (or the argmax of) the rows of N-1 masks (chained through
+        the sampler head, if any), which are kept as their proposal q."""
+        st.specs, st.draft = rt.drafts(masks, clean, req.params["draft"] == "argmax", req.params["sampler"])
 
     def _cold_start(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int],
                     start: int, block: list[int]) -> RoundResult:
         n = req.params["n"]
         (clean,), (p_clean,) = scores.rows(slice(0, 1)).pick()
-        self._draft(req, st, scores.rows(slice(1, n)))
+        self._draft(req, rt, st, scores.rows(slice(1, n)), clean)
         st.cases["C"] += 1
         release = SlotRelease(slots[1:], list(range(start + 1, start + len(block))), "mask")
         view = None
@@ -124,7 +127,7 @@ class ISD(Mode):
         k = n - 1
         specs = st.specs
         (clean,), (p_clean,) = scores.rows(slice(k, n)).pick()
-        self._draft(req, st, scores.rows(slice(n, None)))
+        self._draft(req, rt, st, scores.rows(slice(n, None)), clean)
         st.cases["V"] += 1
         release = SlotRelease(slots[n:], list(range(start + n, start + len(block))), "mask")
         view = None

@@ -1,14 +1,16 @@
 """`linear_spec`: Nemotron linear self-speculation.
 
 Draft: [seed, M x (B-1)] in `block` attention with the draft adapter on (if the model has one), prefix KV
-read-only; threshold 0 fills every mask in one pass, threshold > 0 unmasks iteratively. Verify: the block in
+read-only; threshold 0 fills every mask in one pass (position 1 from the seed's row, the rest chained through the
+adapter's sampler head when it ships one), threshold > 0 unmasks iteratively. Verify: the block in
 `causal` attention writes its KV; accept the longest prefix with ar[i] == block[i+1], plus the AR token at the
 first mismatch (the bonus), which becomes the next seed and is not yet in the KV. The KV of the rejected
 suffix is freed. Greedy output equals `ar`. NFE = draft passes + 1 verify per round; prefill not counted.
 """
 from __future__ import annotations
 
-from backend.engine.blocks import block_size, check_block_params, fill_block, longest_match
+from backend.engine.blocks import block_size, chain_block, check_block_params, fill_block, longest_match
+from backend.engine.draft_chain import SAMPLER_PARAM
 from backend.engine.modes import register
 from backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from backend.engine.params import Param
@@ -31,6 +33,7 @@ class LinearSpec(Mode):
         Param("block_size", int, 16, 2, 256, "positions per draft block, seed included"),
         Param("threshold", float, 0.0, 0.0, 1.0, "0: one draft pass fills all masks; >0: iterative"),
         Param("lora", bool, True, help="use the draft LoRA adapter when the model has one"),
+        SAMPLER_PARAM,
     )
 
     def check(self, params: dict, rt: Runtime) -> None:
@@ -40,7 +43,11 @@ class LinearSpec(Mode):
         size, start = block_size(req), req.cached
         block = [req.tokens[-1]] + [rt.mask] * (size - 1)
         lora = req.params["lora"]
-        conf = fill_block(req, rt, block, start, lora, req.params["threshold"])
+        threshold = req.params["threshold"]
+        if threshold == 0 and req.params["sampler"] and rt.chain is not None:
+            conf = chain_block(req, rt, block, start, lora)
+        else:
+            conf = fill_block(req, rt, block, start, lora, threshold)
         slots = rt.alloc(req, range(start, start + size))
         ar = rt.score(req, block, start, "causal", kind="verify", write=slots).tokens()
         accepted = longest_match(ar, block[1:])

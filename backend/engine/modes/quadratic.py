@@ -7,7 +7,8 @@ row sees the committed prefix; the d's form a causal chain (d_j sees d_0..d_j); 
 own group and the earlier masks of its group (strict causal, as the model's MASK stream was trained). So
 d_j's logits are the causal (AR) prediction for P+j+1, and the masks of group j predict P+j+2 .. P+j+k+1
 from exactly the prefix d_0..d_j. Accept the longest a with d_{i+1} == AR(d_i) for i < a, emit d_1..d_a plus
-the AR token of d_a (the bonus; the next pending token), and take the next k specs from group a's masks:
+the AR token of d_a (the bonus; the next pending token), and take the next k specs from group a's masks (a chain
+after the bonus through the adapter's sampler head, when it ships one: backend/engine/draft_chain.py):
 whatever prefix is accepted, fresh specs conditioned on exactly it are ready. The first round after the
 prefill has no specs (one group). KV: only d_0..d_a's (valid causal KV) is committed; rejected d's and all
 masks are freed. Greedy output equals `ar`. NFE = one forward per round; prefill not counted. At T > 0 a
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backend.engine.blocks import longest_match
+from backend.engine.draft_chain import SAMPLER_PARAM
 from backend.engine.modes import register
 from backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from backend.engine.params import Param
@@ -53,7 +55,7 @@ class Quadratic(Mode):
                "number under a cell is its position. Masks and rejected specs have their KV freed.")
     lossless_vs = "ar"
     drafter = ("accept_len_mean", 1.3)
-    params = (Param("k", int, 4, 1, 8, "speculative tokens per round; each is followed by k masks"),)
+    params = (Param("k", int, 4, 1, 8, "speculative tokens per round; each is followed by k masks"), SAMPLER_PARAM)
 
     def extra_positions(self, params: dict) -> int:
         return (params["k"] + 1) ** 2
@@ -74,7 +76,9 @@ class Quadratic(Mode):
         accepted = longest_match(ar, st.specs)
         seeded = st.seeded_by
         group = firsts[accepted]
-        st.specs, st.seeded_by = scores.rows(slice(group + 1, group + k + 1)).tokens(), accepted
+        st.specs, _ = rt.drafts(scores.rows(slice(group + 1, group + k + 1)), ar[accepted],
+                                chained=req.params["sampler"])
+        st.seeded_by = accepted
         keep = firsts[:accepted + 1]
         rejected = firsts[accepted + 1:]
         masks = [u for u in range(len(ids)) if u % (k + 1)]

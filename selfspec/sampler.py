@@ -1,0 +1,189 @@
+"""Train the sampler head (backend/model/sampler_head.py) on a frozen model + adapter: the MASK rows of the
+causal and block draft layouts (selfspec/layouts.py), each row's normed hidden state with the token before its
+target (teacher-forced: a chain's draft only counts while every draft before it was right, so the previous
+token is then the true one). The rows' features are extracted once (one forward a batch, no grad), then the
+head trains on them for epochs; each epoch's held-out figures are the chain's real ones (hidden states
+recovered from the logits, only the rows' top candidates ranked), against the rows alone. The command line:
+`python -m tools.train_sampler`.
+
+Resumable: <workdir>/features.pt holds the extracted rows, <workdir>/state.pt the head, its optimizer and the
+epoch; figures go to <workdir>/heldout.jsonl. --export writes the head into the adapter folder whenever the
+held-out figures improve. The same command runs on CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from backend.engine.blocks import longest_match
+from backend.model.checkpoint import load_model
+from backend.model.sampler_head import HiddenFromLogits, SamplerHead, save_sampler
+from backend.model.source import resolve
+from backend.model.transformer import PagedKV, Transformer
+from selfspec.batch import chunk_logits, pack
+from selfspec.layouts import IGNORE, Chunk, Mix, block_chunk, causal_chunk, chunks_for
+from selfspec.train import read_rows
+
+CHAIN_MIX = Mix(block=12, block_sizes=(4, 8, 16), causal=16, causal_masks=(3, 4, 6), partial=0)
+"""The layouts whose MASK rows draft a chain (isd, quadratic, linear_spec); the partial blocks unmask in
+parallel, by confidence, and have no chain."""
+
+
+def hidden_and_logits(model: Transformer, seqs: list[list[int]], chunks: list[list[Chunk]], mask_id: int,
+                      pad_id: int, device: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The chunk rows' normed hidden states [B, Q, D], logits [B, Q, V], ids and targets [B, Q] of one packed
+    forward (adapter on at MASK rows)."""
+    p = pack(seqs, chunks, mask_id, pad_id).to(device)
+    b, width = p.clean_ids.shape
+    seen: list[Tensor] = []
+    hook = model.norm.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            logits = chunk_logits(model, p, PagedKV.empty(model.cfg, b * width, torch.float32, device))
+    finally:
+        hook.remove()
+    return seen[-1], logits, p.ids, p.targets
+
+
+def mask_rows(ids: Tensor, targets: Tensor, mask_id: int) -> Tensor:
+    """The trained rows: MASK rows with a target."""
+    return (ids == mask_id) & (targets != IGNORE)
+
+
+def previous_tokens(chunks: list[list[Chunk]], q: int) -> Tensor:
+    """For every chunk row, the true token at its own position (the one its target follows) [B, Q]."""
+    prev = torch.zeros(len(chunks), q, dtype=torch.long)
+    for i, cs in enumerate(chunks):
+        row = 0
+        for c in cs:
+            known = [c.ids[0]] + c.targets[:-1]          # row r's own token is row r-1's target
+            prev[i, row:row + len(c.ids)] = torch.tensor([t if t != IGNORE else 0 for t in known])
+            row += len(c.ids)
+    return prev
+
+
+def extract(model: Transformer, rows: list[dict], mask_id: int, pad_id: int, device: str, seed: int,
+            batch: int = 8) -> dict[str, Tensor]:
+    """One pass over the sequences: every trained row's hidden state (bf16), previous token and target."""
+    rng = random.Random(seed)
+    hidden, prev, target = [], [], []
+    t0 = time.perf_counter()
+    for start in range(0, len(rows), batch):
+        group = rows[start:start + batch]
+        chunks = [chunks_for(r["seq"], r["prompt_len"], mask_id, CHAIN_MIX, rng) for r in group]
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            h, _, ids, targets = hidden_and_logits(model, [r["seq"] for r in group], chunks, mask_id, pad_id,
+                                                   device)
+        sel = mask_rows(ids, targets, mask_id)
+        hidden.append(h[sel].to(torch.bfloat16).cpu())
+        prev.append(previous_tokens(chunks, ids.shape[1])[sel.cpu()])
+        target.append(targets[sel].cpu())
+        if start // batch % 50 == 0:
+            print(f"extracted {start + len(group)}/{len(rows)} sequences, {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+    return {"hidden": torch.cat(hidden), "prev": torch.cat(prev), "target": torch.cat(target)}
+
+
+def chain_figures(model: Transformer, head: SamplerHead, rows: list[dict], mask_id: int, device: str,
+                  sequences: int = 32, stride: int = 9) -> dict[str, float]:
+    """Held-out tokens per round (leading matches + the bonus, as selfspec/evaluate.py counts them) of 4 causal
+    MASK specs and an 8-row block draft, by the rows alone (`rows_*`) and by the head's chain (`chain_*`)."""
+    weight = model.embed_tokens.weight
+    recover = HiddenFromLogits(weight, skip=(mask_id,))
+    totals: dict[str, list[int]] = {}
+    pad = model.cfg.eos_token_id or 0
+    for start in range(0, min(sequences, len(rows)), 4):
+        group = rows[start:start + 4]
+        for kind, n, make in (("causal4", 4, causal_chunk), ("block8", 8, block_chunk)):
+            chunks = [[make(r["seq"], s, n, mask_id) for s in range(r["prompt_len"] - 1, len(r["seq"]) - n - 1,
+                                                                   stride)] for r in group]
+            _, logits, ids, targets = hidden_and_logits(model, [r["seq"] for r in group], chunks, mask_id, pad,
+                                                        device)
+            logits[..., mask_id] = float("-inf")
+            prev = previous_tokens(chunks, ids.shape[1]).to(device)
+            with torch.no_grad():
+                chained = head.rescore(logits, recover(logits), weight[prev], weight)
+            chained = torch.where((ids == mask_id)[..., None], chained, logits)
+            for name, scores in (("rows", logits), ("chain", chained)):
+                pred = scores.argmax(-1).cpu()
+                for i, cs in enumerate(chunks):
+                    for row in range(0, len(cs) * n, n):
+                        g, t = pred[i, row:row + n].tolist(), targets[i, row:row + n].tolist()
+                        got = longest_match(g[:n - 1], t[:n - 1]) if kind == "block8" else longest_match(g[1:], t[1:])
+                        acc = totals.setdefault(f"{name}_{kind}", [0, 0])
+                        acc[0] += got + 1
+                        acc[1] += 1
+    return {k: round(s / max(c, 1), 3) for k, (s, c) in sorted(totals.items())}
+
+
+def train_sampler(args: argparse.Namespace) -> None:
+    """The run the command line describes: features extracted (or read back), then epochs over them."""
+    torch.manual_seed(args.seed)
+    model = load_model(resolve(args.model).folder, torch.float32, args.device, adapter=args.adapter)
+    mask_id, pad_id = model.cfg.mask_token_id, model.cfg.eos_token_id or 0
+    if mask_id is None:
+        raise SystemExit("the model declares no mask_token_id")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    held = read_rows(args.heldout, args.max_len, pad_id)
+    features_path = args.workdir / "features.pt"
+    if features_path.exists():
+        data = torch.load(features_path)
+    else:
+        rows = read_rows(args.data, args.max_len, pad_id)
+        passes = [extract(model, rows, mask_id, pad_id, args.device, args.seed + k) for k in range(args.passes)]
+        data = {key: torch.cat([p[key] for p in passes]) for key in passes[0]}
+        torch.save(data, features_path)
+    print(f"{len(data['target'])} training rows", flush=True)
+    head = SamplerHead(model.cfg.hidden_size, args.width, args.candidates).to(args.device)
+    opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
+    state_path, epoch, best = args.workdir / "state.pt", 0, -1.0
+    if state_path.exists():
+        state = torch.load(state_path, map_location=args.device)
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        epoch, best = state["epoch"], state["best"]
+        print(f"resumed after epoch {epoch} (best {best:.3f})", flush=True)
+    weight = model.embed_tokens.weight
+    total = len(data["target"])
+    steps_per_epoch = total // args.batch
+    while epoch < args.epochs:
+        order = torch.randperm(total, generator=torch.Generator().manual_seed(args.seed + epoch))
+        t0, running = time.perf_counter(), 0.0
+        for step in range(steps_per_epoch):
+            lr = args.lr * 0.5 * (1 + torch.cos(torch.tensor(
+                torch.pi * (epoch * steps_per_epoch + step) / (args.epochs * steps_per_epoch)))).item()
+            for group in opt.param_groups:
+                group["lr"] = lr
+            pick = order[step * args.batch:(step + 1) * args.batch]
+            hidden = data["hidden"][pick].to(args.device).float()
+            prev, target = data["prev"][pick].to(args.device), data["target"][pick].to(args.device)
+            with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
+                logits = F.linear(head(hidden, weight[prev]), weight)
+            loss = F.cross_entropy(logits.float(), target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            running += loss.item()
+            if (step + 1) % 100 == 0:
+                print(json.dumps({"epoch": epoch, "step": step + 1, "loss": round(running / 100, 4),
+                                  "s": round(time.perf_counter() - t0, 1)}), flush=True)
+                running = 0.0
+        epoch += 1
+        figures = chain_figures(model, head.eval(), held, mask_id, args.device, args.eval_sequences)
+        head.train()
+        with (args.workdir / "heldout.jsonl").open("a") as f:
+            f.write(json.dumps({"epoch": epoch, **figures}) + "\n")
+        print("heldout", json.dumps(figures), flush=True)
+        now = figures["chain_causal4"] + figures["chain_block8"]
+        if now > best:
+            best = now
+            if args.export:
+                save_sampler(head, args.export)
+                print(f"exported to {args.export}", flush=True)
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "best": best}, state_path)

@@ -1,0 +1,147 @@
+"""The sampler head and its chained MASK drafts (backend/model/sampler_head.py, backend/engine/draft_chain.py):
+hidden states recovered from their logits, an untrained head drafting what the rows do, the sequential chain
+equal to the head's teacher-forced scores along its own drafts, its proposal covering every draw at T > 0, the
+file's round trip and a clear error for a bad one, and on the tiny model the whole pipeline: an adapter, a head
+trained on its rows (resumed), and every mode that chains its drafts equal to `ar` with the head on."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from backend.engine.draft_chain import SAMPLER_PARAM, DraftChain
+from backend.engine.engine import Engine
+from backend.engine.modes import get_mode, mode_names
+from backend.engine.request import Request
+from backend.engine.scores import Scores
+from backend.model.chat_prompts import prompt_set
+from backend.model.checkpoint import load_checkpoint
+from backend.model.sampler_head import SAMPLER_FILE, HiddenFromLogits, SamplerHead, load_sampler, save_sampler
+from backend.model.source import TINY
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
+CHAINED = [m for m in mode_names() if SAMPLER_PARAM in get_mode(m).params]
+VOCAB, DIM, MASK = 512, 32, 5
+
+
+def request(temperature: float = 0.0, seed: int = 0) -> Request:
+    return Request("r", [1], None, {"temperature": temperature, "seed": seed}, None)
+
+
+def random_head(seed: int) -> SamplerHead:
+    torch.manual_seed(seed)
+    head = SamplerHead(DIM, 48, candidates=8)
+    torch.nn.init.normal_(head.down.weight, std=0.5)
+    return head
+
+
+def test_chained_modes_are_found():
+    assert {"isd", "quadratic", "linear_spec"} <= set(CHAINED)
+
+
+def test_hidden_states_come_back_from_their_logits():
+    torch.manual_seed(0)
+    weight = torch.randn(VOCAB, DIM)
+    hidden = torch.randn(6, DIM)
+    logits = hidden @ weight.t()
+    logits[:, MASK] = float("-inf")      # a row's MASK logit is never read
+    assert torch.allclose(HiddenFromLogits(weight, skip=(MASK,))(logits), hidden, atol=1e-4)
+    with pytest.raises(ValueError, match="cannot recover"):
+        HiddenFromLogits(torch.randn(16, DIM))
+
+
+def test_an_untrained_head_drafts_what_the_rows_do():
+    torch.manual_seed(1)
+    weight = torch.randn(VOCAB, DIM)
+    chain = DraftChain(SamplerHead(DIM, 48, candidates=8), weight, MASK)
+    logits = torch.randn(5, DIM) @ weight.t()
+    masks = Scores(logits, request(), MASK)
+    drafts, proposal = chain.draw(masks, previous=7, argmax=True)
+    assert drafts == masks.argmax()
+    assert ((proposal.logits > float("-inf")).sum(-1) == 8).all()     # only each row's top 8 are ranked
+    assert torch.allclose(proposal.logits.max(-1).values, logits.max(-1).values, atol=1e-3)
+
+
+def test_the_chain_is_the_heads_scores_along_its_own_drafts():
+    """Each draft is the argmax of the head given the draft before it: the sequential draw equals the head's
+    teacher-forced scores over the drafts shifted by one, and a different first token changes the chain."""
+    torch.manual_seed(2)
+    weight = torch.randn(VOCAB, DIM)
+    head = random_head(3)
+    chain = DraftChain(head, weight, MASK)
+    logits = torch.randn(6, DIM) @ weight.t()
+    drafts, proposal = chain.draw(Scores(logits, request(), MASK), previous=11, argmax=True)
+    before = torch.tensor([11] + drafts[:-1])
+    masked = logits.clone()
+    masked[:, MASK] = float("-inf")
+    forced = head.rescore(masked, chain.recover(masked), weight[before], weight)
+    assert forced.argmax(-1).tolist() == drafts
+    assert torch.allclose(forced, proposal.logits, atol=1e-4)
+    others = {tuple(chain.draw(Scores(logits, request(), MASK), previous=p, argmax=True)[0]) for p in range(20, 40)}
+    assert len(others) > 1
+
+
+def test_draws_at_temperature_come_from_their_proposal_and_repeat_with_the_seed():
+    torch.manual_seed(4)
+    weight = torch.randn(VOCAB, DIM)
+    chain = DraftChain(random_head(5), weight, MASK)
+    logits = torch.randn(6, DIM) @ weight.t()
+    first, proposal = chain.draw(Scores(logits, request(0.9, seed=8), MASK), previous=3, argmax=False)
+    again, _ = chain.draw(Scores(logits, request(0.9, seed=8), MASK), previous=3, argmax=False)
+    assert first == again and MASK not in first
+    q = torch.softmax(proposal.logits / 0.9, -1)
+    assert all(q[j, tok] > 0 for j, tok in enumerate(first))
+
+
+def test_the_head_file_round_trips_and_a_bad_one_is_refused(tmp_path):
+    head = random_head(6)
+    save_sampler(head, tmp_path)
+    back = load_sampler(tmp_path / SAMPLER_FILE)
+    assert back.candidates == 8
+    x, prev = torch.randn(3, DIM), torch.randn(3, DIM)
+    assert torch.allclose(back(x, prev), head(x, prev), atol=0.05)      # stored in bf16
+    save_file({"up.weight": torch.zeros(2, 2)}, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(ValueError, match="not a sampler head"):
+        load_sampler(tmp_path / "bad.safetensors")
+
+
+def test_tiny_pipeline_trains_a_head_that_keeps_every_chained_mode_lossless(tmp_path):
+    """A short adapter run, then the head on its rows (one epoch, then one more resumed); with the head
+    exported beside the adapter, the engine chains the drafts and every mode that does equals ar."""
+    base = load_checkpoint(TINY)
+    engine = Engine(base, num_slots=2048)
+    rows = []
+    for r in prompt_set(8, 0, held_out=False):
+        req = engine.new_request(r["messages"], "ar", {"max_new_tokens": 12})
+        rows.append({"prompt_ids": req.prompt_ids, "answer_ids": engine.run([req])[0].output_ids,
+                     "category": r["category"]})
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    adapter = tmp_path / "adapter"
+    subprocess.run([sys.executable, "-m", "tools.train_selfspec", "--model", "tiny", "--workdir", str(tmp_path / "a"),
+                    "--data", str(data), "--heldout", str(data), "--batch", "2", "--rank", "4", "--steps", "2",
+                    "--export", str(adapter)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    work = tmp_path / "s"
+    common = [sys.executable, "-m", "tools.train_sampler", "--model", "tiny", "--adapter", str(adapter),
+              "--workdir", str(work), "--data", str(data), "--heldout", str(data), "--batch", "16",
+              "--width", "64", "--candidates", "8", "--eval-sequences", "4", "--export", str(adapter)]
+    for epochs in ("1", "2"):
+        done = subprocess.run([*common, "--epochs", epochs], cwd=ROOT, check=True, capture_output=True, text=True,
+                              timeout=300)
+    assert "resumed after epoch 1" in done.stdout
+    figures = [json.loads(line) for line in (work / "heldout.jsonl").read_text().splitlines()]
+    assert [f["epoch"] for f in figures] == [1, 2]
+    assert all(f[k] >= 1 for f in figures for k in ("rows_causal4", "chain_causal4", "rows_block8", "chain_block8"))
+    chained = Engine(load_checkpoint(TINY, adapter=adapter), num_slots=2048, check_invariants=True)
+    assert chained.rt.chain is not None and chained.rt.chain.head.candidates == 8
+    for prompt in ("What is 12 + 30?", "Sort: 5 3 9 1", "Copy: a b c"):
+        ar = engine.generate(prompt, "ar", {"max_new_tokens": 16}).output_ids
+        for mode in CHAINED:
+            assert chained.generate(prompt, mode, {"max_new_tokens": 16}).output_ids == ar, (mode, prompt)
+    assert chained.rt.pool.free_count == chained.rt.pool.num_slots
