@@ -2,18 +2,19 @@
 causal and block draft layouts (selfspec/layouts.py), each row's normed hidden state with the token before its
 target (teacher-forced: a chain's draft only counts while every draft before it was right, so the previous
 token is then the true one). The rows' features are extracted once (one forward a batch, no grad), then the
-head trains on them for epochs; each epoch's held-out figures are the chain's real ones (hidden states
+head trains on them for epochs; the held-out figures (every --eval-every steps) are the chain's real ones (hidden states
 recovered from the logits, only the rows' top candidates ranked), against the rows alone. The command line:
 `python -m tools.train_sampler`.
 
 Resumable: <workdir>/features.pt holds the extracted rows, <workdir>/state.pt the head, its optimizer and the
-epoch; figures go to <workdir>/heldout.jsonl. --export writes the head into the adapter folder whenever the
-held-out figures improve. The same command runs on CUDA.
+step (saved at every evaluation); figures go to <workdir>/heldout.jsonl. --export writes the head into the adapter
+folder whenever the held-out figures improve. The same command runs on CUDA.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import time
 
@@ -113,8 +114,9 @@ def chain_figures(model: Transformer, head: SamplerHead, rows: list[dict], mask_
             for name, scores in (("rows", logits), ("chain", chained)):
                 pred = scores.argmax(-1).cpu()
                 for i, cs in enumerate(chunks):
-                    for row in range(0, len(cs) * n, n):
-                        g, t = pred[i, row:row + n].tolist(), targets[i, row:row + n].tolist()
+                    size = len(cs[0].ids) if cs else 1       # block: n rows; causal: the seed + n masks
+                    for row in range(0, len(cs) * size, size):
+                        g, t = pred[i, row:row + size].tolist(), targets[i, row:row + size].tolist()
                         got = longest_match(g[:n - 1], t[:n - 1]) if kind == "block8" else longest_match(g[1:], t[1:])
                         acc = totals.setdefault(f"{name}_{kind}", [0, 0])
                         acc[0] += got + 1
@@ -123,7 +125,8 @@ def chain_figures(model: Transformer, head: SamplerHead, rows: list[dict], mask_
 
 
 def train_sampler(args: argparse.Namespace) -> None:
-    """The run the command line describes: features extracted (or read back), then epochs over them."""
+    """The run the command line describes: features extracted (or read back), then epochs over them, evaluated
+    every --eval-every steps."""
     torch.manual_seed(args.seed)
     model = load_model(resolve(args.model).folder, torch.float32, args.device, adapter=args.adapter)
     mask_id, pad_id = model.cfg.mask_token_id, model.cfg.eos_token_id or 0
@@ -142,48 +145,62 @@ def train_sampler(args: argparse.Namespace) -> None:
     print(f"{len(data['target'])} training rows", flush=True)
     head = SamplerHead(model.cfg.hidden_size, args.width, args.candidates).to(args.device)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
-    state_path, epoch, best = args.workdir / "state.pt", 0, -1.0
+    state_path, step, best = args.workdir / "state.pt", 0, -1.0
     if state_path.exists():
         state = torch.load(state_path, map_location=args.device)
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
-        epoch, best = state["epoch"], state["best"]
-        print(f"resumed after epoch {epoch} (best {best:.3f})", flush=True)
-    weight = model.embed_tokens.weight
+        step, best = state["step"], state["best"]
+        print(f"resumed at step {step} (best {best:.3f})", flush=True)
     total = len(data["target"])
-    steps_per_epoch = total // args.batch
-    while epoch < args.epochs:
+    per_epoch = total // args.batch
+    steps = args.epochs * per_epoch
+    t0, running = time.perf_counter(), 0.0
+    while step < steps:
+        epoch, index = divmod(step, per_epoch)
         order = torch.randperm(total, generator=torch.Generator().manual_seed(args.seed + epoch))
-        t0, running = time.perf_counter(), 0.0
-        for step in range(steps_per_epoch):
-            lr = args.lr * 0.5 * (1 + torch.cos(torch.tensor(
-                torch.pi * (epoch * steps_per_epoch + step) / (args.epochs * steps_per_epoch)))).item()
-            for group in opt.param_groups:
-                group["lr"] = lr
-            pick = order[step * args.batch:(step + 1) * args.batch]
-            hidden = data["hidden"][pick].to(args.device).float()
-            prev, target = data["prev"][pick].to(args.device), data["target"][pick].to(args.device)
-            with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
-                logits = F.linear(head(hidden, weight[prev]), weight)
-            loss = F.cross_entropy(logits.float(), target)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            running += loss.item()
-            if (step + 1) % 100 == 0:
-                print(json.dumps({"epoch": epoch, "step": step + 1, "loss": round(running / 100, 4),
-                                  "s": round(time.perf_counter() - t0, 1)}), flush=True)
-                running = 0.0
-        epoch += 1
-        figures = chain_figures(model, head.eval(), held, mask_id, args.device, args.eval_sequences)
-        head.train()
-        with (args.workdir / "heldout.jsonl").open("a") as f:
-            f.write(json.dumps({"epoch": epoch, **figures}) + "\n")
-        print("heldout", json.dumps(figures), flush=True)
-        now = figures["chain_causal4"] + figures["chain_block8"]
-        if now > best:
-            best = now
-            if args.export:
-                save_sampler(head, args.export)
-                print(f"exported to {args.export}", flush=True)
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "epoch": epoch, "best": best}, state_path)
+        loss = sampler_step(model, head, opt, data, order[index * args.batch:(index + 1) * args.batch],
+                            args.lr * 0.5 * (1 + math.cos(math.pi * step / steps)), args)
+        step += 1
+        running += loss
+        if step % 100 == 0:
+            print(json.dumps({"step": step, "epoch": round(step / per_epoch, 2), "loss": round(running / 100, 4),
+                              "s": round(time.perf_counter() - t0, 1)}), flush=True)
+            running = 0.0
+        if step % args.eval_every == 0 or step == steps:
+            best = evaluate_and_keep(model, head, held, mask_id, args, step, best)
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "best": best}, state_path)
+
+
+def sampler_step(model: Transformer, head: SamplerHead, opt: torch.optim.Optimizer, data: dict[str, Tensor],
+                 pick: Tensor, lr: float, args: argparse.Namespace) -> float:
+    """One optimizer step on the stored rows `pick`: cross-entropy of the head's tokens over the whole vocabulary."""
+    weight = model.embed_tokens.weight
+    for group in opt.param_groups:
+        group["lr"] = lr
+    hidden = data["hidden"][pick].to(args.device).float()
+    prev, target = data["prev"][pick].to(args.device), data["target"][pick].to(args.device)
+    with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
+        logits = F.linear(head(hidden, weight[prev]), weight)
+    loss = F.cross_entropy(logits.float(), target)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def evaluate_and_keep(model: Transformer, head: SamplerHead, held: list[dict], mask_id: int,
+                      args: argparse.Namespace, step: int, best: float) -> float:
+    """The held-out chain figures at this step, logged; the head exported when they beat `best`. The new best."""
+    figures = chain_figures(model, head.eval(), held, mask_id, args.device, args.eval_sequences)
+    head.train()
+    with (args.workdir / "heldout.jsonl").open("a") as f:
+        f.write(json.dumps({"step": step, **figures}) + "\n")
+    print("heldout", json.dumps(figures), flush=True)
+    now = figures["chain_causal4"] + figures["chain_block8"]
+    if now <= best:
+        return best
+    if args.export:
+        save_sampler(head, args.export)
+        print(f"exported to {args.export}", flush=True)
+    return now

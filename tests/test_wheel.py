@@ -16,6 +16,7 @@ RUNTIME_FILES = ["kernels/cpu_decode.c", "kernels/cpu_fold.c", "kernels/simd.h",
                  "app/static/viz.js", "app/static/specscope.js",
                  "app/static/specscope.css", "backend/model/checkpoints/smollm2-135m-selfspec/adapter_config.json",
                  "backend/model/checkpoints/smollm2-135m-selfspec/adapter_model.safetensors",
+                 "backend/model/checkpoints/smollm2-135m-selfspec/sampler_head.safetensors",
                  "backend/model/checkpoints/smollm2-135m-selfspec/model_card.json"]
 
 pytestmark = pytest.mark.slow

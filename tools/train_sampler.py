@@ -26,7 +26,8 @@ def main() -> None:
     p.add_argument("--adapter", type=Path, default=Path("backend/model/checkpoints/smollm2-135m-selfspec"),
                    help="the adapter whose MASK rows the head chains")
     p.add_argument("--passes", type=int, default=1, help="extraction passes (each its own random layouts)")
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations (and saves)")
     p.add_argument("--batch", type=int, default=1024, help="rows per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--width", type=int, default=1152, help="the head's hidden width")

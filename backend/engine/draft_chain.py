@@ -38,9 +38,12 @@ class DraftChain:
         temperature = 0.0 if argmax else masks.req.temperature
         drafts: list[int] = []
         with torch.inference_mode():
+            own = self.head.hidden_part(hidden)
             for j in range(len(candidates)):
-                scores[j] = self.head.candidate_scores(hidden[j], self.lm_head[previous], rows[j])
-                choice = pick(scores[j], temperature, masks.req.generator, None)[0]
+                state = self.head.finish(hidden[j], own[j], self.lm_head[previous])
+                scores[j] = rows[j] @ state
+                choice = (int(scores[j].argmax()) if temperature <= 0
+                          else int(pick(scores[j], temperature, masks.req.generator, None)[0]))
                 previous = int(candidates[j, choice])
                 drafts.append(previous)
         ranked = torch.full_like(logits, float("-inf")).scatter_(1, candidates, scores.to(logits.device))

@@ -40,7 +40,17 @@ class SamplerHead(nn.Module):
     def forward(self, hidden: Tensor, previous: Tensor) -> Tensor:
         """The corrected hidden states [..., D] of draft rows `hidden` [..., D], `previous` [..., D] the
         embeddings of the tokens drafted (or known) just before them."""
-        return hidden + self.down(F.silu(self.up(torch.cat([hidden, previous], -1))))
+        return self.finish(hidden, self.hidden_part(hidden), previous)
+
+    def hidden_part(self, hidden: Tensor) -> Tensor:
+        """`up`'s share from the rows' own states: a chain computes it for all its rows in one product."""
+        dim = hidden.shape[-1]
+        return F.linear(hidden, self.up.weight[:, :dim], self.up.bias)
+
+    def finish(self, hidden: Tensor, hidden_part: Tensor, previous: Tensor) -> Tensor:
+        """The corrected states, given the rows' `hidden_part`."""
+        dim = hidden.shape[-1]
+        return hidden + self.down(F.silu(hidden_part + F.linear(previous, self.up.weight[:, dim:])))
 
     def candidate_scores(self, hidden: Tensor, previous: Tensor, candidate_rows: Tensor) -> Tensor:
         """Scores [..., C] of candidate tokens, given their LM-head rows [..., C, D]."""
