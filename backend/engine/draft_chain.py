@@ -23,7 +23,8 @@ SAMPLER_PARAM = Param("sampler", bool, True,
 class DraftChain:
     def __init__(self, head: SamplerHead, lm_head: Tensor, mask_id: int):
         self.head = head
-        self.lm_head = lm_head.float()
+        self.lm_head = lm_head.float().contiguous()
+        """Row-major (a copy where the runtime keeps the head input-major): the chain gathers whole rows."""
         self.mask_id = mask_id
         self.recover = HiddenFromLogits(self.lm_head, skip=(mask_id,))
 
@@ -31,22 +32,21 @@ class DraftChain:
         """The drafts of MASK rows that follow the token `previous`, and the re-ranked rows they came from."""
         logits = masks.logits.float().clone()
         logits[:, self.mask_id] = float("-inf")
-        hidden = self.recover(logits)
-        candidates = logits.topk(self.head.candidates, -1).indices          # [K, C]
-        rows = self.lm_head[candidates]                                     # [K, C, D]
-        scores = torch.empty(candidates.shape)
         temperature = 0.0 if argmax else masks.req.temperature
         drafts: list[int] = []
         with torch.inference_mode():
-            own = self.head.hidden_part(hidden)
+            hidden = self.recover(logits)
+            own = self.head.own(hidden)                                     # the rows' share, in one product
+            candidates = logits.topk(self.head.candidates, -1).indices      # [K, C]
+            rows = self.lm_head[candidates]                                 # [K, C, D]
+            scores = torch.empty(candidates.shape, device=logits.device)
             for j in range(len(candidates)):
-                state = self.head.finish(hidden[j], own[j], self.lm_head[previous])
-                scores[j] = rows[j] @ state
+                scores[j] = rows[j] @ self.head.finish(hidden[j], own[j], self.lm_head[previous])
                 choice = (int(scores[j].argmax()) if temperature <= 0
                           else int(pick(scores[j], temperature, masks.req.generator, None)[0]))
                 previous = int(candidates[j, choice])
                 drafts.append(previous)
-        ranked = torch.full_like(logits, float("-inf")).scatter_(1, candidates, scores.to(logits.device))
+        ranked = torch.full_like(logits, float("-inf")).scatter_(1, candidates, scores)
         return drafts, Scores(ranked, masks.req, self.mask_id)
 
 

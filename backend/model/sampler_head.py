@@ -25,12 +25,14 @@ BASIS_ROWS_PER_DIM = 4
 
 
 class SamplerHead(nn.Module):
-    """hidden' = hidden + down(silu(up([hidden; embedding of the previous draft]))); `down` starts at zero, so an
-    untrained head drafts what the rows alone do."""
+    """hidden' = hidden + down(silu(up([hidden; embedding of the previous draft]))), with `up` in its two halves
+    (`own` for the row's state, `previous` for the token before it: a chain computes `own` for all its rows in
+    one product); `down` starts at zero, so an untrained head drafts what the rows alone do."""
 
     def __init__(self, dim: int, width: int, candidates: int = 32):
         super().__init__()
-        self.up = nn.Linear(2 * dim, width)
+        self.own = nn.Linear(dim, width)
+        self.previous = nn.Linear(dim, width, bias=False)
         self.down = nn.Linear(width, dim)
         nn.init.zeros_(self.down.weight)
         nn.init.zeros_(self.down.bias)
@@ -40,17 +42,11 @@ class SamplerHead(nn.Module):
     def forward(self, hidden: Tensor, previous: Tensor) -> Tensor:
         """The corrected hidden states [..., D] of draft rows `hidden` [..., D], `previous` [..., D] the
         embeddings of the tokens drafted (or known) just before them."""
-        return self.finish(hidden, self.hidden_part(hidden), previous)
+        return self.finish(hidden, self.own(hidden), previous)
 
-    def hidden_part(self, hidden: Tensor) -> Tensor:
-        """`up`'s share from the rows' own states: a chain computes it for all its rows in one product."""
-        dim = hidden.shape[-1]
-        return F.linear(hidden, self.up.weight[:, :dim], self.up.bias)
-
-    def finish(self, hidden: Tensor, hidden_part: Tensor, previous: Tensor) -> Tensor:
-        """The corrected states, given the rows' `hidden_part`."""
-        dim = hidden.shape[-1]
-        return hidden + self.down(F.silu(hidden_part + F.linear(previous, self.up.weight[:, dim:])))
+    def finish(self, hidden: Tensor, own: Tensor, previous: Tensor) -> Tensor:
+        """The corrected states, given the rows' `own(hidden)`."""
+        return hidden + self.down(F.silu(own + self.previous(previous)))
 
     def candidate_scores(self, hidden: Tensor, previous: Tensor, candidate_rows: Tensor) -> Tensor:
         """Scores [..., C] of candidate tokens, given their LM-head rows [..., C, D]."""
@@ -67,7 +63,7 @@ class SamplerHead(nn.Module):
 def save_sampler(head: SamplerHead, folder: Path) -> None:
     """The head in bf16 (its width fits the adapter folder's size budget), its shape in the metadata."""
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
-    meta = {"dim": head.down.out_features, "width": head.up.out_features, "candidates": head.candidates}
+    meta = {"dim": head.down.out_features, "width": head.own.out_features, "candidates": head.candidates}
     save_file(tensors, str(folder / SAMPLER_FILE), metadata={"sampler": json.dumps(meta)})
 
 
