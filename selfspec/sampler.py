@@ -143,7 +143,7 @@ def train_sampler(args: argparse.Namespace) -> None:
         data = {key: torch.cat([p[key] for p in passes]) for key in passes[0]}
         torch.save(data, features_path)
     print(f"{len(data['target'])} training rows", flush=True)
-    head = SamplerHead(model.cfg.hidden_size, args.width, args.candidates).to(args.device)
+    head = SamplerHead(model.cfg.hidden_size, args.width, args.candidates, args.dropout).to(args.device)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
     state_path, step, best = args.workdir / "state.pt", 0, -1.0
     if state_path.exists():

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from support.selfspec_data import write_answers
 
 from backend.engine.draft_chain import SAMPLER_PARAM, DraftChain
 from backend.engine.engine import Engine
 from backend.engine.modes import get_mode, mode_names
 from backend.engine.request import Request
 from backend.engine.scores import Scores
-from backend.model.chat_prompts import prompt_set
 from backend.model.checkpoint import load_checkpoint
 from backend.model.sampler_head import SAMPLER_FILE, HiddenFromLogits, SamplerHead, load_sampler, save_sampler
 from backend.model.source import TINY, resolve
@@ -117,13 +117,7 @@ def test_tiny_pipeline_trains_a_head_that_keeps_every_chained_mode_lossless(tmp_
     exported beside the adapter, the engine chains the drafts and every mode that does equals ar."""
     base = load_checkpoint(TINY)
     engine = Engine(base, num_slots=2048)
-    rows = []
-    for r in prompt_set(8, 0, held_out=False):
-        req = engine.new_request(r["messages"], "ar", {"max_new_tokens": 12})
-        rows.append({"prompt_ids": req.prompt_ids, "answer_ids": engine.run([req])[0].output_ids,
-                     "category": r["category"]})
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_answers(engine, tmp_path / "train.jsonl")
     adapter = tmp_path / "adapter"
     subprocess.run([sys.executable, "-m", "tools.train_selfspec", "--model", "tiny", "--workdir", str(tmp_path / "a"),
                     "--data", str(data), "--heldout", str(data), "--batch", "2", "--rank", "4", "--steps", "2",

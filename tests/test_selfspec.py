@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.selfspec_data import write_answers
 
 from backend.engine.engine import Engine
 from backend.model.adapters import save_adapter
@@ -98,13 +99,7 @@ def test_training_resumes_exports_and_keeps_ar_exact(tmp_path):
     row: ar's tokens equal the bare model's, and isd and quadratic equal ar."""
     base = load_checkpoint(TINY)
     engine = Engine(base, num_slots=2048)
-    rows = []
-    for r in prompt_set(8, 0, held_out=False):
-        req = engine.new_request(r["messages"], "ar", {"max_new_tokens": 12})
-        rows.append({"prompt_ids": req.prompt_ids, "answer_ids": engine.run([req])[0].output_ids,
-                     "category": r["category"]})
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = write_answers(engine, tmp_path / "train.jsonl")
     work, export = tmp_path / "run", tmp_path / "adapter"
     common = [sys.executable, "-m", "tools.train_selfspec", "--model", "tiny", "--workdir", str(work),
               "--data", str(data), "--heldout", str(data), "--batch", "2", "--rank", "4", "--eval-every", "2",

@@ -9,20 +9,14 @@ command runs on CUDA when a GPU is present.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-import torch
-
+from selfspec.cli import run_parser
 from selfspec.sampler import train_sampler
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--heldout", type=Path, required=True)
-    p.add_argument("--model", default=None)
+    p = run_parser(__doc__)
     p.add_argument("--adapter", type=Path, default=Path("backend/model/checkpoints/smollm2-135m-selfspec"),
                    help="the adapter whose MASK rows the head chains")
     p.add_argument("--passes", type=int, default=1, help="extraction passes (each its own random layouts)")
@@ -31,12 +25,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1024, help="rows per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--width", type=int, default=1152, help="the head's hidden width")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout on the head's hidden layer in training")
     p.add_argument("--candidates", type=int, default=32, help="top tokens of a row the head ranks at run time")
-    p.add_argument("--max-len", type=int, default=384)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-sequences", type=int, default=32, help="held-out answers each evaluation reads")
-    p.add_argument("--export", type=Path, default=None)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast for the head's training forward")
     train_sampler(p.parse_args())
 

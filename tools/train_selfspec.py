@@ -15,27 +15,19 @@ command runs on CUDA when a GPU is present.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-import torch
-
+from selfspec.cli import run_parser
 from selfspec.train import kind_weights, train
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", type=Path, required=True)
-    p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--heldout", type=Path, required=True)
-    p.add_argument("--model", default=None)
+    p = run_parser(__doc__)
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--batch", type=int, default=4, help="sequences per step")
-    p.add_argument("--max-len", type=int, default=384)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--alpha", type=float, default=32.0)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=20)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-sequences", type=int, default=16, help="held-out answers each evaluation reads")
@@ -46,10 +38,8 @@ def main() -> None:
     p.add_argument("--scope", choices=("mask", "draft"), default="mask",
                    help="where the adapter is on: MASK rows (every mode, lossless everywhere) or whole draft "
                         "forwards (linear_spec and the block modes only; train it with causal=0)")
-    p.add_argument("--export", type=Path, default=None)
     p.add_argument("--init-adapter", type=Path, default=None,
                    help="start from this PEFT folder (e.g. the shipped adapter) with a fresh optimizer")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast for the training forward (fp32 master weights; held-out figures stay fp32)")
     train(p.parse_args())

@@ -29,10 +29,11 @@ class SamplerHead(nn.Module):
     (`own` for the row's state, `previous` for the token before it: a chain computes `own` for all its rows in
     one product); `down` starts at zero, so an untrained head drafts what the rows alone do."""
 
-    def __init__(self, dim: int, width: int, candidates: int = 32):
+    def __init__(self, dim: int, width: int, candidates: int = 32, dropout: float = 0.0):
         super().__init__()
         self.own = nn.Linear(dim, width)
         self.previous = nn.Linear(dim, width, bias=False)
+        self.drop = nn.Dropout(dropout)      # training only (eval mode and a loaded head: none)
         self.down = nn.Linear(width, dim)
         nn.init.zeros_(self.down.weight)
         nn.init.zeros_(self.down.bias)
@@ -46,7 +47,7 @@ class SamplerHead(nn.Module):
 
     def finish(self, hidden: Tensor, own: Tensor, previous: Tensor) -> Tensor:
         """The corrected states, given the rows' `own(hidden)`."""
-        return hidden + self.down(F.silu(own + self.previous(previous)))
+        return hidden + self.down(self.drop(F.silu(own + self.previous(previous))))
 
     def candidate_scores(self, hidden: Tensor, previous: Tensor, candidate_rows: Tensor) -> Tensor:
         """Scores [..., C] of candidate tokens, given their LM-head rows [..., C, D]."""

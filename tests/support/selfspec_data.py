@@ -1,0 +1,20 @@
+"""Training answers for the self-speculation pipelines' tests: the tiny model's own greedy answers to training
+prompts, in tools.selfspec_data's JSONL layout."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from backend.engine.engine import Engine
+from backend.model.chat_prompts import prompt_set
+
+
+def write_answers(engine: Engine, path: Path, count: int = 8) -> Path:
+    """`count` training prompts answered by `engine`'s ar (12 tokens each), written to `path`."""
+    rows = []
+    for r in prompt_set(count, 0, held_out=False):
+        req = engine.new_request(r["messages"], "ar", {"max_new_tokens": 12})
+        rows.append({"prompt_ids": req.prompt_ids, "answer_ids": engine.run([req])[0].output_ids,
+                     "category": r["category"]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
