@@ -25,9 +25,9 @@ BASIS_ROWS_PER_DIM = 4
 
 
 class SamplerHead(nn.Module):
-    """hidden' = hidden + down(silu(up([hidden; embedding of the previous draft]))), with `up` in its two halves
-    (`own` for the row's state, `previous` for the token before it: a chain computes `own` for all its rows in
-    one product); `down` starts at zero, so an untrained head drafts what the rows alone do."""
+    """hidden' = hidden + down(silu(own(hidden) + previous(embedding of the previous draft))): the paper's MLP
+    over [hidden; embedding], its first layer in two halves so that a chain computes `own` for all its rows in one
+    product; `down` starts at zero, so an untrained head drafts what the rows alone do."""
 
     def __init__(self, dim: int, width: int, candidates: int = 32, dropout: float = 0.0):
         super().__init__()
