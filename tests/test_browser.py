@@ -459,6 +459,8 @@ def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -
                  "second queued"):   # sent at once: without the queue the second and third Enter were dropped
         page.fill("#chat-input textarea", text)
         page.press("#chat-input textarea", "Enter")
+        # the box empties as it sends (CLEAR_ON_SEND); typing the next message before that could be cleared away
+        page.wait_for_function("() => document.querySelector('#chat-input textarea').value === ''")
     page.wait_for_function("() => document.querySelectorAll('#chat-bot .bot .ss-stats').length === 3",
                            timeout=120_000)
     users = page.eval_on_selector_all("#chat-bot .user", "us => us.map(u => u.innerText.trim())")
