@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from backend.engine.blocks import longest_match
 from backend.model.checkpoint import load_model
 from backend.model.sampler_head import HiddenFromLogits, SamplerHead, save_sampler
 from backend.model.source import resolve
 from backend.model.transformer import PagedKV, Transformer
-from selfspec.batch import chunk_logits, pack
-from selfspec.layouts import IGNORE, Chunk, Mix, block_chunk, causal_chunk, chunks_for
+from selfspec.batch import Packed, chunk_logits, pack
+from selfspec.evaluate import LAYOUTS, add_rounds, layout_chunks
+from selfspec.layouts import IGNORE, Chunk, Mix, chunks_for
 from selfspec.train import read_rows
 
 CHAIN_MIX = Mix(block=12, block_sizes=(4, 8, 16), causal=16, causal_masks=(3, 4, 6), partial=0)
@@ -37,19 +37,19 @@ parallel, by confidence, and have no chain."""
 
 
 def hidden_and_logits(model: Transformer, seqs: list[list[int]], chunks: list[list[Chunk]], mask_id: int,
-                      pad_id: int, device: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The chunk rows' normed hidden states [B, Q, D], logits [B, Q, V], ids and targets [B, Q] of one packed
-    forward (adapter on at MASK rows)."""
-    p = pack(seqs, chunks, mask_id, pad_id).to(device)
+                      pad_id: int, device: str) -> tuple[Tensor, Tensor, Packed]:
+    """The chunk rows' normed hidden states [B, Q, D] and logits [B, Q, V] of one packed forward (adapter on at
+    MASK rows), and the packed batch (on the CPU)."""
+    p = pack(seqs, chunks, mask_id, pad_id)
     b, width = p.clean_ids.shape
     seen: list[Tensor] = []
     hook = model.norm.register_forward_hook(lambda _m, _i, out: seen.append(out))
     try:
         with torch.no_grad():
-            logits = chunk_logits(model, p, PagedKV.empty(model.cfg, b * width, torch.float32, device))
+            logits = chunk_logits(model, p.to(device), PagedKV.empty(model.cfg, b * width, torch.float32, device))
     finally:
         hook.remove()
-    return seen[-1], logits, p.ids, p.targets
+    return seen[-1], logits, p
 
 
 def mask_rows(ids: Tensor, targets: Tensor, mask_id: int) -> Tensor:
@@ -79,12 +79,11 @@ def extract(model: Transformer, rows: list[dict], mask_id: int, pad_id: int, dev
         group = rows[start:start + batch]
         chunks = [chunks_for(r["seq"], r["prompt_len"], mask_id, CHAIN_MIX, rng) for r in group]
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-            h, _, ids, targets = hidden_and_logits(model, [r["seq"] for r in group], chunks, mask_id, pad_id,
-                                                   device)
-        sel = mask_rows(ids, targets, mask_id)
-        hidden.append(h[sel].to(torch.bfloat16).cpu())
-        prev.append(previous_tokens(chunks, ids.shape[1])[sel.cpu()])
-        target.append(targets[sel].cpu())
+            h, _, p = hidden_and_logits(model, [r["seq"] for r in group], chunks, mask_id, pad_id, device)
+        sel = mask_rows(p.ids, p.targets, mask_id)
+        hidden.append(h[sel.to(h.device)].to(torch.bfloat16).cpu())
+        prev.append(previous_tokens(chunks, p.ids.shape[1])[sel])
+        target.append(p.targets[sel])
         if start // batch % 50 == 0:
             print(f"extracted {start + len(group)}/{len(rows)} sequences, {time.perf_counter() - t0:.0f} s",
                   flush=True)
@@ -93,34 +92,24 @@ def extract(model: Transformer, rows: list[dict], mask_id: int, pad_id: int, dev
 
 def chain_figures(model: Transformer, head: SamplerHead, rows: list[dict], mask_id: int, device: str,
                   sequences: int = 32, stride: int = 9) -> dict[str, float]:
-    """Held-out tokens per round (leading matches + the bonus, as selfspec/evaluate.py counts them) of 4 causal
-    MASK specs and an 8-row block draft, by the rows alone (`rows_*`) and by the head's chain (`chain_*`)."""
+    """Held-out tokens per round (selfspec/evaluate.py's count) of evaluate.LAYOUTS' drafts, by the rows alone
+    (`rows_*`) and by the head's chain (`chain_*`)."""
     weight = model.embed_tokens.weight
     recover = HiddenFromLogits(weight, skip=(mask_id,))
     totals: dict[str, list[int]] = {}
     pad = model.cfg.eos_token_id or 0
     for start in range(0, min(sequences, len(rows)), 4):
         group = rows[start:start + 4]
-        for kind, n, make in (("causal4", 4, causal_chunk), ("block8", 8, block_chunk)):
-            chunks = [[make(r["seq"], s, n, mask_id) for s in range(r["prompt_len"] - 1, len(r["seq"]) - n - 1,
-                                                                   stride)] for r in group]
-            _, logits, ids, targets = hidden_and_logits(model, [r["seq"] for r in group], chunks, mask_id, pad,
-                                                        device)
+        for kind, n in LAYOUTS:
+            chunks = layout_chunks(group, kind, n, mask_id, stride)
+            _, logits, p = hidden_and_logits(model, [r["seq"] for r in group], chunks, mask_id, pad, device)
             logits[..., mask_id] = float("-inf")
-            prev = previous_tokens(chunks, ids.shape[1]).to(device)
+            prev = previous_tokens(chunks, p.ids.shape[1]).to(device)
             with torch.no_grad():
                 chained = head.rescore(logits, recover(logits), weight[prev], weight)
-            chained = torch.where((ids == mask_id)[..., None], chained, logits)
+            chained = torch.where((p.ids.to(device) == mask_id)[..., None], chained, logits)
             for name, scores in (("rows", logits), ("chain", chained)):
-                pred = scores.argmax(-1).cpu()
-                for i, cs in enumerate(chunks):
-                    size = len(cs[0].ids) if cs else 1       # block: n rows; causal: the seed + n masks
-                    for row in range(0, len(cs) * size, size):
-                        g, t = pred[i, row:row + size].tolist(), targets[i, row:row + size].tolist()
-                        got = longest_match(g[:n - 1], t[:n - 1]) if kind == "block8" else longest_match(g[1:], t[1:])
-                        acc = totals.setdefault(f"{name}_{kind}", [0, 0])
-                        acc[0] += got + 1
-                        acc[1] += 1
+                add_rounds(totals.setdefault(f"{name}_{kind}{n}", [0, 0]), scores.argmax(-1).cpu(), p, kind)
     return {k: round(s / max(c, 1), 3) for k, (s, c) in sorted(totals.items())}
 
 
@@ -155,10 +144,11 @@ def train_sampler(args: argparse.Namespace) -> None:
     total = len(data["target"])
     per_epoch = total // args.batch
     steps = args.epochs * per_epoch
-    t0, running = time.perf_counter(), 0.0
+    t0, running, order = time.perf_counter(), 0.0, torch.empty(0)
     while step < steps:
         epoch, index = divmod(step, per_epoch)
-        order = torch.randperm(total, generator=torch.Generator().manual_seed(args.seed + epoch))
+        if index == 0 or not len(order):     # each epoch's row order, drawn once (and again on resuming)
+            order = torch.randperm(total, generator=torch.Generator().manual_seed(args.seed + epoch))
         loss = sampler_step(model, head, opt, data, order[index * args.batch:(index + 1) * args.batch],
                             args.lr * 0.5 * (1 + math.cos(math.pi * step / steps)), args)
         step += 1
