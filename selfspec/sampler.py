@@ -6,7 +6,8 @@ head trains on them for epochs; the held-out figures (every --eval-every steps) 
 recovered from the logits, only the rows' top candidates ranked), against the rows alone. The command line:
 `python -m tools.train_sampler`.
 
-Resumable: <workdir>/features.pt holds the extracted rows, <workdir>/state.pt the head, its optimizer and the
+Resumable: <workdir>/features.pt holds the extracted rows (and grows with --data: answers appended since are
+extracted on the next start), <workdir>/state.pt the head, its optimizer and the
 step (saved at every evaluation); figures go to <workdir>/heldout.jsonl. --export writes the head into the adapter
 folder whenever the held-out figures improve. The same command runs on CUDA.
 """
@@ -90,6 +91,23 @@ def extract(model: Transformer, rows: list[dict], mask_id: int, pad_id: int, dev
     return {"hidden": torch.cat(hidden), "prev": torch.cat(prev), "target": torch.cat(target)}
 
 
+def features(model: Transformer, args: argparse.Namespace, mask_id: int, pad_id: int) -> dict[str, Tensor | int]:
+    """<workdir>/features.pt, brought up to date: the answers appended to --data since it was written (the
+    generator only appends) are extracted, --passes times each, and added to it."""
+    path = args.workdir / "features.pt"
+    data: dict = torch.load(path) if path.exists() else {"sequences": 0}
+    done = data["sequences"]
+    rows = read_rows(args.data, args.max_len, pad_id)[done:]
+    if not rows:
+        return data
+    passes = [extract(model, rows, mask_id, pad_id, args.device, args.seed + done + k) for k in range(args.passes)]
+    new = {key: torch.cat([p[key] for p in passes]) for key in passes[0]}
+    data = {**{key: torch.cat([data[key], rows_]) if key in data else rows_ for key, rows_ in new.items()},
+            "sequences": done + len(rows)}
+    torch.save(data, path)
+    return data
+
+
 def chain_figures(model: Transformer, head: SamplerHead, rows: list[dict], mask_id: int, device: str,
                   sequences: int = 32, stride: int = 9) -> dict[str, float]:
     """Held-out tokens per round (selfspec/evaluate.py's count) of evaluate.LAYOUTS' drafts, by the rows alone
@@ -123,15 +141,8 @@ def train_sampler(args: argparse.Namespace) -> None:
         raise SystemExit("the model declares no mask_token_id")
     args.workdir.mkdir(parents=True, exist_ok=True)
     held = read_rows(args.heldout, args.max_len, pad_id)
-    features_path = args.workdir / "features.pt"
-    if features_path.exists():
-        data = torch.load(features_path)
-    else:
-        rows = read_rows(args.data, args.max_len, pad_id)
-        passes = [extract(model, rows, mask_id, pad_id, args.device, args.seed + k) for k in range(args.passes)]
-        data = {key: torch.cat([p[key] for p in passes]) for key in passes[0]}
-        torch.save(data, features_path)
-    print(f"{len(data['target'])} training rows", flush=True)
+    data = features(model, args, mask_id, pad_id)
+    print(f"{len(data['target'])} training rows from {data['sequences']} answers", flush=True)
     head = SamplerHead(model.cfg.hidden_size, args.width, args.candidates, args.dropout).to(args.device)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
     state_path, step, best = args.workdir / "state.pt", 0, -1.0

@@ -7,6 +7,7 @@ model's shipped head: lossless, and fewer forwards than the rows alone."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,11 +114,13 @@ def test_the_head_file_round_trips_and_a_bad_one_is_refused(tmp_path):
 
 
 def test_tiny_pipeline_trains_a_head_that_keeps_every_chained_mode_lossless(tmp_path):
-    """A short adapter run, then the head on its rows (one epoch, then one more resumed); with the head
-    exported beside the adapter, the engine chains the drafts and every mode that does equals ar."""
+    """A short adapter run, then the head on its rows (one epoch, then one more resumed after answers were
+    appended to the data, whose rows join the stored ones); with the head exported beside the adapter, the engine
+    chains the drafts and every mode that does equals ar."""
     base = load_checkpoint(TINY)
     engine = Engine(base, num_slots=2048)
     data = write_answers(engine, tmp_path / "train.jsonl")
+    more = write_answers(engine, tmp_path / "more.jsonl", count=4)
     adapter = tmp_path / "adapter"
     subprocess.run([sys.executable, "-m", "tools.train_selfspec", "--model", "tiny", "--workdir", str(tmp_path / "a"),
                     "--data", str(data), "--heldout", str(data), "--batch", "2", "--rank", "4", "--steps", "2",
@@ -127,12 +130,18 @@ def test_tiny_pipeline_trains_a_head_that_keeps_every_chained_mode_lossless(tmp_
               "--workdir", str(work), "--data", str(data), "--heldout", str(data), "--batch", "16",
               "--width", "64", "--candidates", "8", "--eval-sequences", "4", "--eval-every", "1000",
               "--export", str(adapter)]
+    runs = []
     for epochs in ("1", "2"):
-        done = subprocess.run([*common, "--epochs", epochs], cwd=ROOT, check=True, capture_output=True, text=True,
-                              timeout=300)
+        runs.append(subprocess.run([*common, "--epochs", epochs], cwd=ROOT, check=True, capture_output=True,
+                                   text=True, timeout=300).stdout)
+        data.write_text(data.read_text() + more.read_text())
+    counts = [re.search(r"(\d+) training rows from (\d+) answers", out).groups() for out in runs]
+    (rows_before, answers_before), (rows_after, answers_after) = ((int(a), int(b)) for a, b in counts)
+    assert (answers_before, answers_after) == (8, 12) and rows_after > rows_before
     figures = [json.loads(line) for line in (work / "heldout.jsonl").read_text().splitlines()]
     first, second = (f["step"] for f in figures)
-    assert second == 2 * first and f"resumed at step {first}" in done.stdout
+    assert first == rows_before // 16 and second == 2 * (rows_after // 16)
+    assert f"resumed at step {first}" in runs[1]
     assert all(f[k] >= 1 for f in figures for k in ("rows_causal4", "chain_causal4", "rows_block8", "chain_block8"))
     chained = Engine(load_checkpoint(TINY, adapter=adapter), num_slots=2048, check_invariants=True)
     assert chained.rt.chain is not None and chained.rt.chain.head.candidates == 8

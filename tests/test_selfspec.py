@@ -1,6 +1,7 @@
 """The self-speculation adapter's pipeline on the tiny model: the training layouts are the modes' own attention
-layouts (checked against the engine's forwards), the prompt set's held-out split, a short resumable training run,
-and its exported adapter: MASK-scoped, so ar is unchanged and the lossless modes stay equal to it."""
+layouts (checked against the engine's forwards), the prompt set's held-out split, the answer generator (greedy and
+drawn answers side by side, resumable), a short resumable training run, and its exported adapter: MASK-scoped, so
+ar is unchanged and the lossless modes stay equal to it."""
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ from backend.model.transformer import KVContext, PagedKV
 from selfspec.batch import chunk_logits, pack
 from selfspec.layouts import IGNORE, Mix, block_chunk, causal_chunk, chunks_for, partial_chunk
 from selfspec.train import prepare_model
+from tools.selfspec_data import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +64,34 @@ def trainee():
             p.data.normal_(0, 0.02)
     embed.row.data.normal_(0, 0.5)
     return model.eval(), embed
+
+
+def test_the_generator_resumes_and_keeps_greedy_and_drawn_answers_apart(tmp_path):
+    """Greedy answers are ar's own; a rerun adds nothing; answers drawn at T > 0 join the same file under keys
+    of their own, each reproducible from its recorded temperature and seed."""
+    engine = Engine(load_checkpoint(TINY), num_slots=4096)
+    rows, out = prompt_set(6, 0, held_out=False), tmp_path / "answers.jsonl"
+
+    def read() -> list[dict]:
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    generate(engine, rows, out, batch=4, max_new_tokens=8)
+    greedy = read()
+    generate(engine, rows, out, batch=4, max_new_tokens=8)
+    assert read() == greedy and len(greedy) >= len(rows)
+    generate(engine, rows, out, batch=4, max_new_tokens=8, temperature=1.0, seed=1)
+    drawn = read()[len(greedy):]
+    assert len(drawn) == len(greedy) and all(d["temperature"] == 1.0 for d in drawn)
+    assert {g["key"] for g in greedy}.isdisjoint(d["key"] for d in drawn)
+    for g in greedy[:3]:
+        assert engine.generate(g["messages"], "ar", {"max_new_tokens": 8}).output_ids == g["answer_ids"]
+    for d in drawn[:3]:
+        again = engine.generate(d["messages"], "ar", {"max_new_tokens": 8, "temperature": 1.0, "seed": d["seed"]})
+        assert again.output_ids == d["answer_ids"]
+    by_messages = {json.dumps(g["messages"]): g["answer_ids"] for g in greedy}
+    firsts = [d for d in drawn if json.dumps(d["messages"]) in by_messages]
+    assert len(firsts) == len(rows)
+    assert any(d["answer_ids"] != by_messages[json.dumps(d["messages"])] for d in firsts)
 
 
 @pytest.mark.parametrize(("kind", "scope"), [("block", "mask"), ("causal", "mask"), ("block", "draft")])

@@ -7,12 +7,20 @@ templates become two-turn conversations whose first answer is the model's own.
 
 Each output row: {"template", "category", "messages", "prompt_ids", "answer_ids"} (the answer ends with the
 model's stop token when it stopped by itself).
+
+`--temperature T` draws the answers instead (seeded per prompt from --seed), for more of the model's own text
+on the same prompts: their rows carry "temperature" and "seed", and their keys differ from the greedy rows', so
+both kinds can share one output file:
+
+    python -m tools.selfspec_data --split train --count 4000 --temperature 0.7 --seed 1 \\
+        --out train_runs/selfspec/train.jsonl
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,36 +33,47 @@ from backend.model.checkpoint import load_checkpoint
 from backend.model.source import resolve
 
 
-def key(messages: list[dict[str, str]]) -> str:
-    return json.dumps(messages, sort_keys=True)
+def key(messages: list[dict[str, str]], sampling: dict[str, float] | None = None) -> str:
+    """A row's identity: its conversation, and how its answer was drawn when not greedily."""
+    return json.dumps(messages if sampling is None else {"messages": messages, **sampling}, sort_keys=True)
 
 
-def answer(engine: Engine, conversations: list[list[dict[str, str]]], max_new_tokens: int) -> list[dict[str, Any]]:
-    """Greedy `ar` answers of a batch of conversations, run together."""
-    reqs = [engine.new_request(conv, "ar", {"max_new_tokens": max_new_tokens}) for conv in conversations]
+def sampling_of(messages: list[dict[str, str]], temperature: float, seed: int) -> dict[str, float] | None:
+    """The draw of one conversation's answer: None for greedy, else the temperature and a seed of its own."""
+    if temperature <= 0:
+        return None
+    return {"temperature": temperature, "seed": (seed * 1_000_003 + zlib.crc32(key(messages).encode())) % 2**31}
+
+
+def answer(engine: Engine, conversations: list[list[dict[str, str]]], max_new_tokens: int,
+           temperature: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
+    """`ar` answers of a batch of conversations, run together: greedy, or drawn at `temperature`."""
+    draws = [sampling_of(conv, temperature, seed) for conv in conversations]
+    reqs = [engine.new_request(conv, "ar", {"max_new_tokens": max_new_tokens, **(draw or {})})
+            for conv, draw in zip(conversations, draws, strict=True)]
     results = engine.run(reqs)
-    return [{"messages": conv, "prompt_ids": req.prompt_ids, "answer_ids": res.output_ids, "text": res.text,
-             "stopped": len(res.output_ids) < max_new_tokens}
-            for conv, req, res in zip(conversations, reqs, results, strict=True)]
+    return [{"key": key(conv, draw), "messages": conv, "prompt_ids": req.prompt_ids, "answer_ids": res.output_ids,
+             "text": res.text, "stopped": len(res.output_ids) < max_new_tokens, **(draw or {})}
+            for conv, draw, req, res in zip(conversations, draws, reqs, results, strict=True)]
 
 
-def generate(engine: Engine, rows: list[dict], out: Path, batch: int, max_new_tokens: int) -> None:
+def generate(engine: Engine, rows: list[dict], out: Path, batch: int, max_new_tokens: int,
+             temperature: float = 0.0, seed: int = 0) -> None:
     done = {json.loads(line)["key"] for line in out.open()} if out.exists() else set()
-    todo = [r for r in rows if key(r["messages"]) not in done]
+    todo = [r for r in rows if key(r["messages"], sampling_of(r["messages"], temperature, seed)) not in done]
     print(f"{len(done)} rows already in {out}; {len(todo)} prompts to answer", flush=True)
     t0, tokens = time.perf_counter(), 0
     with out.open("a") as f:
         for i in range(0, len(todo), batch):
             chunk = todo[i:i + batch]
-            firsts = answer(engine, [r["messages"] for r in chunk], max_new_tokens)
+            firsts = answer(engine, [r["messages"] for r in chunk], max_new_tokens, temperature, seed)
             follow = [(r, a) for r, a in zip(chunk, firsts, strict=True) if r["follow_up"]]
             seconds = answer(engine, [r["messages"] + [{"role": "assistant", "content": a["text"]},
                                                        {"role": "user", "content": r["follow_up"]}]
-                                      for r, a in follow], max_new_tokens) if follow else []
+                                      for r, a in follow], max_new_tokens, temperature, seed) if follow else []
             pairs = list(zip(chunk, firsts, strict=True)) + [(r, a) for (r, _), a in zip(follow, seconds, strict=True)]
             for r, a in pairs:
-                row = {"key": key(r["messages"]) if a in firsts else key(a["messages"]),
-                       "template": r["template"], "category": r["category"], **a}
+                row = {"template": r["template"], "category": r["category"], **a}
                 f.write(json.dumps(row) + "\n")
                 tokens += len(a["answer_ids"])
             f.flush()
@@ -71,7 +90,8 @@ def main() -> None:
     p.add_argument("--model", default=None, help="model name or folder (default: the real default model)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the prompt draw's seed, and the answers' at T > 0")
+    p.add_argument("--temperature", type=float, default=0.0, help="draw the answers at this temperature (0: greedy)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--matmul", choices=MATMULS, default="float32",
                    help="the fused CPU step's matmul precision (bf16: AMX tiles, several times faster at 32 rows)")
@@ -81,7 +101,7 @@ def main() -> None:
     engine = Engine(loaded, num_slots=args.batch * 2 * (args.max_new_tokens + 512), matmul=args.matmul)
     rows = prompt_set(args.count, args.seed, held_out=args.split == "heldout")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    generate(engine, rows, args.out, args.batch, args.max_new_tokens)
+    generate(engine, rows, args.out, args.batch, args.max_new_tokens, args.temperature, args.seed)
 
 
 if __name__ == "__main__":
