@@ -103,8 +103,8 @@ def test_draws_at_temperature_come_from_their_proposal_and_repeat_with_the_seed(
 
 def test_the_head_file_round_trips_and_a_bad_one_is_refused(tmp_path):
     head = random_head(6)
-    save_sampler(head, tmp_path)
-    back = load_sampler(tmp_path / SAMPLER_FILE)
+    save_sampler(head, tmp_path / "new" / "folder")      # made when missing
+    back = load_sampler(tmp_path / "new" / "folder" / SAMPLER_FILE)
     assert back.candidates == 8
     x, prev = torch.randn(3, DIM), torch.randn(3, DIM)
     assert torch.allclose(back(x, prev), head(x, prev), atol=0.05)      # stored in bf16

@@ -65,6 +65,7 @@ def save_sampler(head: SamplerHead, folder: Path) -> None:
     """The head in bf16 (its width fits the adapter folder's size budget), its shape in the metadata."""
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
     meta = {"dim": head.down.out_features, "width": head.own.out_features, "candidates": head.candidates}
+    folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / SAMPLER_FILE), metadata={"sampler": json.dumps(meta)})
 
 
