@@ -2,13 +2,15 @@
 of every sequence (no grad: the adapter is off at clean tokens), then one pass of all chunks that reads it."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from backend.model.transformer import KVContext, PagedKV, Transformer
-from selfspec.layouts import IGNORE, Chunk
+from selfspec.layouts import IGNORE, KINDS, Chunk
 
 
 @dataclass
@@ -24,6 +26,14 @@ class Packed:
     def to(self, device: str | torch.device) -> Packed:
         return Packed(self.clean_ids.to(device), self.clean_len, self.ids.to(device), self.positions.to(device),
                       self.targets.to(device), self.mask.to(device), self.kinds)
+
+    def kind_index(self) -> Tensor:
+        """Every chunk row's layout kind, as its index in layouts.KINDS [B, Q] (padding rows: 0, untrained)."""
+        kind_of = torch.zeros_like(self.targets)
+        for i, spans in enumerate(self.kinds):
+            for kind, row, n in spans:
+                kind_of[i, row:row + n] = KINDS.index(kind)
+        return kind_of
 
 
 def pack(seqs: list[list[int]], chunks: list[list[Chunk]], mask_id: int, pad_id: int) -> Packed:
@@ -67,3 +77,14 @@ def chunk_logits(model: Transformer, p: Packed, cache: PagedKV, scope: str = "ma
     kv = KVContext(cache, slots)
     lora = p.ids == model.cfg.mask_token_id if scope == "mask" else True
     return model(p.ids, p.positions, kv=kv, mask=p.mask, lora=lora)
+
+
+@contextmanager
+def normed_hidden(model: Transformer) -> Iterator[list[Tensor]]:
+    """The final norm's outputs of the forwards run inside (the hidden states the LM head reads), last one last."""
+    seen: list[Tensor] = []
+    hook = model.norm.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    try:
+        yield seen
+    finally:
+        hook.remove()

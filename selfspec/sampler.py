@@ -27,10 +27,10 @@ from backend.model.checkpoint import load_model
 from backend.model.sampler_head import HiddenFromLogits, SamplerHead, save_sampler
 from backend.model.source import resolve
 from backend.model.transformer import PagedKV, Transformer
-from selfspec.batch import Packed, chunk_logits, pack
+from selfspec.answers import read_rows
+from selfspec.batch import Packed, chunk_logits, normed_hidden, pack
 from selfspec.evaluate import LAYOUTS, add_rounds, layout_chunks
-from selfspec.layouts import IGNORE, Chunk, Mix, chunks_for
-from selfspec.train import read_rows
+from selfspec.layouts import IGNORE, KINDS, Chunk, Mix, chunks_for
 
 CHAIN_MIX = Mix(block=12, block_sizes=(4, 8, 16), causal=16, causal_masks=(3, 4, 6), partial=0)
 """The layouts whose MASK rows draft a chain (isd, quadratic, linear_spec); the partial blocks unmask in
@@ -43,13 +43,8 @@ def hidden_and_logits(model: Transformer, seqs: list[list[int]], chunks: list[li
     MASK rows), and the packed batch (on the CPU)."""
     p = pack(seqs, chunks, mask_id, pad_id)
     b, width = p.clean_ids.shape
-    seen: list[Tensor] = []
-    hook = model.norm.register_forward_hook(lambda _m, _i, out: seen.append(out))
-    try:
-        with torch.no_grad():
-            logits = chunk_logits(model, p.to(device), PagedKV.empty(model.cfg, b * width, torch.float32, device))
-    finally:
-        hook.remove()
+    with normed_hidden(model) as seen, torch.no_grad():
+        logits = chunk_logits(model, p.to(device), PagedKV.empty(model.cfg, b * width, torch.float32, device))
     return seen[-1], logits, p
 
 
@@ -173,6 +168,24 @@ def train_sampler(args: argparse.Namespace) -> None:
             torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "best": best}, state_path)
 
 
+def head_loss(head: SamplerHead, weight: Tensor, hidden: Tensor, prev: Tensor, target: Tensor) -> Tensor:
+    """Cross-entropy of the head's tokens over the whole vocabulary (LM head `weight`), for rows with their hidden
+    states, the tokens before their targets, and the targets."""
+    return F.cross_entropy(F.linear(head(hidden, weight[prev]), weight).float(), target)
+
+
+def chain_loss(head: SamplerHead, weight: Tensor, hidden: Tensor, p: Packed, chunks: list[list[Chunk]],
+               mask_id: int, rows: int, generator: torch.Generator) -> Tensor:
+    """The head's loss on up to `rows` of a training batch's MASK rows of chained layouts (CHAIN_MIX's kinds), drawn
+    by `generator`: the loss that trains the head together with the adapter whose hidden states [B, Q, D] it reads."""
+    chained = torch.tensor([KINDS.index(k) for k in ("block", "causal")])
+    sel = mask_rows(p.ids, p.targets, mask_id) & torch.isin(p.kind_index(), chained)
+    picked = torch.randperm(int(sel.sum()), generator=generator)[:rows]
+    device = hidden.device
+    prev = previous_tokens(chunks, p.ids.shape[1])[sel][picked].to(device)
+    return head_loss(head, weight, hidden[sel.to(device)][picked.to(device)], prev, p.targets[sel][picked].to(device))
+
+
 def sampler_step(model: Transformer, head: SamplerHead, opt: torch.optim.Optimizer, data: dict[str, Tensor],
                  pick: Tensor, lr: float, args: argparse.Namespace) -> float:
     """One optimizer step on the stored rows `pick`: cross-entropy of the head's tokens over the whole vocabulary."""
@@ -182,8 +195,7 @@ def sampler_step(model: Transformer, head: SamplerHead, opt: torch.optim.Optimiz
     hidden = data["hidden"][pick].to(args.device).float()
     prev, target = data["prev"][pick].to(args.device), data["target"][pick].to(args.device)
     with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
-        logits = F.linear(head(hidden, weight[prev]), weight)
-    loss = F.cross_entropy(logits.float(), target)
+        loss = head_loss(head, weight, hidden, prev, target)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()

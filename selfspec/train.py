@@ -9,6 +9,11 @@ Resumable: <workdir>/state.pt holds the adapter, the optimizer and the step, sav
 each step's batch is a pure function of (seed, step). Losses go to <workdir>/curves.jsonl and held-out figures
 to <workdir>/heldout.jsonl; --export writes the PEFT folder whenever the held-out figures improve. The same
 command runs on CUDA when a GPU is present.
+
+`--head` trains a sampler head (backend/model/sampler_head.py) together with the adapter, as the paper does: the
+head's chain loss on the batch's causal and block MASK rows (selfspec/sampler.py's, teacher-forced) joins the
+objective, its gradient reaches the adapter through the rows' hidden states, the held-out figures are the
+chain's, and exports write the head beside the adapter.
 """
 from __future__ import annotations
 
@@ -18,7 +23,6 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,14 +30,14 @@ from torch import nn
 
 from backend.model.adapters import save_adapter
 from backend.model.checkpoint import ADAPTER_META, load_model
+from backend.model.sampler_head import SamplerHead, load_sampler, save_sampler
 from backend.model.source import resolve
 from backend.model.transformer import LoRALinear, PagedKV, Transformer
-from selfspec.batch import Packed, chunk_logits, pack
+from selfspec.answers import read_rows
+from selfspec.batch import Packed, chunk_logits, normed_hidden, pack
 from selfspec.evaluate import heldout_figures
-from selfspec.layouts import IGNORE, KINDS, Mix, chunks_for
-
-GENERATION_CAP = 128
-"""tools.selfspec_data's default max_new_tokens: a shorter answer stopped by itself."""
+from selfspec.layouts import IGNORE, KINDS, Chunk, Mix, chunks_for
+from selfspec.sampler import chain_figures, chain_loss
 
 
 class MaskRow(nn.Module):
@@ -51,19 +55,6 @@ class MaskRow(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.where((ids == self.mask_id)[..., None], self.row.to(self.base.weight.dtype), self.base(ids))
-
-
-def read_rows(path: Path, max_len: int, eos_id: int | None) -> list[dict[str, Any]]:
-    """Prompt + answer sequences; an answer that ended before the generation cap ends with the stop token (the
-    engine's outputs leave it out), so drafts learn where answers end."""
-    rows = []
-    for line in path.open():
-        r = json.loads(line)
-        ended = r.get("stopped", len(r["answer_ids"]) < GENERATION_CAP) and eos_id is not None
-        seq = (r["prompt_ids"] + r["answer_ids"] + ([eos_id] if ended else []))[:max_len]
-        if len(seq) > len(r["prompt_ids"]) + 1:
-            rows.append({"seq": seq, "prompt_len": len(r["prompt_ids"]), "category": r["category"]})
-    return rows
 
 
 def prepare_model(folder: Path, rank: int, alpha: float, device: str,
@@ -90,11 +81,16 @@ def trainable(model: Transformer) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def batch_for(rows: list[dict], step: int, seed: int, size: int, mask_id: int, pad_id: int, mix: Mix) -> Packed:
+def draw_batch(rows: list[dict], step: int, seed: int, size: int, mask_id: int,
+               mix: Mix) -> tuple[list[list[int]], list[list[Chunk]]]:
+    """Step `step`'s sequences and their draft layouts: a pure function of (seed, step)."""
     rng = random.Random(seed * 1_000_003 + step)
     picked = rng.sample(rows, size)
-    chunks = [chunks_for(r["seq"], r["prompt_len"], mask_id, mix, rng) for r in picked]
-    return pack([r["seq"] for r in picked], chunks, mask_id, pad_id)
+    return [r["seq"] for r in picked], [chunks_for(r["seq"], r["prompt_len"], mask_id, mix, rng) for r in picked]
+
+
+def batch_for(rows: list[dict], step: int, seed: int, size: int, mask_id: int, pad_id: int, mix: Mix) -> Packed:
+    return pack(*draw_batch(rows, step, seed, size, mask_id, mix), mask_id, pad_id)
 
 
 def losses(model: Transformer, p: Packed, device: str, kv_dtype: torch.dtype = torch.float32,
@@ -103,10 +99,7 @@ def losses(model: Transformer, p: Packed, device: str, kv_dtype: torch.dtype = t
     p = p.to(device)
     b, width = p.clean_ids.shape
     logits = chunk_logits(model, p, PagedKV.empty(model.cfg, b * width, kv_dtype, device), scope)
-    kind_of = torch.zeros_like(p.targets)
-    for i, spans in enumerate(p.kinds):
-        for kind, row, n in spans:
-            kind_of[i, row:row + n] = KINDS.index(kind)
+    kind_of = p.kind_index()
     out = {}
     for k, name in enumerate(KINDS):
         sel = (kind_of == k) & (p.targets != IGNORE)
@@ -134,8 +127,10 @@ def mix_for(weights: dict[str, float], scale: int = 1) -> Mix:
 
 
 def score(figures: dict[str, float], weights: dict[str, float]) -> float:
-    """What an export must improve: the held-out figures of the trained layout kinds."""
-    return figures["block8"] + (figures["causal4"] if weights["causal"] > 0 else 0.0)
+    """What an export must improve: the held-out figures of the trained layout kinds (the chain's, when a sampler
+    head trains along)."""
+    chain = "chain_" if "chain_block8" in figures else ""
+    return figures[f"{chain}block8"] + (figures[f"{chain}causal4"] if weights["causal"] > 0 else 0.0)
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int = 20) -> float:
@@ -144,18 +139,26 @@ def lr_at(step: int, steps: int, peak: float, warmup: int = 20) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, steps - warmup)))))
 
 
-def export(model: Transformer, embed: MaskRow, folder: Path, figures: dict, args: argparse.Namespace) -> None:
+def export(model: Transformer, embed: MaskRow, head: SamplerHead | None, folder: Path, figures: dict,
+           args: argparse.Namespace) -> None:
     save_adapter(model, folder, base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
                  tokens={"embed_tokens": {embed.mask_id: embed.row.detach()}})
+    if head is not None:
+        save_sampler(head, folder)
     (folder / ADAPTER_META).write_text(json.dumps({"adapter_scope": args.scope}))
     recipe = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     (folder / "training.json").write_text(json.dumps({"recipe": recipe, "heldout": figures}, indent=1))
 
 
-def record_heldout(model: Transformer, held: list[dict], mask_id: int, args: argparse.Namespace,
-                   step: int) -> dict[str, float]:
-    """The held-out figures at this step, appended to <workdir>/heldout.jsonl and printed."""
-    figures = heldout_figures(model, held, mask_id, args.device, args.eval_sequences, scope=args.scope)
+def record_heldout(model: Transformer, head: SamplerHead | None, held: list[dict], mask_id: int,
+                   args: argparse.Namespace, step: int) -> dict[str, float]:
+    """The held-out figures at this step (the rows', and the head's chain when one trains along), appended to
+    <workdir>/heldout.jsonl and printed."""
+    if head is None:
+        figures = heldout_figures(model, held, mask_id, args.device, args.eval_sequences, scope=args.scope)
+    else:
+        figures = chain_figures(model, head.eval(), held, mask_id, args.device, args.eval_sequences)
+        head.train()
     with (args.workdir / "heldout.jsonl").open("a") as f:
         f.write(json.dumps({"step": step, **figures}) + "\n")
     print("heldout", json.dumps(figures), flush=True)
@@ -168,8 +171,13 @@ def train(args: argparse.Namespace) -> None:
     folder = resolve(args.model).folder
     model, embed = prepare_model(folder, args.rank, args.alpha, args.device, args.init_adapter)
     pad_id = model.cfg.eos_token_id or 0
+    head = load_sampler(args.head, args.device).requires_grad_(True).train() if args.head else None
     params = trainable(model)
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    groups = [{"params": params, "lr_scale": 1.0}]
+    if head is not None:
+        groups.append({"params": list(head.parameters()), "lr_scale": args.head_lr / args.lr})
+        params = params + groups[1]["params"]
+    opt = torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
     rows, held = read_rows(args.data, args.max_len, pad_id), read_rows(args.heldout, args.max_len, pad_id)
     args.workdir.mkdir(parents=True, exist_ok=True)
     state_path, step, best = args.workdir / "state.pt", 0, -1.0
@@ -184,19 +192,24 @@ def train(args: argparse.Namespace) -> None:
           flush=True)
     mix = mix_for(args.kind_weights, args.chunk_scale)
     if step == 0:    # the starting adapter's figures; an --init-adapter's are what an export must beat
-        figures = record_heldout(model, held, embed.mask_id, args, 0)
+        figures = record_heldout(model, head, held, embed.mask_id, args, 0)
         if args.init_adapter:
             best = score(figures, args.kind_weights)
     model.train()
     t0 = time.perf_counter()
     while step < args.steps:
-        batch = batch_for(rows, step, args.seed, args.batch, embed.mask_id, pad_id, mix)
-        with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
+        seqs, chunks = draw_batch(rows, step, args.seed, args.batch, embed.mask_id, mix)
+        batch = pack(seqs, chunks, embed.mask_id, pad_id)
+        with (torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16),
+              normed_hidden(model) as hidden):
             parts = losses(model, batch, args.device, torch.bfloat16 if args.bf16 else torch.float32, args.scope)
-        weights = [args.kind_weights[k] for k in parts]
+            if head is not None:
+                parts["chain"] = chain_loss(head, embed.weight, hidden[-1], batch, chunks, embed.mask_id,
+                                            args.head_rows, torch.Generator().manual_seed(args.seed + step))
+        weights = [{**args.kind_weights, "chain": args.head_weight}[k] for k in parts]
         loss = sum(w * v for w, v in zip(weights, parts.values(), strict=True)) / sum(weights)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr)
+            group["lr"] = lr_at(step, args.steps, args.lr) * group["lr_scale"]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -209,12 +222,12 @@ def train(args: argparse.Namespace) -> None:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
         if step % args.eval_every == 0 or step == args.steps:
-            figures = record_heldout(model, held, embed.mask_id, args, step)
+            figures = record_heldout(model, head, held, embed.mask_id, args, step)
             now = score(figures, args.kind_weights)
             if now > best:
                 best = now
                 if args.export:
-                    export(model, embed, args.export, {"step": step, **figures}, args)
+                    export(model, embed, head, args.export, {"step": step, **figures}, args)
                     print(f"exported to {args.export}", flush=True)
         if step % args.save_every == 0 or step == args.steps:
             tmp = state_path.with_suffix(".tmp")

@@ -174,3 +174,35 @@ def test_the_shipped_head_chains_the_default_models_drafts_losslessly():
                 rounds[chained] += run.metrics["nfe"]
     assert tokens[True] == tokens[False] and rounds[True] < rounds[False]
     assert engine.rt.pool.free_count == engine.rt.pool.num_slots
+
+
+def test_the_head_trains_together_with_the_adapter(tmp_path):
+    """--head: the chain loss joins the adapter's objective (both move), the held-out figures are the chain's, the
+    export carries adapter and head, a resumed run restores both, and every chaining mode stays equal to ar."""
+    base = load_checkpoint(TINY)
+    engine = Engine(base, num_slots=2048)
+    data = write_answers(engine, tmp_path / "train.jsonl")
+    start = SamplerHead(base.model.cfg.hidden_size, 64, candidates=8)
+    save_sampler(start, tmp_path / "start")
+    work, adapter = tmp_path / "joint", tmp_path / "adapter"
+    common = [sys.executable, "-m", "tools.train_selfspec", "--model", "tiny", "--workdir", str(work),
+              "--data", str(data), "--heldout", str(data), "--batch", "2", "--rank", "4", "--eval-every", "1",
+              "--eval-sequences", "4", "--head", str(tmp_path / "start" / SAMPLER_FILE), "--head-rows", "64",
+              "--lr", "1e-2", "--export", str(adapter)]
+    for steps in ("2", "3"):
+        done = subprocess.run([*common, "--steps", steps], cwd=ROOT, check=True, capture_output=True, text=True,
+                              timeout=300)
+    assert "resumed at step 2" in done.stdout
+    curves = [json.loads(line) for line in (work / "curves.jsonl").read_text().splitlines()]
+    assert [c["step"] for c in curves] == [1, 2, 3] and all(c["chain"] > 0 for c in curves)
+    figures = [json.loads(line) for line in (work / "heldout.jsonl").read_text().splitlines()]
+    assert [f["step"] for f in figures] == [0, 1, 2, 3] and all(f["chain_block8"] >= 1 for f in figures)
+    trained = load_sampler(adapter / SAMPLER_FILE)
+    assert not start.down.weight.any() and trained.down.weight.any()     # the zero-initialised layer moved
+    chained = Engine(load_checkpoint(TINY, adapter=adapter), num_slots=2048, check_invariants=True)
+    assert chained.rt.chain is not None
+    for prompt in ("What is 12 + 30?", "Copy: a b c"):
+        ar = engine.generate(prompt, "ar", {"max_new_tokens": 16}).output_ids
+        for mode in CHAINED:
+            assert chained.generate(prompt, mode, {"max_new_tokens": 16}).output_ids == ar, (mode, prompt)
+    assert chained.rt.pool.free_count == chained.rt.pool.num_slots

@@ -40,9 +40,17 @@ def main() -> None:
                         "forwards (linear_spec and the block modes only; train it with causal=0)")
     p.add_argument("--init-adapter", type=Path, default=None,
                    help="start from this PEFT folder (e.g. the shipped adapter) with a fresh optimizer")
+    p.add_argument("--head", type=Path, default=None,
+                   help="a sampler head file (sampler_head.safetensors) to train together with the adapter: its "
+                        "chain loss joins the objective, the held-out figures are the chain's, exports write it")
+    p.add_argument("--head-lr", type=float, default=None, help="the head's peak learning rate (default: --lr)")
+    p.add_argument("--head-weight", type=float, default=1.0, help="the chain loss's weight beside the kinds'")
+    p.add_argument("--head-rows", type=int, default=1024, help="MASK rows of each batch the chain loss reads")
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast for the training forward (fp32 master weights; held-out figures stay fp32)")
-    train(p.parse_args())
+    args = p.parse_args()
+    args.head_lr = args.lr if args.head_lr is None else args.head_lr
+    train(args)
 
 
 if __name__ == "__main__":
