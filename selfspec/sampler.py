@@ -178,7 +178,7 @@ def chain_loss(head: SamplerHead, weight: Tensor, hidden: Tensor, p: Packed, chu
                mask_id: int, rows: int, generator: torch.Generator) -> Tensor:
     """The head's loss on up to `rows` of a training batch's MASK rows of chained layouts (CHAIN_MIX's kinds), drawn
     by `generator`: the loss that trains the head together with the adapter whose hidden states [B, Q, D] it reads."""
-    chained = torch.tensor([KINDS.index(k) for k in ("block", "causal")])
+    chained = torch.tensor([KINDS.index(k) for k in KINDS if getattr(CHAIN_MIX, k)])
     sel = mask_rows(p.ids, p.targets, mask_id) & torch.isin(p.kind_index(), chained)
     picked = torch.randperm(int(sel.sum()), generator=generator)[:rows]
     device = hidden.device

@@ -89,10 +89,6 @@ def draw_batch(rows: list[dict], step: int, seed: int, size: int, mask_id: int,
     return [r["seq"] for r in picked], [chunks_for(r["seq"], r["prompt_len"], mask_id, mix, rng) for r in picked]
 
 
-def batch_for(rows: list[dict], step: int, seed: int, size: int, mask_id: int, pad_id: int, mix: Mix) -> Packed:
-    return pack(*draw_batch(rows, step, seed, size, mask_id, mix), mask_id, pad_id)
-
-
 def losses(model: Transformer, p: Packed, device: str, kv_dtype: torch.dtype = torch.float32,
            scope: str = "mask") -> dict[str, torch.Tensor]:
     """Mean cross-entropy per layout kind over its trained rows."""

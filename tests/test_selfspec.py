@@ -168,11 +168,11 @@ def test_init_adapter_starts_from_a_saved_adapter(trainee, tmp_path):
 def test_bf16_autocast_losses_follow_float32_and_train_the_adapter(trainee):
     """--bf16: the training forward under bf16 autocast (bf16 KV for the packed cache) gives each layout kind's
     loss within bf16 rounding of float32's, and its gradients reach the LoRA and the MASK row."""
-    from selfspec.train import batch_for, losses
+    from selfspec.train import draw_batch, losses
     model, embed = trainee
     rows = [{"seq": torch.randint(3, 1000, (40,), generator=torch.Generator().manual_seed(i)).tolist(),
              "prompt_len": 12} for i in range(4)]
-    batch = batch_for(rows, step=0, seed=0, size=4, mask_id=embed.mask_id, pad_id=1, mix=Mix())
+    batch = pack(*draw_batch(rows, step=0, seed=0, size=4, mask_id=embed.mask_id, mix=Mix()), embed.mask_id, 1)
     want = {k: v.item() for k, v in losses(model, batch, "cpu").items()}
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = losses(model, batch, "cpu", torch.bfloat16)
