@@ -245,17 +245,42 @@ static void linear(const void *w, int format, const float *bias, int out, int in
             for (int o = 0; o < out; o++) y[m * ldy + o] += bias[o];
 }
 
-/* x[i] = e^(x[i] - shift) for n values, in vectors; the last n % VW through a zero-padded vector, so every value
-   takes the same lane arithmetic (simd.h's vexp). */
-static void shifted_exp(float *x, int64_t n, float shift) {
+/* The largest of n values (exact in any order): LANES running maxima, then the tail. */
+static float largest(const float *x, int64_t n) {
+    vec acc[STEPS];
+    for (int u = 0; u < STEPS; u++) acc[u] = vset1(-INFINITY);
     int64_t i = 0;
-    for (; i + VW <= n; i += VW) vstore(x + i, vexp(vsub(vload(x + i), vset1(shift))));
+    for (; i + LANES <= n; i += LANES)
+        for (int u = 0; u < STEPS; u++) acc[u] = vmax(acc[u], vload(x + i + u * VW));
+    float lanes[LANES], top = -INFINITY;
+    for (int u = 0; u < STEPS; u++) vstore(lanes + u * VW, acc[u]);
+    for (int k = 0; k < LANES; k++) top = lanes[k] > top ? lanes[k] : top;
+    for (; i < n; i++) top = x[i] > top ? x[i] : top;
+    return top;
+}
+
+/* x[i] = e^(x[i] - shift) for n values, in vectors, and their sum (LANES partial sums and lane_sum, then the tail
+   in order); the last n % LANES through zero-padded vectors, so every value takes the same lane arithmetic
+   (simd.h's vexp) and the sum is the same on every ISA. */
+static float exp_sum(float *x, int64_t n, float shift) {
+    vec acc[STEPS];
+    for (int u = 0; u < STEPS; u++) acc[u] = vzero();
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int u = 0; u < STEPS; u++) {
+            vec e = vexp(vsub(vload(x + i + u * VW), vset1(shift)));
+            vstore(x + i + u * VW, e);
+            acc[u] = vadd(acc[u], e);
+        }
+    float total = lane_sum(acc);
     if (i < n) {
-        float tail[VW] = {0};
+        float tail[LANES] = {0};
         memcpy(tail, x + i, sizeof(float) * (n - i));
-        vstore(tail, vexp(vsub(vload(tail), vset1(shift))));
+        for (int u = 0; u < STEPS; u++) vstore(tail + u * VW, vexp(vsub(vload(tail + u * VW), vset1(shift))));
         memcpy(x + i, tail, sizeof(float) * (n - i));
+        for (int64_t j = 0; j < n - i; j++) total += tail[j];
     }
+    return total;
 }
 
 static inline vec silu_times(vec g, vec u) { return vmul(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g)))), u); }
@@ -275,6 +300,23 @@ static void silu_mul(float *gate, const float *up, int64_t n) {
     }
 }
 
+/* out[d] = sum_j p[j] value_j[d], for `vectors` vectors of outputs from d: each output a chain of fmas over the
+   keys in order (the numbers of a scalar loop), its accumulator in a register. A key's value row is its prefix slot's
+   (j < length) or the step's own row j - length; `offset` picks the head's values within a row. */
+static inline void weighted_values(const float *p, int64_t keys, const float *v_layer, const int64_t *prefix,
+                                   int64_t length, const float *own_v, int64_t slot_stride, int64_t offset, int d,
+                                   int vectors, float *out) {
+    vec acc[4 * STEPS];
+    for (int u = 0; u < vectors; u++) acc[u] = vzero();
+    for (int64_t j = 0; j < keys; j++) {
+        const float *vj = (j < length ? v_layer + prefix[j] * slot_stride : own_v + (j - length) * slot_stride)
+                          + offset + d;
+        vec pj = vset1(p[j]);
+        for (int u = 0; u < vectors; u++) acc[u] = vfma(pj, vload(vj + u * VW), acc[u]);
+    }
+    for (int u = 0; u < vectors; u++) vstore(out + d + u * VW, acc[u]);
+}
+
 /* Softmax attention of head h of one row over its prefix slots, then `own` rows of this step's k/v (the row itself,
    or its whole block) (GQA), scale 1/sqrt(head_dim). scores: room for length + own values. */
 static void attend_head(const int64_t *dims, int h, const float *q, const float *own_k, const float *own_v, int own,
@@ -285,22 +327,24 @@ static void attend_head(const int64_t *dims, int h, const float *q, const float 
     int64_t slot_stride = (int64_t)kv_heads * hd, keys = length + own;
     float scale = 1.0f / sqrtf((float)hd);
     const float *qh = q + h * hd;
-    float top = -INFINITY;
     for (int64_t j = 0; j < length; j++)
         scores[j] = dot(qh, k_layer + prefix[j] * slot_stride + g * hd, hd) * scale;
     for (int i = 0; i < own; i++)
         scores[length + i] = dot(qh, own_k + i * slot_stride + g * hd, hd) * scale;
-    for (int64_t j = 0; j < keys; j++) top = scores[j] > top ? scores[j] : top;
-    shifted_exp(scores, keys, top);
-    float total = 0.0f;
-    for (int64_t j = 0; j < keys; j++) total += scores[j];
+    float total = exp_sum(scores, keys, largest(scores, keys));
+    for (int64_t j = 0; j < keys; j++) scores[j] /= total;
     float *oh = out + h * hd;
-    for (int d = 0; d < hd; d++) oh[d] = 0.0f;
-    for (int64_t j = 0; j < keys; j++) {
-        const float *vj = (j < length ? v_layer + prefix[j] * slot_stride : own_v + (j - length) * slot_stride)
-                          + g * hd;
-        float p = scores[j] / total;
-        for (int d = 0; d < hd; d++) oh[d] += p * vj[d];
+    int d = 0;
+    for (; d + 4 * LANES <= hd; d += 4 * LANES)
+        weighted_values(scores, keys, v_layer, prefix, length, own_v, slot_stride, g * hd, d, 4 * STEPS, oh);
+    for (; d + LANES <= hd; d += LANES)
+        weighted_values(scores, keys, v_layer, prefix, length, own_v, slot_stride, g * hd, d, STEPS, oh);
+    for (; d < hd; d++) {
+        float sum = 0.0f;
+        for (int64_t j = 0; j < keys; j++)
+            sum = fmaf(scores[j], (j < length ? v_layer + prefix[j] * slot_stride
+                                               : own_v + (j - length) * slot_stride)[g * hd + d], sum);
+        oh[d] = sum;
     }
 }
 

@@ -130,24 +130,26 @@ def isd_verify_torch(clean: Tensor, draft: Tensor, specs: Tensor, temperature: f
     t = 1.0 if greedy else temperature
     c, d = clean.float().clone(), draft.float().clone()
     c[:, banned] = d[:, banned] = float("-inf")
-    p, q = torch.softmax(c / t, dim=-1), torch.softmax(d / t, dim=-1)
-    ps, qs = [], []
+    if not greedy:
+        c, d = c / t, d / t
+    at = specs.long()[:, None]   # p(x), q(x) of every spec from its logit and its row's logsumexp: no softmax rows
+    ps = (c.gather(1, at)[:, 0] - torch.logsumexp(c, -1)).exp().tolist()
+    qs = (d.gather(1, at)[:, 0] - torch.logsumexp(d, -1)).exp().tolist()
+    best = c.max(-1).indices.tolist() if greedy else []
     for j, spec in enumerate(specs.tolist()):
-        p_x, q_x = float(p[j, spec]), float(q[j, spec])
-        ps.append(p_x)
-        qs.append(q_x)
+        p_x, q_x = ps[j], qs[j]
         if greedy:
-            ok = spec == int(c[j].argmax())
+            ok = spec == best[j]
         else:
             assert uniforms is not None and gumbel is not None, "sampling needs noise"
             ok = alpha * q_x > 0 and (p_x >= alpha * q_x or float(uniforms[j]) * alpha * q_x < p_x)
         if not ok:
             if greedy:
-                return Verdict(j, int(c[j].argmax()), ps, qs)
-            residual = (p[j] - q[j]).clamp(min=0)
-            dist = residual if bool((residual > 0).any()) else p[j]
+                return Verdict(j, best[j], ps[:j + 1], qs[:j + 1])
+            residual = (torch.softmax(c[j], -1) - torch.softmax(d[j], -1)).clamp(min=0)
+            dist = residual if bool((residual > 0).any()) else torch.softmax(c[j], -1)
             assert gumbel is not None
-            return Verdict(j, int((dist.log() + gumbel[j]).argmax()), ps, qs)
+            return Verdict(j, int((dist.log() + gumbel[j]).argmax()), ps[:j + 1], qs[:j + 1])
     return Verdict(len(ps), None, ps, qs)
 
 

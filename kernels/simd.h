@@ -52,6 +52,7 @@ static inline void vstore(float *p, vec a) { _mm512_storeu_ps(p, a); }
 static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 static inline vec vclamp(vec a, float lo, float hi) { return _mm512_min_ps(_mm512_max_ps(a, vset1(lo)), vset1(hi)); }
 static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 /* 2^n for integral n in [-126, 127], built in the exponent bits */
@@ -84,6 +85,7 @@ static inline void vstore(float *p, vec a) { _mm256_storeu_ps(p, a); }
 static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
 static inline vec vclamp(vec a, float lo, float hi) { return _mm256_min_ps(_mm256_max_ps(a, vset1(lo)), vset1(hi)); }
 static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vec vpow2(vec n) {
@@ -111,6 +113,7 @@ static inline void vstore(float *p, vec a) { *p = a; }
 static inline vec vadd(vec a, vec b) { return a + b; }
 static inline vec vmul(vec a, vec b) { return a * b; }
 static inline vec vdiv(vec a, vec b) { return a / b; }
+static inline vec vmax(vec a, vec b) { return fmaxf(a, b); }
 static inline vec vclamp(vec a, float lo, float hi) { return fminf(fmaxf(a, lo), hi); }
 static inline vec vround(vec a) { return nearbyintf(a); }
 static inline vec vpow2(vec n) {

@@ -7,30 +7,37 @@ import torch
 from torch import Tensor
 
 
-def pick(logits: Tensor, temperature: float, generator: torch.Generator | None,
-         banned: int | None) -> tuple[Tensor, Tensor]:
-    """Tokens [...] and their probabilities under softmax(logits / T) (T=0: plain softmax, argmax)."""
+def allowed(logits: Tensor, banned: int | None) -> Tensor:
+    """logits in float32 with the banned id at -inf (a copy where there is one)."""
     logits = logits.float()
     if banned is not None:
         logits = logits.clone()
         logits[..., banned] = float("-inf")
-    probs = torch.softmax(logits / temperature if temperature > 0 else logits, dim=-1)
-    if temperature > 0:
-        flat = probs.reshape(-1, probs.shape[-1])
-        ids = torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
-    else:
-        ids = logits.argmax(-1)
+    return logits
+
+
+def best(logits: Tensor, banned: int | None) -> Tensor:
+    """The most likely tokens [...] (the first of equals), never the banned id."""
+    return allowed(logits, banned).max(-1).indices
+
+
+def pick(logits: Tensor, temperature: float, generator: torch.Generator | None,
+         banned: int | None) -> tuple[Tensor, Tensor]:
+    """Tokens [...] and their probabilities under softmax(logits / T) (T=0: plain softmax, argmax)."""
+    logits = allowed(logits, banned)
+    if temperature <= 0:   # the top logit's probability is exp(top - logsumexp): no softmax row to write
+        top, ids = logits.max(-1)
+        return ids, torch.exp(top - torch.logsumexp(logits, -1))
+    probs = torch.softmax(logits / temperature, dim=-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    ids = torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
     return ids, probs.gather(-1, ids[..., None])[..., 0]
 
 
 def alternatives(logits: Tensor, k: int, banned: int | None) -> list[dict[str, Any]]:
     """Per row of logits [Q, V]: the k most likely tokens under the plain (T = 1) softmax, MASK excluded, with their
     probabilities, the entropy (nats) and the margin between the top two."""
-    logits = logits.float()
-    if banned is not None:
-        logits = logits.clone()
-        logits[..., banned] = float("-inf")
-    probs = torch.softmax(logits, dim=-1)
+    probs = torch.softmax(allowed(logits, banned), dim=-1)
     top_p, top_id = probs.topk(max(k, 2), dim=-1)
     entropy = torch.special.entr(probs).sum(-1)
     return [{"top": [[int(t), float(p)] for t, p in zip(ids[:k].tolist(), ps[:k].tolist(), strict=True)],
@@ -41,8 +48,4 @@ def alternatives(logits: Tensor, k: int, banned: int | None) -> list[dict[str, A
 def confidence(logits: Tensor, ids: Tensor, banned: int | None) -> Tensor:
     """Probabilities of ids [...] under the plain (T = 1) softmax of logits [..., V], MASK excluded: the block
     modes' unmasking confidence at every temperature, as Nemotron's `generate` takes it."""
-    logits = logits.float()
-    if banned is not None:
-        logits = logits.clone()
-        logits[..., banned] = float("-inf")
-    return torch.softmax(logits, dim=-1).gather(-1, ids[..., None])[..., 0]
+    return torch.softmax(allowed(logits, banned), dim=-1).gather(-1, ids[..., None])[..., 0]

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from backend.engine.request import Request
-from backend.engine.sampling import confidence, pick
+from backend.engine.sampling import best, confidence, pick
 from kernels.isd_verify import Verdict, isd_verify
 
 
@@ -34,7 +34,8 @@ class Scores:
         return ids.tolist(), probs.tolist()
 
     def tokens(self) -> list[int]:
-        return self.pick()[0]
+        """Each row's token under the request's rule (`pick` without the probabilities)."""
+        return self.argmax() if self.req.temperature <= 0 else self.pick()[0]
 
     def pick_with_confidence(self) -> tuple[list[int], list[float]]:
         """Each row's token under the request's rule and its probability under the plain (T = 1) softmax, MASK
@@ -44,7 +45,7 @@ class Scores:
 
     def argmax(self) -> list[int]:
         """Each row's most likely token (MASK excluded), whatever the request's temperature."""
-        return pick(self.logits, 0.0, None, self.mask_id)[0].tolist()
+        return best(self.logits, self.mask_id).tolist()
 
 
 def verify_specs(clean: Scores, draft: Scores, specs: list[int], alpha: float) -> tuple[Verdict, list[float] | None]:
