@@ -125,17 +125,25 @@ def isd_verify_triton(clean: Tensor, draft: Tensor, specs: Tensor, temperature: 
 
 
 def isd_verify_torch(clean: Tensor, draft: Tensor, specs: Tensor, temperature: float, alpha: float, banned: int,
-                     uniforms: Tensor | None, gumbel: Tensor | None) -> Verdict:
+                     uniforms: Tensor | None, gumbel: Tensor | None, probabilities: bool = True) -> Verdict:
+    """The kernel's twin; greedy with `probabilities` off, it checks argmaxes alone (p, q come back empty)."""
     greedy = temperature <= 0
     t = 1.0 if greedy else temperature
-    c, d = clean.float().clone(), draft.float().clone()
-    c[:, banned] = d[:, banned] = float("-inf")
+    c = clean.float().clone()
+    c[:, banned] = float("-inf")
+    best = c.max(-1).indices.tolist() if greedy else []
+    if greedy and not probabilities:
+        for j, spec in enumerate(specs.tolist()):
+            if spec != best[j]:
+                return Verdict(j, best[j], [], [])
+        return Verdict(len(best), None, [], [])
+    d = draft.float().clone()
+    d[:, banned] = float("-inf")
     if not greedy:
         c, d = c / t, d / t
     at = specs.long()[:, None]   # p(x), q(x) of every spec from its logit and its row's logsumexp: no softmax rows
     ps = (c.gather(1, at)[:, 0] - torch.logsumexp(c, -1)).exp().tolist()
     qs = (d.gather(1, at)[:, 0] - torch.logsumexp(d, -1)).exp().tolist()
-    best = c.max(-1).indices.tolist() if greedy else []
     for j, spec in enumerate(specs.tolist()):
         p_x, q_x = ps[j], qs[j]
         if greedy:
@@ -154,6 +162,8 @@ def isd_verify_torch(clean: Tensor, draft: Tensor, specs: Tensor, temperature: f
 
 
 def isd_verify(clean: Tensor, draft: Tensor, specs: Tensor, temperature: float, alpha: float, banned: int,
-               uniforms: Tensor | None, gumbel: Tensor | None) -> Verdict:
-    op = isd_verify_triton if on_triton(clean) else isd_verify_torch
-    return op(clean, draft, specs, temperature, alpha, banned, uniforms, gumbel)
+               uniforms: Tensor | None, gumbel: Tensor | None, probabilities: bool = True) -> Verdict:
+    """The verdict; `probabilities` off lets a greedy check skip p and q where they cost a pass (the torch twin)."""
+    if on_triton(clean):
+        return isd_verify_triton(clean, draft, specs, temperature, alpha, banned, uniforms, gumbel)
+    return isd_verify_torch(clean, draft, specs, temperature, alpha, banned, uniforms, gumbel, probabilities)

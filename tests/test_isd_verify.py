@@ -41,6 +41,9 @@ def test_fused_verify_matches_twin(k, v, temperature, dtype):
         torch.testing.assert_close(torch.tensor(got.q), torch.tensor(want.q), atol=1e-5, rtol=1e-4)
         assert got.correction != BANNED
         outcomes.add(got.correction is None)
+        if temperature == 0:                  # without the trace's p and q: the same verdict, no probabilities
+            bare = isd_verify_torch(clean, draft, specs, temperature, 1.0, BANNED, *noise, probabilities=False)
+            assert (bare.accepted, bare.correction, bare.p, bare.q) == (want.accepted, want.correction, [], [])
     assert outcomes == {True, False}          # both all-accepted and rejected cases were exercised
 
 

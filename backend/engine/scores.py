@@ -48,10 +48,12 @@ class Scores:
         return best(self.logits, self.mask_id).tolist()
 
 
-def verify_specs(clean: Scores, draft: Scores, specs: list[int], alpha: float) -> tuple[Verdict, list[float] | None]:
+def verify_specs(clean: Scores, draft: Scores, specs: list[int], alpha: float,
+                 probabilities: bool = True) -> tuple[Verdict, list[float] | None]:
     """I-DLM's left-to-right check of specs against the clean rows (row i predicts spec i), with the rows that
     drafted them as the proposal q, by the fused verify (kernels/isd_verify.py). The noise at T > 0 comes from
-    the request's generator; its uniforms come back for the trace."""
+    the request's generator; its uniforms come back for the trace. With `probabilities` off (tracing off), a
+    greedy check may skip p and q (the verdict's lists then come back empty)."""
     logits, req = clean.logits, clean.req
     if clean.mask_id is None:
         raise RuntimeError("isd's verify needs the model's mask token")
@@ -62,5 +64,5 @@ def verify_specs(clean: Scores, draft: Scores, specs: list[int], alpha: float) -
         gumbel = -torch.log(-torch.log(torch.rand(k, v, generator=req.generator).clamp_min(1e-20)))
         gumbel = gumbel.to(logits.device)
     verdict = isd_verify(logits, draft.logits, torch.tensor(specs, device=logits.device), req.temperature,
-                         alpha, clean.mask_id, uniforms, gumbel)
+                         alpha, clean.mask_id, uniforms, gumbel, probabilities)
     return verdict, None if uniforms is None else uniforms.tolist()

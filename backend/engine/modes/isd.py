@@ -94,7 +94,7 @@ class ISD(Mode):
             return self._cold_start(req, rt, st, scores, slots, start, block)
         assert st.draft is not None, "specs without their draft rows"
         alpha = req.params["alpha"]
-        verdict, uniforms = verify_specs(scores.rows(slice(0, k)), st.draft, st.specs, alpha)
+        verdict, uniforms = verify_specs(scores.rows(slice(0, k)), st.draft, st.specs, alpha, req.tracer.enabled)
         pq = pq_table(st.specs, verdict, req.temperature, alpha, uniforms) if req.tracer.enabled else []
         st.accepted_specs += verdict.accepted
         if verdict.correction is None:
