@@ -389,14 +389,15 @@ static void add_lora(const float *a, const float *bt, int rank, float scale, int
    lora [layers, 2 * N_LORA] (or NULL): each adapted projection's float32 A [rank, in] and B transposed [rank, out]
    (with AMX projections: A, and B in rank pairs, in bfloat16; amx.h) (0 = none), in LORA_OF order,
    scaled by lora_scale and added at the rows with lora_on[m] (NULL: none).
-   logits [rows, vocab]. Returns 0, or -1 when memory ran out. */
+   logits [rows, vocab]; hidden [rows, hidden] (or NULL: not wanted) the final norm's outputs, the states the head
+   reads. Returns 0, or -1 when memory ran out. */
 int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, const float *embed,
                 const float *final_norm, const void *head, const int64_t *odd_rows, int64_t odd_count,
                 const float *odd_values, int rows, const int64_t *ids, const int64_t *positions,
                 const float *cos, const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp,
                 const int64_t *lengths, const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache,
                 int block, const int64_t *lora, int lora_rank, float lora_scale, const uint8_t *lora_on,
-                float *logits) {
+                float *logits, float *hidden) {
     int D = (int)dims[HIDDEN], I = (int)dims[INTER], H = (int)dims[HEADS], Hkv = (int)dims[KV_HEADS];
     int hd = (int)dims[HEAD_DIM], V = (int)dims[VOCAB];
     int fmt = (int)dims[FORMAT], head_fmt = (int)dims[HEAD_FORMAT];
@@ -489,6 +490,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #undef F
     }
     for (int m = 0; m < rows; m++) rms_norm(h + m * D, final_norm, eps, D, x + m * D);
+    if (hidden) memcpy(hidden, x, sizeof(float) * (size_t)rows * D);
     linear(head, head_fmt, NULL, V, D, x, D, logits, V, rows, tiles);
     for (int64_t e = 0; e < odd_count; e++)   /* the sums a float32 head gives (a linear output is one dot) */
         for (int m = 0; m < rows; m++) logits[m * V + odd_rows[e]] = dot(odd_values + e * D, x + m * D, D);

@@ -2,8 +2,6 @@
 of every sequence (no grad: the adapter is off at clean tokens), then one pass of all chunks that reads it."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -79,12 +77,3 @@ def chunk_logits(model: Transformer, p: Packed, cache: PagedKV, scope: str = "ma
     return model(p.ids, p.positions, kv=kv, mask=p.mask, lora=lora)
 
 
-@contextmanager
-def normed_hidden(model: Transformer) -> Iterator[list[Tensor]]:
-    """The final norm's outputs of the forwards run inside (the hidden states the LM head reads), last one last."""
-    seen: list[Tensor] = []
-    hook = model.norm.register_forward_hook(lambda _m, _i, out: seen.append(out))
-    try:
-        yield seen
-    finally:
-        hook.remove()

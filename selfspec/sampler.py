@@ -2,8 +2,8 @@
 causal and block draft layouts (selfspec/layouts.py), each row's normed hidden state with the token before its
 target (teacher-forced: a chain's draft only counts while every draft before it was right, so the previous
 token is then the true one). The rows' features are extracted once (one forward a batch, no grad), then the
-head trains on them for epochs; the held-out figures (every --eval-every steps) are the chain's real ones (hidden states
-recovered from the logits, only the rows' top candidates ranked), against the rows alone. The command line:
+head trains on them for epochs; the held-out figures (every --eval-every steps) are the chain's real ones (only the
+rows' top candidates ranked), against the rows alone. The command line:
 `python -m tools.train_sampler`.
 
 Resumable: <workdir>/features.pt holds the extracted rows (and grows with --data: answers appended since are
@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from backend.model.checkpoint import load_model
-from backend.model.sampler_head import HiddenFromLogits, SamplerHead, save_sampler
+from backend.model.sampler_head import SamplerHead, save_sampler
 from backend.model.source import resolve
-from backend.model.transformer import PagedKV, Transformer
+from backend.model.transformer import PagedKV, Transformer, normed_hidden
 from selfspec.answers import read_rows
-from selfspec.batch import Packed, chunk_logits, normed_hidden, pack
+from selfspec.batch import Packed, chunk_logits, pack
 from selfspec.evaluate import LAYOUTS, add_rounds, layout_chunks
 from selfspec.layouts import IGNORE, KINDS, Chunk, Mix, chunks_for
 
@@ -108,18 +108,17 @@ def chain_figures(model: Transformer, head: SamplerHead, rows: list[dict], mask_
     """Held-out tokens per round (selfspec/evaluate.py's count) of evaluate.LAYOUTS' drafts, by the rows alone
     (`rows_*`) and by the head's chain (`chain_*`)."""
     weight = model.embed_tokens.weight
-    recover = HiddenFromLogits(weight, skip=(mask_id,))
     totals: dict[str, list[int]] = {}
     pad = model.cfg.eos_token_id or 0
     for start in range(0, min(sequences, len(rows)), 4):
         group = rows[start:start + 4]
         for kind, n in LAYOUTS:
             chunks = layout_chunks(group, kind, n, mask_id, stride)
-            _, logits, p = hidden_and_logits(model, [r["seq"] for r in group], chunks, mask_id, pad, device)
+            hidden, logits, p = hidden_and_logits(model, [r["seq"] for r in group], chunks, mask_id, pad, device)
             logits[..., mask_id] = float("-inf")
             prev = previous_tokens(chunks, p.ids.shape[1]).to(device)
             with torch.no_grad():
-                chained = head.rescore(logits, recover(logits), weight[prev], weight)
+                chained = head.rescore(logits, hidden, weight[prev], weight)
             chained = torch.where((p.ids.to(device) == mask_id)[..., None], chained, logits)
             for name, scores in (("rows", logits), ("chain", chained)):
                 add_rounds(totals.setdefault(f"{name}_{kind}{n}", [0, 0]), scores.argmax(-1).cpu(), p, kind)

@@ -32,9 +32,9 @@ from backend.model.adapters import save_adapter
 from backend.model.checkpoint import ADAPTER_META, load_model
 from backend.model.sampler_head import SamplerHead, load_sampler, save_sampler
 from backend.model.source import resolve
-from backend.model.transformer import LoRALinear, PagedKV, Transformer
+from backend.model.transformer import LoRALinear, PagedKV, Transformer, normed_hidden
 from selfspec.answers import read_rows
-from selfspec.batch import Packed, chunk_logits, normed_hidden, pack
+from selfspec.batch import Packed, chunk_logits, pack
 from selfspec.evaluate import heldout_figures
 from selfspec.layouts import IGNORE, KINDS, Chunk, Mix, chunks_for
 from selfspec.sampler import chain_figures, chain_loss

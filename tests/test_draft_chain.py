@@ -1,5 +1,5 @@
 """The sampler head and its chained MASK drafts (backend/model/sampler_head.py, backend/engine/draft_chain.py):
-hidden states recovered from their logits, an untrained head drafting what the rows do, the sequential chain
+the forward's hidden states the chain reads, an untrained head drafting what the rows do, the sequential chain
 equal to the head's teacher-forced scores along its own drafts, its proposal covering every draw at T > 0, the
 file's round trip and a clear error for a bad one, and on the tiny model the whole pipeline: an adapter, a head
 trained on its rows (resumed), and every mode that chains its drafts equal to `ar` with the head on; and the default
@@ -22,9 +22,12 @@ from backend.engine.engine import Engine
 from backend.engine.modes import get_mode, mode_names
 from backend.engine.request import Request
 from backend.engine.scores import Scores
+from backend.forward.fused_step import FusedDecode
+from backend.model.adapters import save_adapter
 from backend.model.checkpoint import load_checkpoint
-from backend.model.sampler_head import SAMPLER_FILE, HiddenFromLogits, SamplerHead, load_sampler, save_sampler
+from backend.model.sampler_head import SAMPLER_FILE, SamplerHead, load_sampler, save_sampler
 from backend.model.source import TINY, resolve
+from backend.model.transformer import LoRALinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,23 +50,56 @@ def test_chained_modes_are_found():
     assert {"isd", "quadratic", "linear_spec"} <= set(CHAINED)
 
 
-def test_hidden_states_come_back_from_their_logits():
-    torch.manual_seed(0)
-    weight = torch.randn(VOCAB, DIM)
-    hidden = torch.randn(6, DIM)
-    logits = hidden @ weight.t()
-    logits[:, MASK] = float("-inf")      # a row's MASK logit is never read
-    assert torch.allclose(HiddenFromLogits(weight, skip=(MASK,))(logits), hidden, atol=1e-4)
-    with pytest.raises(ValueError, match="cannot recover"):
-        HiddenFromLogits(torch.randn(16, DIM))
+def test_the_forward_gives_the_chain_the_hidden_states_its_logits_come_from(tmp_path):
+    """With a chain, every forward with MASK rows returns the rows' final normed states (the fused step and the eager
+    forward alike), the states the logits are the tied head's products of; a forward without MASK rows, or a
+    runtime without a chain, leaves them out; and the chain refuses rows that have none."""
+    base = load_checkpoint(TINY)
+    for module in base.model.modules():       # a random MASK-scoped adapter (a chain serves adapted rows)
+        if isinstance(module, LoRALinear):
+            module.add_adapter(4, 8.0)
+            torch.nn.init.normal_(module.lora_B, std=0.05)
+    save_adapter(base.model, tmp_path / "adapter")
+    loaded = load_checkpoint(TINY, adapter=tmp_path / "adapter", adapter_scope="mask")
+    engine = Engine(loaded, num_slots=256)
+    rt = engine.rt
+    weight = loaded.model.embed_tokens.weight.detach()
+    ids = [7, rt.mask_id, rt.mask_id, rt.mask_id]
+    req = engine.new_request("Copy: a b c", "ar", {"max_new_tokens": 1})
+    rt.prefill(req)
+
+    def verify(rows: list[int]) -> Scores:     # a verify that writes its K/V (the fused step's shape), then frees it
+        positions = list(range(req.cached, req.cached + len(rows)))
+        slots = rt.alloc(req, positions)
+        try:
+            return rt.score(req, rows, req.cached, "causal", kind="verify", write=slots)
+        finally:
+            rt.release(req, slots, positions, "test")
+
+    assert isinstance(rt.backend, FusedDecode)
+    assert verify(ids).hidden is None                  # no chain: none asked for
+    rt.chain = DraftChain(random_head(7), weight, rt.mask_id)
+    states = {}
+    for name, backend in (("fused", rt.backend), ("eager", rt.eager)):
+        rt.backend = backend
+        scores = verify(ids)
+        assert scores.hidden is not None and scores.hidden.shape == (len(ids), weight.shape[1])
+        torch.testing.assert_close(scores.hidden @ weight.t(), scores.logits, atol=1e-4, rtol=1e-4)
+        assert verify([7, 8]).hidden is None           # no MASK row
+        states[name] = scores.hidden
+    torch.testing.assert_close(states["fused"], states["eager"], atol=1e-4, rtol=1e-3)
+    assert scores.rows(slice(1, 3)).hidden.shape == (2, weight.shape[1])
+    with pytest.raises(ValueError, match="hidden states"):
+        rt.chain.draw(Scores(scores.logits, request(), rt.mask_id), previous=7, argmax=True)
 
 
 def test_an_untrained_head_drafts_what_the_rows_do():
     torch.manual_seed(1)
     weight = torch.randn(VOCAB, DIM)
     chain = DraftChain(SamplerHead(DIM, 48, candidates=8), weight, MASK)
-    logits = torch.randn(5, DIM) @ weight.t()
-    masks = Scores(logits, request(), MASK)
+    hidden = torch.randn(5, DIM)
+    logits = hidden @ weight.t()
+    masks = Scores(logits, request(), MASK, hidden)
     drafts, proposal = chain.draw(masks, previous=7, argmax=True)
     assert drafts == masks.argmax()
     assert ((proposal.logits > float("-inf")).sum(-1) == 8).all()     # only each row's top 8 are ranked
@@ -77,15 +113,17 @@ def test_the_chain_is_the_heads_scores_along_its_own_drafts():
     weight = torch.randn(VOCAB, DIM)
     head = random_head(3)
     chain = DraftChain(head, weight, MASK)
-    logits = torch.randn(6, DIM) @ weight.t()
-    drafts, proposal = chain.draw(Scores(logits, request(), MASK), previous=11, argmax=True)
+    hidden = torch.randn(6, DIM)
+    logits = hidden @ weight.t()
+    drafts, proposal = chain.draw(Scores(logits, request(), MASK, hidden), previous=11, argmax=True)
     before = torch.tensor([11] + drafts[:-1])
     masked = logits.clone()
     masked[:, MASK] = float("-inf")
-    forced = head.rescore(masked, chain.recover(masked), weight[before], weight)
+    forced = head.rescore(masked, hidden, weight[before], weight)
     assert forced.argmax(-1).tolist() == drafts
     assert torch.allclose(forced, proposal.logits, atol=1e-4)
-    others = {tuple(chain.draw(Scores(logits, request(), MASK), previous=p, argmax=True)[0]) for p in range(20, 40)}
+    others = {tuple(chain.draw(Scores(logits, request(), MASK, hidden), previous=p, argmax=True)[0])
+              for p in range(20, 40)}
     assert len(others) > 1
 
 
@@ -93,9 +131,10 @@ def test_draws_at_temperature_come_from_their_proposal_and_repeat_with_the_seed(
     torch.manual_seed(4)
     weight = torch.randn(VOCAB, DIM)
     chain = DraftChain(random_head(5), weight, MASK)
-    logits = torch.randn(6, DIM) @ weight.t()
-    first, proposal = chain.draw(Scores(logits, request(0.9, seed=8), MASK), previous=3, argmax=False)
-    again, _ = chain.draw(Scores(logits, request(0.9, seed=8), MASK), previous=3, argmax=False)
+    hidden = torch.randn(6, DIM)
+    logits = hidden @ weight.t()
+    first, proposal = chain.draw(Scores(logits, request(0.9, seed=8), MASK, hidden), previous=3, argmax=False)
+    again, _ = chain.draw(Scores(logits, request(0.9, seed=8), MASK, hidden), previous=3, argmax=False)
     assert first == again and MASK not in first
     q = torch.softmax(proposal.logits / 0.9, -1)
     assert all(q[j, tok] > 0 for j, tok in enumerate(first))

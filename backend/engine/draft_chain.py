@@ -14,7 +14,7 @@ from torch import Tensor
 from backend.engine.params import Param
 from backend.engine.sampling import pick
 from backend.engine.scores import Scores
-from backend.model.sampler_head import SAMPLER_FILE, HiddenFromLogits, SamplerHead, load_sampler
+from backend.model.sampler_head import SAMPLER_FILE, SamplerHead, load_sampler
 from backend.model.transformer import Transformer
 
 SAMPLER_PARAM = Param("sampler", bool, True,
@@ -27,17 +27,18 @@ class DraftChain:
         self.lm_head = lm_head.float().contiguous()
         """Row-major (a copy where the runtime keeps the head input-major): the chain gathers whole rows."""
         self.mask_id = mask_id
-        self.recover = HiddenFromLogits(self.lm_head, skip=(mask_id,))
 
     def draw(self, masks: Scores, previous: int, argmax: bool) -> tuple[list[int], Scores]:
         """The drafts of MASK rows that follow the token `previous`, and the re-ranked rows they came from."""
+        if masks.hidden is None:
+            raise ValueError("the chain reads the rows' hidden states, and this forward gave none")
         logits = masks.logits.float().clone()
         logits[:, self.mask_id] = float("-inf")
         temperature = 0.0 if argmax else masks.req.temperature
         drafts: list[int] = []
         head = self.head
         with torch.inference_mode():
-            hidden = self.recover(logits)
+            hidden = masks.hidden.float()
             own = head.own(hidden)                                          # the rows' share, in one product
             settled = hidden + head.down.bias                               # and the rest of `finish` but one
             candidates = logits.topk(head.candidates, -1).indices           # [K, C]

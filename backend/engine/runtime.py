@@ -23,6 +23,12 @@ from backend.tracing import Phase
 MAX_ALTERNATIVES = 8   # top-k entries kept per position and round (one per forward that predicted it)
 
 
+def shifted(rows: Tensor) -> Tensor:
+    """Rows [R, Q, ...] of a model whose row i predicts position i, moved so row i predicts i + 1 (the last row,
+    which has no successor, repeated)."""
+    return torch.cat([rows[:, 1:], rows[:, -1:]], dim=1)
+
+
 class Runtime:
     def __init__(self, loaded: LoadedModel, num_slots: int, matmul: str = "float32"):
         self.loaded = loaded
@@ -132,14 +138,15 @@ class Runtime:
         rows_at = [[s + j for j in steps] for s in start]
         ids = ids.to(self.device)
         adapter = self.adapter(ids, lora)
+        chained = self.chain is not None and fold is None and adapter is not False   # the chain reads the states
         plan = ForwardPlan(ids, torch.tensor(rows_at, device=self.device), attn, kv,
-                           None if mask is None else mask.to(self.device), adapter, fold)
+                           None if mask is None else mask.to(self.device), adapter, fold, hidden=chained)
         with torch.inference_mode():
             result = (backend or self.backend).run(plan)
-        logits = result.logits
         if not self.loaded.logits_shifted.get(attn, True):
-            logits = torch.cat([logits[:, 1:], logits[:, -1:]], dim=1)   # the last row has no successor
-            result = ForwardResult(logits, result.folds)
+            result = ForwardResult(shifted(result.logits), result.folds,
+                                   None if result.hidden is None else shifted(result.hidden))
+        logits = result.logits
         ms = (time.perf_counter() - t0) * 1000
         if any(r.params.get("trace_topk") for r in owners):
             self._note_alternatives(owners, rows_at, logits, kind)
@@ -159,10 +166,10 @@ class Runtime:
               offsets: Sequence[int] | None = None) -> Scores:
         """One request's forward of the query row `ids` at positions start + offsets (see `forward`), its logits
         as Scores."""
-        logits = self.forward([req], torch.tensor([ids]), [start], attn, kind=kind,
-                              write=None if write is None else [write], lora=lora, kv_op=kv_op, mask=mask,
-                              offsets=offsets)
-        return Scores(logits[0], req, self.mask_id)
+        writes = None if write is None else [write]
+        result = self.run([req], torch.tensor([ids]), [start], attn, self._context([req], writes), kind=kind,
+                          write=writes, lora=lora, kv_op=kv_op, mask=mask, offsets=offsets)
+        return Scores(result.logits[0], req, self.mask_id, None if result.hidden is None else result.hidden[0])
 
     def decode(self, reqs: list[Request], slots: list[list[int]]) -> list[Scores]:
         """One causal decode step of several requests: each feeds its last token, writing its K/V to its slot."""

@@ -15,17 +15,20 @@ from kernels.isd_verify import Verdict, isd_verify
 
 @dataclass(frozen=True)
 class Scores:
-    """The logits [Q, V] of one request's query rows; row j predicts the position after row j's."""
+    """The logits [Q, V] of one request's query rows; row j predicts the position after row j's. `hidden` [Q, D]:
+    the rows' final hidden states, where the forward gave them (for the sampler head's chain)."""
     logits: Tensor
     req: Request
     mask_id: int | None
+    hidden: Tensor | None = None
 
     def __len__(self) -> int:
         return self.logits.shape[0]
 
     def rows(self, index: slice | Sequence[int]) -> Scores:
         """These rows alone: a slice is a view, a list of rows gathers them."""
-        return Scores(self.logits[index if isinstance(index, slice) else list(index)], self.req, self.mask_id)
+        at = index if isinstance(index, slice) else list(index)
+        return Scores(self.logits[at], self.req, self.mask_id, None if self.hidden is None else self.hidden[at])
 
     def pick(self) -> tuple[list[int], list[float]]:
         """Each row's token under the request's rule (argmax at T = 0, else a seeded draw, MASK never) and its

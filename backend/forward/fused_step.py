@@ -198,7 +198,7 @@ class FusedDecode:
             self.copies = list(copies.values()) + lora_copies   # keeps what the tables point at alive
         self.lora_pointer = ptr(self.lora)
         self.max_chunk = MAX_AMX_CHUNK if matmul == "bf16" else MAX_CHUNK
-        self.vocab = cfg.vocab_size
+        self.vocab, self.dim = cfg.vocab_size, cfg.hidden_size
         self.rope = RopeTable(model)
 
     def _weights(self, cfg: Any, projections: Packed, head: Packed) -> WeightSet:
@@ -274,6 +274,7 @@ class FusedDecode:
         self.rope.cover(int(at.max()))
         rope = self.rope
         logits = torch.empty(requests, queries, self.vocab, dtype=torch.float32)
+        hidden = torch.empty(requests, queries, self.dim, dtype=torch.float32) if plan.hidden else None
         weights = self.weights.pointers
         status = self.lib.decode_step(
             weights.dims, weights.eps, weights.tensors, weights.embed, weights.final_norm, weights.head,
@@ -281,10 +282,10 @@ class FusedDecode:
             ptr(rope.cos), ptr(rope.sin), ptr(rope.q_scale), ptr(prefix), prefix.shape[1], ptr(lengths), ptr(write),
             ptr(kv.cache.k), ptr(kv.cache.v), kv.cache.k.stride(0), queries if block else 0,
             self.lora_pointer if adapter is not None else ptr(None), self.lora_rank, self.lora_scale, ptr(adapter),
-            ptr(logits))
+            ptr(logits), ptr(hidden))
         if status:
             raise MemoryError("fused decode step: out of memory")
-        return ForwardResult(logits)
+        return ForwardResult(logits, hidden=hidden)
 
 
 def float32_lora_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

@@ -2,12 +2,13 @@
 `ForwardBackend`, which owns a weight layout (made once, when the runtime is built) and runs plans on it."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
 from torch import Tensor
 
-from backend.model.transformer import KVContext, Transformer
+from backend.model.transformer import KVContext, Transformer, normed_hidden
 from kernels.gate import FFN_GATES
 
 
@@ -29,7 +30,8 @@ class ForwardPlan:
     """One forward: query rows `ids` [R, Q] at `positions` [R, Q]. `kv` holds each row group's prefix slots, the
     rows' write slots (None: read-only) and whether the groups share one request's prefix; `attn` the attention
     kind, `mask` [R, 1, Q, P+Q] an override of it; `adapter` where the adapter is on (everywhere, nowhere, or a
-    boolean [R, Q] map); `fold` a folded verify of branch row groups."""
+    boolean [R, Q] map); `fold` a folded verify of branch row groups; `hidden` whether the rows' final hidden
+    states (the normed states the LM head reads) come back too."""
     ids: Tensor
     positions: Tensor
     attn: str
@@ -37,6 +39,7 @@ class ForwardPlan:
     mask: Tensor | None = None
     adapter: bool | Tensor = False
     fold: Fold | None = None
+    hidden: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,11 @@ class FoldCounts:
 
 @dataclass(frozen=True)
 class ForwardResult:
-    """Logits [R, Q, V] of a plan's rows, and a folded verify's counts."""
+    """Logits [R, Q, V] of a plan's rows, a folded verify's counts, and the rows' final hidden states [R, Q, D]
+    where the plan asked for them (a folded verify never gives them)."""
     logits: Tensor
     folds: FoldCounts | None = None
+    hidden: Tensor | None = None
 
 
 class ForwardBackend(Protocol):
@@ -66,5 +71,7 @@ class Eager:
     def run(self, plan: ForwardPlan) -> ForwardResult:
         if plan.fold is not None:
             raise ValueError("the eager forward does not fold; pick a folded backend")
-        return ForwardResult(self.model(plan.ids, plan.positions, attn=plan.attn, kv=plan.kv, mask=plan.mask,
-                                        lora=plan.adapter))
+        with normed_hidden(self.model) if plan.hidden else nullcontext([]) as seen:
+            logits = self.model(plan.ids, plan.positions, attn=plan.attn, kv=plan.kv, mask=plan.mask,
+                                lora=plan.adapter)
+        return ForwardResult(logits, hidden=seen[-1] if plan.hidden else None)

@@ -4,9 +4,8 @@ head corrects the row's final (normed) hidden state with that token's embedding,
 result. Ships beside the adapter that trained the rows (`sampler_head.safetensors`); it never touches a clean
 row, so every lossless claim stays exact.
 
-At run time the head needs a draft row's normed hidden state, which the forward does not return. The LM head is
-linear and of full column rank, so the hidden state is the least-squares solution of its logits over a fixed
-subset of the vocabulary (`HiddenFromLogits`): exact up to the logits' rounding (0.2 % with bf16 matmuls).
+At run time the head reads a draft row's normed hidden state, which the forward returns beside its logits where a
+chain will draw from them (`ForwardPlan.hidden`).
 """
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 SAMPLER_FILE = "sampler_head.safetensors"
-BASIS_ROWS_PER_DIM = 4
-"""The basis: about 4 x D vocabulary rows, evenly spaced (SmolLM2: every 21st of 49,152; condition number ~110)."""
 
 
 class SamplerHead(nn.Module):
@@ -80,18 +77,3 @@ def load_sampler(path: Path, device: str | torch.device = "cpu") -> SamplerHead:
     except (KeyError, RuntimeError) as e:
         raise ValueError(f"{path}: not a sampler head ({e})") from None
     return head.to(device).eval().requires_grad_(False)
-
-
-class HiddenFromLogits:
-    """Recovers normed hidden states from their logits through the pseudo-inverse of the LM head's basis rows."""
-
-    def __init__(self, head_weight: Tensor, skip: tuple[int, ...] = ()):
-        vocab, dim = head_weight.shape
-        rows = [i for i in range(0, vocab, max(1, vocab // (BASIS_ROWS_PER_DIM * dim))) if i not in skip]
-        if len(rows) < dim:
-            raise ValueError(f"a vocabulary of {vocab} cannot recover {dim}-wide hidden states")
-        self.rows = torch.tensor(rows, device=head_weight.device)
-        self.inverse = torch.linalg.pinv(head_weight[self.rows].float()).t().contiguous()   # [len(rows), D]
-
-    def __call__(self, logits: Tensor) -> Tensor:
-        return logits[..., self.rows].float() @ self.inverse

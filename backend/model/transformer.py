@@ -8,7 +8,8 @@ Module names mirror the HF layout (`layers.{i}.self_attn.q_proj`, ...) so checkp
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -317,3 +318,14 @@ class Transformer(nn.Module):
             if hook is not None:
                 hook(i, "hidden_out", h)
         return self.logits(h)
+
+
+@contextmanager
+def normed_hidden(model: Transformer) -> Iterator[list[Tensor]]:
+    """The final norm's outputs of the forwards run inside (the hidden states the LM head reads), last one last."""
+    seen: list[Tensor] = []
+    hook = model.norm.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    try:
+        yield seen
+    finally:
+        hook.remove()
