@@ -2,7 +2,7 @@
 `ForwardBackend`, which owns a weight layout (made once, when the runtime is built) and runs plans on it."""
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,7 +71,8 @@ class Eager:
     def run(self, plan: ForwardPlan) -> ForwardResult:
         if plan.fold is not None:
             raise ValueError("the eager forward does not fold; pick a folded backend")
-        with normed_hidden(self.model) if plan.hidden else nullcontext([]) as seen:
+        with ExitStack() as stack:
+            seen = stack.enter_context(normed_hidden(self.model)) if plan.hidden else []
             logits = self.model(plan.ids, plan.positions, attn=plan.attn, kv=plan.kv, mask=plan.mask,
                                 lora=plan.adapter)
         return ForwardResult(logits, hidden=seen[-1] if plan.hidden else None)
