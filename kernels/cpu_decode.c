@@ -300,17 +300,22 @@ static void silu_mul(float *gate, const float *up, int64_t n) {
     }
 }
 
+/* Key j's value row: its prefix slot's (j < length), or the step's own row j - length. */
+static inline const float *value_row(const float *v_layer, const int64_t *prefix, int64_t length, const float *own_v,
+                                     int64_t slot_stride, int64_t j) {
+    return j < length ? v_layer + prefix[j] * slot_stride : own_v + (j - length) * slot_stride;
+}
+
 /* out[d] = sum_j p[j] value_j[d], for `vectors` vectors of outputs from d: each output a chain of fmas over the
-   keys in order (the numbers of a scalar loop), its accumulator in a register. A key's value row is its prefix slot's
-   (j < length) or the step's own row j - length; `offset` picks the head's values within a row. */
+   keys in order (the numbers of a scalar loop), its accumulator in a register; `offset` picks the head's values
+   within a row. */
 static inline void weighted_values(const float *p, int64_t keys, const float *v_layer, const int64_t *prefix,
                                    int64_t length, const float *own_v, int64_t slot_stride, int64_t offset, int d,
                                    int vectors, float *out) {
     vec acc[4 * STEPS];
     for (int u = 0; u < vectors; u++) acc[u] = vzero();
     for (int64_t j = 0; j < keys; j++) {
-        const float *vj = (j < length ? v_layer + prefix[j] * slot_stride : own_v + (j - length) * slot_stride)
-                          + offset + d;
+        const float *vj = value_row(v_layer, prefix, length, own_v, slot_stride, j) + offset + d;
         vec pj = vset1(p[j]);
         for (int u = 0; u < vectors; u++) acc[u] = vfma(pj, vload(vj + u * VW), acc[u]);
     }
@@ -342,8 +347,7 @@ static void attend_head(const int64_t *dims, int h, const float *q, const float 
     for (; d < hd; d++) {
         float sum = 0.0f;
         for (int64_t j = 0; j < keys; j++)
-            sum = fmaf(scores[j], (j < length ? v_layer + prefix[j] * slot_stride
-                                               : own_v + (j - length) * slot_stride)[g * hd + d], sum);
+            sum = fmaf(scores[j], value_row(v_layer, prefix, length, own_v, slot_stride, j)[g * hd + d], sum);
         oh[d] = sum;
     }
 }

@@ -132,11 +132,9 @@ def isd_verify_torch(clean: Tensor, draft: Tensor, specs: Tensor, temperature: f
     c = clean.float().clone()
     c[:, banned] = float("-inf")
     best = c.max(-1).indices.tolist() if greedy else []
-    if greedy and not probabilities:
-        for j, spec in enumerate(specs.tolist()):
-            if spec != best[j]:
-                return Verdict(j, best[j], [], [])
-        return Verdict(len(best), None, [], [])
+    if greedy and not probabilities:   # the first spec that is not its row's argmax, if any
+        accepted = next((j for j, spec in enumerate(specs.tolist()) if spec != best[j]), len(best))
+        return Verdict(accepted, best[accepted] if accepted < len(best) else None, [], [])
     d = draft.float().clone()
     d[:, banned] = float("-inf")
     if not greedy:

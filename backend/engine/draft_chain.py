@@ -40,12 +40,12 @@ class DraftChain:
         with torch.inference_mode():
             hidden = masks.hidden.float()
             own = head.own(hidden)                                          # the rows' share, in one product
-            settled = hidden + head.down.bias                               # and the rest of `finish` but one
+            settled = hidden + head.down.bias                               # finish's terms that ignore the draft
             candidates = logits.topk(head.candidates, -1).indices           # [K, C]
             rows = self.lm_head[candidates]                                 # [K, C, D]
             scores = torch.empty(candidates.shape, device=logits.device)
             ids = candidates.tolist()
-            for j in range(len(ids)):   # head.finish as two fused products: a draft costs few ops
+            for j in range(len(ids)):   # head.finish(hidden[j], own[j], previous row) in two addmv: few ops a draft
                 pre = torch.addmv(own[j], head.previous.weight, self.lm_head[previous])
                 torch.mv(rows[j], torch.addmv(settled[j], head.down.weight, F.silu(pre)), out=scores[j])
                 choice = (int(scores[j].argmax()) if temperature <= 0
