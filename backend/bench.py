@@ -37,7 +37,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from backend.bench_cells import same_as_reference
+from backend.answer_fit import answer_fit, summed
+from backend.bench_cells import model_pick, same_as_reference
 from backend.engine.blocks import longest_match
 from backend.engine.engine import Engine, RunResult
 from backend.engine.modes import get_mode, mode_names
@@ -195,6 +196,7 @@ class ModeBench:
         checked = any(t.answer for t in tasks)   # chat prompts have no reference answer
         t_off = statistics.median(self.times[False])
         extra = mode_metrics(runs)
+        fit = summed([answer_fit(self.engine, t.prompt, r.output_ids) for t, r in zip(tasks, runs, strict=True)])
         return {
             "mode": self.mode, "params": self.params, "nfe": nfe, "tokens": tokens,
             "tpf": tokens / nfe if nfe else None, "time_s": t_off, "tok_per_s": tokens / t_off,
@@ -205,6 +207,7 @@ class ModeBench:
                                                                              strict=True)) if self.traced else None,
             "tracing_identical": [r.output_ids for r in self.outputs[True]] == [r.output_ids for r in runs]
             if self.traced else None,
+            "greedy_share": fit["greedy_share"], "answer_nll": fit["nll"],
             "kv_leaked": sum(r.metrics["kv_leaked"] for r in runs),
             "kv_peak": max(r.metrics["kv_peak"] for r in runs),
             "mode_metrics": extra,
@@ -318,13 +321,14 @@ def fmt(x: float | None, spec: str, suffix: str = "") -> str:
 
 def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta: dict[str, Any]) -> str:
     head = ("| mode | NFE | TPF | tok/s | vs ar | vs transformers | tokens / round | accuracy | same as ref | "
-            "tracing on/off | verify ms (vs ref) | KV peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "model's pick (NLL) | tracing on/off | verify ms (vs ref) | KV peak |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     if peer is not None:
         peer_same = same_as_reference({"same_as_reference": peer.get("same_as_ar"), "reference": "ar"})
         lines.append(f"| {PEER} generate (peer) | — | — | {peer['tok_per_s']:.0f} | "
                      f"{fmt(peer['tok_per_s'] / rows['ar']['tok_per_s'] if 'ar' in rows else None, '.2f', '×')} | "
-                     f"1.00× | — | — | {peer_same} | — | — | — |")
+                     f"1.00× | — | — | {peer_same} | — | — | — | — |")
     for label, r in rows.items():
         verify = fmt(r.get("verify_forward_ms"), ".1f")
         if r.get("verify_speedup_vs_reference"):
@@ -334,7 +338,7 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
             f"{fmt(r.get('speedup_vs_ar'), '.2f', '×')} | {fmt(r.get('vs_peer'), '.2f', '×')} | "
             f"{r['accept_len_mean'] or 0:.2f} | "
             f"{fmt(r['accuracy'] and 100 * r['accuracy']['average'], '.0f', ' %')} | {same_as_reference(r)} | "
-            f"{fmt(r['tracing_ratio'], '.2f')} | {verify} | {r['kv_peak']} |")
+            f"{model_pick(r)} | {fmt(r['tracing_ratio'], '.2f')} | {verify} | {r['kv_peak']} |")
     split = [f"- {label}: " + ", ".join(f"{k} {100 * v:.0f} %" for k, v in r["time_split"].items())
              for label, r in rows.items()]
     extras = [f"- {label}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(r["mode_metrics"].items()))
@@ -349,7 +353,9 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
              f"from this one run; "
              f"verify ms: median per verify forward; same as ref: the prompts whose tokens equal the reference "
              f"mode's, and where not all do, the share of the reference's tokens given before the first "
-             f"difference (averaged over prompts).\n\n")
+             f"difference (averaged over prompts); model's pick: the share of the mode's answer tokens that are "
+             f"the model's own greedy choice after the same prefix (teacher-forced on the engine that ran the "
+             f"row), and in brackets their mean negative log-likelihood under it, nats a token.\n\n")
     text = intro + head + "\n".join(lines) + "\n"
     text += ("\nWhere the time goes: forwards by kind, other = sampling, mode and engine Python, tracing:\n\n"
              + "\n".join(split) + "\n")

@@ -14,3 +14,10 @@ def same_as_reference(row: Mapping[str, Any]) -> str:
     if same < 1 and agreed is not None:
         text += f", first {100 * agreed:.0f} % agree"
     return text
+
+
+def model_pick(row: Mapping[str, Any]) -> str:
+    """'100 % (0.52)': the share of a row's answer tokens that are the model's own greedy choice after the same
+    prefix, and their mean negative log-likelihood under the model; '—' for a row without them."""
+    share, nll = row.get("greedy_share"), row.get("answer_nll")
+    return "—" if share is None or nll is None else f"{100 * share:.0f} % ({nll:.2f})"

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from backend import bench
 from tools.bench_compare import compare, load
@@ -33,6 +34,8 @@ def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
         assert row["tracing_ratio"] > 0
         assert 0 < sum(v for k, v in row["time_split"].items() if k != "other") <= 1
     assert set(rows["ar"]["time_split"]) == {"prefill", "decode", "other"}
+    assert rows["ar"]["greedy_share"] == 1.0 and rows["ar"]["answer_nll"] > 0   # the model's own pick, every token
+    assert all(0 <= row["greedy_share"] <= 1 for row in rows.values())
     assert "verify" in rows["specfold"]["time_split"]
     strict = rows["specfold:ffn_gate=strict,delta=0"]
     assert strict["params"]["ffn_gate"] == "strict" and strict["reference"] == "spiffy"
@@ -83,3 +86,33 @@ def test_bench_compare_flags_a_token_change_and_takes_medians(tmp_path):
     rows = {r["mode"]: r for r in compare(before, after)}
     assert rows["ar"]["same_tokens"] is False and rows["isd"]["same_tokens"] is True
     assert rows["ar"]["before_tok_per_s"] == 20.0 and rows["ar"]["ratio"] == 2.0
+
+
+def test_answer_fit_rates_an_answer_as_transformers_does(shared_engine, heldout_prompts):
+    """ar's greedy answer is the model's own pick at every token; for it and for an answer with one token changed,
+    the share of picks and the summed NLL are transformers' teacher-forced figures on the same checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    from backend.answer_fit import answer_fit, summed
+    from backend.model.checkpoint import DEFAULT_CHECKPOINT
+
+    hf = AutoModelForCausalLM.from_pretrained(DEFAULT_CHECKPOINT, dtype=torch.float32).eval()
+    answers = {p: shared_engine.generate(p, "ar", {"max_new_tokens": 12}).output_ids for p in heldout_prompts[::4]}
+    prompt, greedy = max(answers.items(), key=lambda kv: len(kv[1]))
+    assert len(greedy) >= 4
+    changed = [(greedy[0] + 5) % hf.config.vocab_size, *greedy[1:]]
+    prompt_ids = shared_engine.encode_prompt(prompt, raw=False)
+    fits = []
+    for answer in (greedy, changed):
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt_ids + answer])).logits[0, len(prompt_ids) - 1:-1]
+        target = torch.tensor(answer)
+        fit = answer_fit(shared_engine, prompt, answer)
+        assert fit.tokens == len(answer)
+        assert fit.greedy == int((logits.argmax(-1) == target).sum())
+        assert abs(fit.nll - float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))) < 1e-3
+        fits.append(fit)
+    assert fits[0].greedy == len(greedy) and fits[1].greedy < len(changed) and fits[1].nll > fits[0].nll
+    both = summed(fits)
+    assert both["greedy_share"] == (fits[0].greedy + fits[1].greedy) / (2 * len(greedy))
+    assert summed([answer_fit(shared_engine, prompt, [])]) == {"greedy_share": None, "nll": None}

@@ -301,9 +301,10 @@ def test_bench_tab_tables_and_speedup_figure() -> None:
                                                        "accept_len_mean": 1.6, "accuracy": {"average": 0.5},
                                                        "same_as_reference": 1.0, "reference": "ar",
                                                        "fold_ratio": None}}}
-    assert mode_rows(modes) == [["isd", 10, "1.50", "99", "0.70", "1.60", "0.50", "100 % vs ar", "—"]]
-    lossy = {"modes": {"block_diffusion": {**modes["modes"]["isd"], "same_as_reference": 0.0, "agreed_prefix": 0.25}}}
-    assert mode_rows(lossy)[0][7] == "0 % vs ar, first 25 % agree"
+    assert mode_rows(modes) == [["isd", 10, "1.50", "99", "0.70", "1.60", "0.50", "100 % vs ar", "—", "—"]]
+    lossy = {"modes": {"block_diffusion": {**modes["modes"]["isd"], "same_as_reference": 0.0, "agreed_prefix": 0.25,
+                                           "greedy_share": 0.714, "answer_nll": 1.236}}}
+    assert mode_rows(lossy)[0][7:9] == ["0 % vs ar, first 25 % agree", "71 % (1.24)"]
     row = {"branches": 4, "prefix": 1024, "target_fold": 0.3, "fold_qkv": 0.31, "fold_ffn": 0.2, "dense_ms": 2.0,
            "folded_ms": 1.0, "speedup": 2.0, "dense_tflops": 1.0, "folded_tflops": 1.0, "dense_gbps": 5.0,
            "folded_gbps": 5.0}

@@ -12,9 +12,10 @@ import plotly.graph_objects as go
 from app.client import BackendError, BackendUnavailable
 from app.figures import LAYOUT, fmt, warning_html
 from app.session import Backend
-from backend.bench_cells import same_as_reference
+from backend.bench_cells import model_pick, same_as_reference
 
-MODE_COLUMNS = ["mode", "NFE", "TPF", "tok/s", "vs ar", "tokens / round", "accuracy", "same as ref", "fold ratio"]
+MODE_COLUMNS = ["mode", "NFE", "TPF", "tok/s", "vs ar", "tokens / round", "accuracy", "same as ref",
+                "model's pick (NLL)", "fold ratio"]
 KERNEL_COLUMNS = ["branches", "prefix", "fold target", "fold QKV", "fold FFN", "dense ms", "folded ms", "speedup",
                   "TFLOP/s dense", "TFLOP/s folded", "GB/s dense", "GB/s folded"]
 
@@ -26,7 +27,7 @@ def mode_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
         rows.append([name, m.get("nfe"), fmt(m.get("tpf"), 2), fmt(m.get("tok_per_s"), 0),
                      fmt(m.get("speedup_vs_ar"), 2), fmt(m.get("accept_len_mean"), 2),
                      fmt((m.get("accuracy") or {}).get("average"), 2),
-                     same_as_reference(m), fmt(m.get("fold_ratio"), 2)])
+                     same_as_reference(m), model_pick(m), fmt(m.get("fold_ratio"), 2)])
     return rows
 
 
