@@ -134,8 +134,12 @@ def test_errors_have_openais_classes_and_status_codes(served):
         client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=-1)
-    with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
+    with pytest.raises(openai.BadRequestError, match=r"400 - n: 2 is not supported \(only 1\)") as n:
         client.chat.completions.create(model="tiny", messages=MESSAGES, n=2)
+    assert n.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError, match="top_p: 0.5 is not supported") as top_p:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, top_p=0.5, presence_penalty=0)
+    assert top_p.value.body["param"] == "top_p"
     with pytest.raises(openai.BadRequestError, match="unknown mode|no mode"):
         client.chat.completions.create(model="tiny:nosuchmode", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError, match="last message"):

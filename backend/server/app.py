@@ -45,7 +45,8 @@ async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
     if is_v1(request):
         errors = exc.errors()
         where = ".".join(str(p) for p in errors[0]["loc"][1:]) if errors else None
-        message = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in errors)
+        message = "; ".join(": ".join(filter(None, (".".join(str(p) for p in e["loc"][1:]), e["msg"])))
+                            for e in errors)
         return error_response(400, message or "invalid request", param=where or None)
     return JSONResponse({"detail": sanitize(jsonable_encoder(exc.errors()))}, status_code=422)
 

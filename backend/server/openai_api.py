@@ -13,11 +13,12 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -100,14 +101,15 @@ class Sampling(BaseModel):
             raise ValueError("stop takes up to 4 non-empty strings of at most 64 characters")
         return stops
 
-    @model_validator(mode="after")
-    def neutral(self) -> Sampling:
-        for name, value in NEUTRAL.items():
-            given = getattr(self, name, None)
-            if given is not None and given != value:
-                raise ValueError(f"{name}={given!r} is not supported (only {value!r}): a run draws one answer "
-                                 f"by its mode's temperature and seed")
-        return self
+    @field_validator(*NEUTRAL, check_fields=False)
+    @classmethod
+    def neutral(cls, given: Any, info: ValidationInfo) -> Any:
+        value = NEUTRAL[cast(str, info.field_name)]
+        if given is not None and given != value:
+            raise PydanticCustomError("unsupported", "{given} is not supported (only {value}): a run draws one "
+                                      "answer by its mode's temperature and seed",
+                                      {"given": repr(given), "value": repr(value)})
+        return given
 
 
 class ChatMessageIn(BaseModel):
