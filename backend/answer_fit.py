@@ -22,13 +22,14 @@ class AnswerFit:
     """summed over the tokens, in nats"""
 
 
-def answer_fit(engine: Engine, prompt: Prompt, answer: list[int]) -> AnswerFit:
-    """One read-only causal forward of the chat-encoded prompt and the answer on the engine's own model."""
-    prompt_ids = engine.encode_prompt(prompt, raw=False)
+def answer_fit(engine: Engine, prompt: Prompt, answer: list[int], raw: bool = False) -> AnswerFit:
+    """One causal forward of the prompt (chat-encoded unless raw, as a run reads it) and the answer on the engine's
+    own model."""
+    prompt_ids = engine.encode_prompt(prompt, raw=raw)
     if not answer:
         return AnswerFit(0, 0, 0.0)
     rt = engine.rt
-    req = engine.new_request(prompt, "ar", {"max_new_tokens": 1})
+    req = engine.new_request(prompt, "ar", {"max_new_tokens": 1, "raw": raw})
     ids = prompt_ids + answer
     try:    # written to slots, as a prefill writes them: the rows are then the decode steps' numbers bit for bit
         scores = rt.score(req, ids, 0, "causal", kind="prefill", write=rt.alloc(req, list(range(len(ids)))))

@@ -125,6 +125,10 @@ def test_compare_prints_a_table_and_stores_runs_and_comparison(capsys, db):
     assert header.split()[:6] == ["mode", "NFE", "TPF", "tok/s", "mean", "acc"]
     assert [row.split()[0] for row in rows] == ["ar", "block_diffusion", "linear_spec"]
     assert "(ref)" in rows[0] and all(re.search(r"\s(yes|no)\s", row) for row in rows[1:])
+    picks = [re.search(r"\s(\d+)/(\d+) \((\d+\.\d+)\)\s", row) for row in rows]
+    assert all(picks), "each mode's answer rated by the model: its greedy picks of all tokens (NLL)"
+    for lossless in (picks[0], picks[2]):    # ar and linear_spec give the model's own pick at every token
+        assert lossless.group(1) == lossless.group(2) != "0"
     comparison_id = re.search(r"comparison (c_\w+)", out).group(1)
     with Store(db) as store:
         comparison = store.get_comparison(comparison_id)
