@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("backend", "kernels", "app", "selfspec", "tools")
 LIBRARY = ("backend", "kernels", "app", "selfspec")
 ENTRY_POINT = ROOT / "backend" / "cli.py"
-# The server and the modules behind the CLI's bench and calibrate commands (verify_rows is the bench's).
-COMMANDS = ("backend.server", "backend.bench", "backend.verify_rows", "backend.calibrate")
+# The server and the modules behind the CLI's bench, compare and calibrate commands (verify_rows and answer_fit are
+# the bench's figures; compare rates its answers with answer_fit too).
+COMMANDS = ("backend.server", "backend.bench", "backend.verify_rows", "backend.answer_fit", "backend.calibrate")
 # Upward imports docs/deviations.md explains (importer prefix, imported prefix).
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
