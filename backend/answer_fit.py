@@ -11,6 +11,7 @@ import torch
 
 from backend.engine.engine import Engine
 from backend.engine.messages import Prompt
+from backend.engine.scores import Scores
 
 
 @dataclass(frozen=True)
@@ -22,24 +23,34 @@ class AnswerFit:
     """summed over the tokens, in nats"""
 
 
+CHUNK = 16
+"""Answer rows a forward scores: a written causal chunk after a committed prefix, whose rows are the decode steps'
+numbers bit for bit."""
+
+
 def answer_fit(engine: Engine, prompt: Prompt, answer: list[int], raw: bool = False) -> AnswerFit:
-    """One causal forward of the prompt (chat-encoded unless raw, as a run reads it) and the answer on the engine's
-    own model."""
-    prompt_ids = engine.encode_prompt(prompt, raw=raw)
+    """The run's forwards replayed on the engine's own model: the prompt's prefill (chat-encoded unless raw), whose
+    last row predicts the answer's first token, then the answer in written causal chunks."""
     if not answer:
         return AnswerFit(0, 0, 0.0)
     rt = engine.rt
     req = engine.new_request(prompt, "ar", {"max_new_tokens": 1, "raw": raw})
-    ids = prompt_ids + answer
-    try:    # written to slots, as a prefill writes them: the rows are then the decode steps' numbers bit for bit
-        scores = rt.score(req, ids, 0, "causal", kind="prefill", write=rt.alloc(req, list(range(len(ids)))))
+    ids = [*req.prompt_ids, *answer]
+    rows: list[Scores] = []
+    try:
+        start, stop = 0, len(req.prompt_ids)
+        while start < stop:     # the last answer token's row would predict past the answer
+            slots = rt.alloc(req, list(range(start, stop)))
+            rows.append(rt.score(req, ids[start:stop], start, "causal", kind="prefill", write=slots))
+            rt.commit(req, slots)
+            start, stop = stop, min(stop + CHUNK, len(ids) - 1)
     finally:
         rt.release_all(req, "scored")
-    rows = scores.rows(slice(len(prompt_ids) - 1, -1))          # row j predicts answer[j]
-    greedy = sum(a == b for a, b in zip(rows.argmax(), answer, strict=True))
-    logits, target = rows.logits.float(), torch.tensor(answer, device=rows.logits.device)
-    nll = torch.logsumexp(logits, -1) - logits.gather(-1, target[:, None])[:, 0]
-    return AnswerFit(len(answer), greedy, float(nll.sum()))
+    logits = torch.cat([s.logits for s in rows])[len(req.prompt_ids) - 1:]     # row j predicts answer[j]
+    picks = torch.cat([torch.tensor(s.argmax()) for s in rows])[len(req.prompt_ids) - 1:]
+    target = torch.tensor(answer)
+    nll = torch.logsumexp(logits.float(), -1) - logits.float().gather(-1, target[:, None].to(logits.device))[:, 0]
+    return AnswerFit(len(answer), int((picks == target).sum()), float(nll.sum()))
 
 
 def summed(fits: list[AnswerFit]) -> dict[str, float | None]:

@@ -88,14 +88,18 @@ def test_bench_compare_flags_a_token_change_and_takes_medians(tmp_path):
     assert rows["ar"]["before_tok_per_s"] == 20.0 and rows["ar"]["ratio"] == 2.0
 
 
-def test_answer_fit_rates_an_answer_as_transformers_does(shared_engine, heldout_prompts):
+@pytest.mark.parametrize("chunk", [16, 3])
+def test_answer_fit_rates_an_answer_as_transformers_does(shared_engine, heldout_prompts, monkeypatch, chunk):
     """ar's greedy answer is the model's own pick at every token; for it and for an answer with one token changed,
-    the share of picks and the summed NLL are transformers' teacher-forced figures on the same checkpoint."""
+    the share of picks and the summed NLL are transformers' teacher-forced figures on the same checkpoint (the
+    answer scored in one chunk, or in chunks of 3 rows)."""
     from transformers import AutoModelForCausalLM
 
+    from backend import answer_fit as fit_module
     from backend.answer_fit import answer_fit, summed
     from backend.model.checkpoint import DEFAULT_CHECKPOINT
 
+    monkeypatch.setattr(fit_module, "CHUNK", chunk)
     hf = AutoModelForCausalLM.from_pretrained(DEFAULT_CHECKPOINT, dtype=torch.float32).eval()
     answers = {p: shared_engine.generate(p, "ar", {"max_new_tokens": 12}).output_ids for p in heldout_prompts[::4]}
     prompt, greedy = max(answers.items(), key=lambda kv: len(kv[1]))
