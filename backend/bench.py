@@ -196,7 +196,8 @@ class ModeBench:
         checked = any(t.answer for t in tasks)   # chat prompts have no reference answer
         t_off = statistics.median(self.times[False])
         extra = mode_metrics(runs)
-        fit = summed([answer_fit(self.engine, t.prompt, r.output_ids) for t, r in zip(tasks, runs, strict=True)])
+        fit = summed([answer_fit(self.engine, self.engine.encode_prompt(t.prompt, raw=False), r.output_ids)
+                      for t, r in zip(tasks, runs, strict=True)])
         return {
             "mode": self.mode, "params": self.params, "nfe": nfe, "tokens": tokens,
             "tpf": tokens / nfe if nfe else None, "time_s": t_off, "tok_per_s": tokens / t_off,

@@ -258,7 +258,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                                 prompt if isinstance(prompt, str) else last_user(prompt),
                                                 [r.run_id for r in results.values()])
     ref_ids = results[reference].output_ids
-    fits = {mode: answer_fit(engine, prompt, r.output_ids, bool(params.get("raw"))) for mode, r in results.items()}
+    prompt_ids = engine.encode_prompt(prompt, bool(params.get("raw")))
+    fits = {mode: answer_fit(engine, prompt_ids, r.output_ids) for mode, r in results.items()}
     rows = [[mode, r.metrics["nfe"], fmt(r.metrics["tpf"]), fmt(r.metrics["tok_per_s"], ".1f"),
              fmt(r.metrics["accept_len_mean"]), r.metrics["kv_peak"],
              "(ref)" if mode == reference else ("yes" if r.output_ids == ref_ids else "no"),
@@ -273,7 +274,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def model_pick(fit: AnswerFit) -> str:
     """'12/12 (0.58)': the answer's tokens that are the model's own greedy pick after the same prefix, of all, and
     their mean NLL under it (nats)."""
-    return f"{fit.greedy}/{fit.tokens} ({fit.nll / fit.tokens:.2f})" if fit.tokens else "—"
+    return f"{fit.greedy}/{len(fit.answer)} ({sum(fit.nll) / len(fit.nll):.2f})" if fit.answer else "—"
 
 
 def cmd_export(args: argparse.Namespace) -> int:

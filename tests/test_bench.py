@@ -111,12 +111,13 @@ def test_answer_fit_rates_an_answer_as_transformers_does(shared_engine, heldout_
         with torch.no_grad():
             logits = hf(torch.tensor([prompt_ids + answer])).logits[0, len(prompt_ids) - 1:-1]
         target = torch.tensor(answer)
-        fit = answer_fit(shared_engine, prompt, answer)
-        assert fit.tokens == len(answer)
-        assert fit.greedy == int((logits.argmax(-1) == target).sum())
-        assert abs(fit.nll - float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))) < 1e-3
+        fit = answer_fit(shared_engine, prompt_ids, answer)
+        assert fit.answer == answer and fit.picks == logits.argmax(-1).tolist()
+        nll = torch.nn.functional.cross_entropy(logits, target, reduction="none")
+        assert torch.allclose(torch.tensor(fit.nll), nll, atol=1e-4)
         fits.append(fit)
-    assert fits[0].greedy == len(greedy) and fits[1].greedy < len(changed) and fits[1].nll > fits[0].nll
+    assert fits[0].greedy == len(greedy) and fits[1].greedy < len(changed) and sum(fits[1].nll) > sum(fits[0].nll)
+    assert fits[1].summary()["greedy_share"] == fits[1].greedy / len(changed)
     both = summed(fits)
     assert both["greedy_share"] == (fits[0].greedy + fits[1].greedy) / (2 * len(greedy))
-    assert summed([answer_fit(shared_engine, prompt, [])]) == {"greedy_share": None, "nll": None}
+    assert summed([answer_fit(shared_engine, prompt_ids, [])]) == {"greedy_share": None, "nll": None}
