@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from backend.engine.engine import Engine
+from backend.engine.params import ParamError
 from backend.engine.request import Request
 from backend.engine.scores import Scores
 
@@ -43,6 +44,11 @@ def answer_fit(engine: Engine, prompt_ids: list[int], answer: list[int]) -> Answ
     if not answer:
         return AnswerFit([], [], [])
     rt = engine.rt
+    vocab = rt.model.cfg.vocab_size
+    if not prompt_ids or not all(0 <= i < vocab for i in (*prompt_ids, *answer)):
+        raise ParamError(f"a prompt and an answer of token ids in [0, {vocab}) are needed")
+    if len(prompt_ids) + len(answer) > rt.context:
+        raise ParamError(f"{len(prompt_ids)} + {len(answer)} tokens exceed the model's context {rt.context}")
     req = Request(rid="answer_fit", prompt_ids=list(prompt_ids), mode="ar", params={}, eos_id=rt.eos_id)
     ids = [*prompt_ids, *answer]
     rows: list[Scores] = []

@@ -88,6 +88,10 @@ def test_a_run_streams_the_events_the_engine_makes(served, loaded) -> None:
     assert [e["type"] for e in remote.arrived] == [e["type"] for e in local.events]
     assert [content(e) for e in remote.arrived] == [content(e) for e in local.events]
     assert end["status"] == "done" and end["output_ids"] == local.events[-1]["output_ids"]
+    rated = served.rate(remote.arrived[0]["prompt_ids"], end["output_ids"])   # linear_spec is lossless: all picks
+    assert rated.picks == end["output_ids"] and rated.greedy == len(end["output_ids"])
+    with pytest.raises(ParamError, match="token ids"):
+        served.rate(remote.arrived[0]["prompt_ids"], [-1])
     stats = served.stats()
     assert stats["pool"]["used"] == 0 and stats["held"] == 0 and stats["active"] == 0
 

@@ -553,6 +553,32 @@ def test_run_listing_filters_and_unknown_ids(client):
     assert client.get(f"/api/runs/{ar[0]['run_id']}").status_code == 404
 
 
+def test_fit_rates_a_runs_answer_by_the_served_model(client, store, engine):
+    """GET /api/runs/{id}/fit: the served model's own greedy pick and NLL at each answer token. An ar run is its
+    pick at every token; a block_diffusion run gets backend.answer_fit's figures on its stored ids; a run made by
+    other weights and an unknown one are refused, and the KV pool is left as it was."""
+    from backend.answer_fit import answer_fit
+
+    with client.websocket_connect("/ws/generate") as ws:
+        ar, block = generate(ws, "ar"), generate(ws, "block_diffusion", block_size=4, threshold=0.0)
+    rated = client.get(f"/api/runs/{ar[0]['run_id']}/fit").json()
+    assert rated["picks"] == ar[-1]["output_ids"] and rated["greedy"] == rated["tokens"] == len(rated["nll"])
+    assert rated["greedy_share"] == 1.0 and rated["nll_mean"] == pytest.approx(sum(rated["nll"]) / len(rated["nll"]))
+    blocky = client.get(f"/api/runs/{block[0]['run_id']}/fit").json()
+    want = answer_fit(engine, block[0]["prompt_ids"], block[-1]["output_ids"])   # the worker is idle between runs
+    assert (blocky["picks"], blocky["greedy"]) == (want.picks, want.greedy)
+    assert blocky["nll"] == pytest.approx(want.nll)
+    assert engine.rt.pool.used == 0
+
+    doc = strict_json(client.get(f"/api/runs/{ar[0]['run_id']}/export").text)
+    assert client.delete(f"/api/runs/{ar[0]['run_id']}").status_code == 204
+    doc["events"][0]["model_hash"] = "0ther"
+    assert client.post("/api/import", json=doc).status_code == 201
+    refused = client.get(f"/api/runs/{ar[0]['run_id']}/fit")
+    assert refused.status_code == 409 and "switch to the run's model" in refused.json()["detail"]
+    assert client.get("/api/runs/r_nope/fit").status_code == 404
+
+
 def strict_json(text: str) -> Any:
     def refuse(name: str) -> None:
         raise ValueError(f"{name} in JSON")

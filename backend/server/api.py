@@ -1,5 +1,5 @@
-"""REST under /api: health, modes, vocab, runs (list, get, delete, rounds, KV intervals, export), import, comparisons,
-and the stored benchmark results (bench).
+"""REST under /api: health, modes, vocab, runs (list, get, delete, rounds, KV intervals, export, the served model's
+rating of a run's answer), import, comparisons, and the stored benchmark results (bench).
 
 Handlers are plain functions, so FastAPI runs their store reads in its thread pool, off the event loop. Every
 handler that reads or changes stored runs first waits until the events the server has taken are stored (the store
@@ -17,7 +17,9 @@ from fastapi import APIRouter, Body, HTTPException, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from backend.engine.kv import OutOfSlots
 from backend.engine.modes import describe_modes
+from backend.engine.params import ParamError
 from backend.server.protocol import MAX_INDEX, MAX_NEW_TOKENS
 from backend.server.service import EngineService
 from backend.store import (
@@ -146,6 +148,30 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
                stop: int | None = Query(None, ge=0, le=MAX_INDEX)) -> list[Row]:
         run_or_404(run_id)
         return store.rounds(run_id, start, stop)
+
+    @router.get("/runs/{run_id}/fit")
+    def fit(run_id: str) -> Row:
+        """The served model's rating of the run's answer, teacher-forced on its prompt and answer: at each token
+        its own greedy pick and the token's NLL, the share of tokens that are its pick, and the mean NLL."""
+        run = run_or_404(run_id)
+        if run["status"] == "running":
+            raise HTTPException(409, f"run {run_id} is still running; rate it once it has ended")
+        ends = {e["type"]: e for e in store.events_of_type(run_id, "run_start", "run_end")}
+        if "run_start" not in ends or "run_end" not in ends:
+            raise HTTPException(409, f"run {run_id} has no stored start and end to rate")
+        served = engine.model
+        if ends["run_start"].get("model_hash") != served.weights_hash:
+            raise HTTPException(409, f"run {run_id} was made by {run['model']} (weights {run['model_hash']}); this "
+                                     f"server serves {served.name} (weights {served.weights_hash}): switch to the "
+                                     f"run's model to rate it")
+        try:
+            rated = engine.rate(ends["run_start"]["prompt_ids"], ends["run_end"]["output_ids"])
+        except ParamError as e:
+            raise HTTPException(400, str(e)) from None
+        except OutOfSlots:
+            raise HTTPException(503, "the runs in flight leave the KV pool no room to rate this run; try again "
+                                     "when fewer are running") from None
+        return {"run_id": run_id, "model": served.name, **rated.summary(), "picks": rated.picks, "nll": rated.nll}
 
     @router.get("/runs/{run_id}/kv")
     def kv(run_id: str) -> list[Row]:

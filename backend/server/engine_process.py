@@ -28,10 +28,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from backend.answer_fit import AnswerFit
 from backend.engine.engine import Engine
 from backend.engine.messages import Prompt
 from backend.server.protocol import MAX_QUEUED_RUNS
-from backend.server.service import Run, ServedModel, engine_stats, served_model
+from backend.server.service import RATE_TIMEOUT_S, Run, ServedModel, engine_stats, served_model
 from backend.server.worker import Busy, Worker, end_failed_run
 from backend.tracing import RecordingTracer
 
@@ -126,9 +127,13 @@ class EngineSide:
             cancel.set()
 
     def call(self, token: int, name: str, arg: Any) -> None:
-        """stats answers at once; switch loads on a thread of its own, so cancels and submissions keep flowing."""
+        """stats answers at once; switch and rate wait on a thread of their own, so cancels and submissions keep
+        flowing."""
         if name == "stats":
             self._reply(token, lambda: engine_stats(self.worker))
+        elif name == "rate":
+            threading.Thread(target=self._reply, args=(token, lambda: self.worker.rate(*arg).result(RATE_TIMEOUT_S)),
+                             daemon=True).start()
         else:
             threading.Thread(target=self._reply, args=(token, lambda: self._switch(arg)), daemon=True).start()
 
@@ -254,6 +259,9 @@ class EngineProcess:
     def switch(self, folder: str | Path) -> ServedModel:
         self._model = self._call("switch", folder, timeout=None)
         return self._model
+
+    def rate(self, prompt_ids: list[int], answer: list[int]) -> AnswerFit:
+        return self._call("rate", (prompt_ids, answer), timeout=RATE_TIMEOUT_S + 10)
 
     def stats(self) -> dict[str, Any]:
         return {**self._call("stats", None, timeout=30), "held": len(self._runs)}

@@ -13,12 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from backend.answer_fit import AnswerFit
 from backend.engine.engine import Engine
 from backend.engine.messages import Prompt
 from backend.model.card import CARD_FILE
 from backend.server.protocol import MAX_QUEUED_RUNS
 from backend.server.worker import Worker
 from backend.tracing import RecordingTracer
+
+RATE_TIMEOUT_S = 120.0
+"""How long a rating may wait for the engine (it runs between two steps of the runs in flight)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ class EngineService(Protocol):
         """Load `folder` and serve it once the current model's runs are cancelled; CheckpointError or ParamError
         when it cannot load (the current model stays)."""
 
+    def rate(self, prompt_ids: list[int], answer: list[int]) -> AnswerFit:
+        """The served model's greedy pick and NLL at each answer token (backend/answer_fit.py), made between two
+        engine steps; ParamError for ids it cannot read, OutOfSlots when the runs leave no KV room for it."""
+
     def stats(self) -> dict[str, Any]:
         """{"active": runs waiting or running, "held": runs submitted and not ended,
         "pool": {"used", "slots", "peak"}}."""
@@ -123,6 +131,9 @@ class LocalEngine:
         self.worker.replace_engine(engine).result()
         self._model = model
         return model
+
+    def rate(self, prompt_ids: list[int], answer: list[int]) -> AnswerFit:
+        return self.worker.rate(prompt_ids, answer).result(RATE_TIMEOUT_S)
 
     def stats(self) -> dict[str, Any]:
         return engine_stats(self.worker)

@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from backend.answer_fit import AnswerFit, answer_fit
 from backend.engine.engine import Engine, freeze_long_lived
 from backend.engine.messages import Prompt
 from backend.engine.request import Request
@@ -43,6 +44,14 @@ class Swap:
     future: Future[Engine] = field(default_factory=Future)
 
 
+@dataclass
+class Rating:
+    """A stored answer for the served model to rate (backend/answer_fit.py), between two steps."""
+    prompt_ids: list[int]
+    answer: list[int]
+    future: Future[AnswerFit] = field(default_factory=Future)
+
+
 def end_failed_run(tracer: RecordingTracer, message: str) -> None:
     """End a run that cannot end itself: an error event, then run_end with status error."""
     tracer.emit("error", {"code": "run_failed", "message": message})
@@ -57,7 +66,7 @@ class Worker:
         self._held = 0  # submissions not ended yet (inbox, waiting, running); guarded by _held_lock
         self._held_lock = threading.Lock()
         self._live: list[Request] = []  # admitted requests not finished yet (worker thread only)
-        self._inbox: queue.SimpleQueue[Submission | Swap | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Submission | Swap | Rating | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="specscope-engine", daemon=True)
         self._closed = False
 
@@ -95,6 +104,15 @@ class Worker:
         self._inbox.put(swap)
         return swap.future
 
+    def rate(self, prompt_ids: list[int], answer: list[int]) -> Future[AnswerFit]:
+        """The served model's rating of an answer (its greedy pick and NLL at each token), made between two steps:
+        ParamError for ids it cannot read, OutOfSlots when the runs leave the KV pool no room for it."""
+        if self._closed:
+            raise RuntimeError("the server is shutting down")
+        rating = Rating(prompt_ids, answer)
+        self._inbox.put(rating)
+        return rating.future
+
     def stop(self, timeout: float = 60.0) -> None:
         """Cancel every request (each ends as a cancelled run, KV freed), then end the thread."""
         self._closed = True
@@ -111,6 +129,8 @@ class Worker:
                     self._cancel_all("shutdown")
                 elif isinstance(item, Swap):
                     self._swap(item)
+                elif isinstance(item, Rating):
+                    self._rate(item)
                 else:
                     self._admit(item)
             if self.engine.scheduler.has_work:
@@ -125,7 +145,15 @@ class Worker:
         freeze_long_lived()   # the old engine's objects, frozen when it loaded, can be collected now
         swap.future.set_result(swap.engine)
 
-    def _take(self, block: bool) -> list[Submission | Swap | None]:
+    def _rate(self, rating: Rating) -> None:
+        if not rating.future.set_running_or_notify_cancel():
+            return
+        try:
+            rating.future.set_result(answer_fit(self.engine, rating.prompt_ids, rating.answer))
+        except Exception as e:  # ParamError, OutOfSlots: the caller's to report
+            rating.future.set_exception(e)
+
+    def _take(self, block: bool) -> list[Submission | Swap | Rating | None]:
         """Everything in the inbox, waiting for the first item if `block`."""
         items = [self._inbox.get()] if block else []
         while not self._inbox.empty():   # this thread is the only reader: not empty means get() returns at once
