@@ -99,6 +99,10 @@ class Client:
     def kv(self, run_id: str) -> list[dict[str, Any]]:
         return self.get(f"/api/runs/{run_id}/kv")
 
+    def fit(self, run_id: str, timeout: float = 130.0) -> dict[str, Any]:
+        """The served model's rating of the run's answer: greedy, tokens, greedy_share, nll_mean, picks, nll."""
+        return self.request("GET", f"/api/runs/{run_id}/fit", timeout=timeout).json()
+
     def export(self, run_id: str, fmt: str = "json") -> bytes:
         return self.request("GET", f"/api/runs/{run_id}/export", params={"format": fmt}).content
 

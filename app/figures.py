@@ -290,6 +290,9 @@ DEFINITIONS = {  # one definition per figure, shown as the hover of its label wh
     "fold ratio": "share of a verify forward's rows that folding recomputed (specfold)",
     "KV peak": "most KV slots the run held at once",
     "KV leaked": "KV slots still held after the run ended (must be 0)",
+    "model's pick": ("the run's tokens that the served model picks itself (greedy) after the same prefix, of all, "
+                     "and in brackets their mean negative log-likelihood under it (nats): teacher-forced on the "
+                     "run's prompt and answer; every token for a lossless greedy run"),
 }
 METRIC_COLUMNS = (("tokens", "tokens", 0), ("nfe", "NFE", 0), ("tpf", "TPF", 2), ("tok_per_s", "tok/s", 1),
                   ("wall_ms", "wall ms", 0), ("accept_len_mean", "tokens / round", 2),
@@ -392,11 +395,27 @@ def status_cell(run: RunTrace) -> str:
     return esc(run.status) + (f'<br><small class="ss-error">{esc(run.error)}</small>' if run.error else "")
 
 
+PICK_LABEL = "model's pick"
+
+
+def pick_cell(fit: Mapping[str, Any] | str | None) -> str:
+    """A run's rating by the served model (GET /api/runs/{id}/fit): '12/12 (0.58)', or why there is none."""
+    if fit is None:
+        return ""
+    if isinstance(fit, str):
+        return f'<small>{esc(fit)}</small>'
+    if not fit.get("tokens"):
+        return "—"
+    return esc(f"{fit['greedy']}/{fit['tokens']} ({fit['nll_mean']:.2f})")
+
+
 def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = None,
-                       claims: Mapping[str, Claim] | None = None) -> str:
-    """One row per run with its metrics, a badge saying whether its output equals the reference's (none for a run
-    that did not finish), the verdict on the mode's own lossless claim (`lossless_badge`) and a link that opens
-    the run in the visualizer. Scrolls sideways on a narrow screen."""
+                       claims: Mapping[str, Claim] | None = None,
+                       fits: Mapping[str, Mapping[str, Any] | str] | None = None) -> str:
+    """One row per run with its metrics, the served model's rating of its answer (`fits` by run id: the
+    /api/runs/{id}/fit answer, or why there is none), a badge saying whether its output equals the reference's
+    (none for a run that did not finish), the verdict on the mode's own lossless claim (`lossless_badge`) and a
+    link that opens the run in the visualizer. Scrolls sideways on a narrow screen."""
     head = "".join(defined(label) for _, label, _ in METRIC_COLUMNS)
     rows = []
     for run, values in zip(runs, metrics_rows(runs)[1:], strict=True):
@@ -418,9 +437,11 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
                 if run.run_id else "")
         rows.append(f'<tr><td><b style="color:{mode_color(run.mode)}">{esc(values[2])}</b><br>'
                     f'<code>{esc(run.run_id or "(not started)")}</code> {link}</td><td>{status_cell(run)}</td>'
-                    f'{cells}<td>{same}</td><td>{lossless_badge(run, runs, claims or {})}</td></tr>')
+                    f'{cells}<td>{pick_cell((fits or {}).get(run.run_id))}</td><td>{same}</td>'
+                    f'<td>{lossless_badge(run, runs, claims or {})}</td></tr>')
     return (f'<div class="ss-scroll"><table class="ss-table"><thead><tr><th>run</th><th>status</th>{head}'
-            f'<th>output</th><th>lossless claim</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+            f'{defined(PICK_LABEL)}<th>output</th><th>lossless claim</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
 def token_diff_html(reference: Sequence[int], output: Sequence[int], piece: Piece = id_piece) -> str:

@@ -309,6 +309,9 @@ def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
     table = page.locator("#cmp-table").inner_text()
     assert "reference" in table and ("as reference" in table or "from reference" in table)
     assert "== ar" in table or "≠ ar" in table  # linear_spec's lossless claim, checked against the ar run
+    picks = [page.locator("#cmp-table tbody tr").nth(i).locator("td").nth(-3).inner_text() for i in range(3)]
+    greedy, tokens = picks[0].split(" ")[0].split("/")      # the served model rates each answer: ar's, all its own
+    assert greedy == tokens and all(re.fullmatch(r"\d+/\d+ \(\d+\.\d\d\)", p) for p in picks), picks
     page.wait_for_selector("#cmp-chart .js-plotly-plot")
     assert page.evaluate("() => document.querySelector('#cmp-chart .js-plotly-plot').data.length") == 3
     assert page.locator("#cmp-diffs .ss-diff").count() == 3

@@ -222,6 +222,10 @@ def test_metrics_table_badges_and_escaping() -> None:
     assert "== ar" in table and "≠ ar (first 2 of 5 tokens as ar)" in table
     spiffy = RunTrace.from_events(run_events("r_s", "spiffy"))
     assert "add a greedy block_diffusion run of this prompt to check" in metrics_table_html([spiffy], None, claims)
+    fits = {"r_ref": {"tokens": 5, "greedy": 5, "nll_mean": 0.4321}, "r_other": "another model's run <b>"}
+    table = metrics_table_html([ref, same, other], ref, claims, fits)
+    assert ">model&#x27;s pick</th>" in table and "<td>5/5 (0.43)</td>" in table
+    assert "<small>another model&#x27;s run &lt;b&gt;</small>" in table and table.count("<td></td>") >= 1
 
 
 def test_a_lossless_verdict_only_where_the_claim_holds() -> None:

@@ -84,11 +84,23 @@ def diffs_html(traces: list[RunTrace], reference: RunTrace | None, backend: Back
     return "".join(rows)
 
 
+def ratings(traces: list[RunTrace], client: Client) -> dict[str, dict[str, Any] | str]:
+    """The served model's rating of each ended run's answer, or why there is none (a run of other weights)."""
+    out: dict[str, dict[str, Any] | str] = {}
+    for t in traces:
+        if t.run_id and t.status != "running":
+            try:
+                out[t.run_id] = client.fit(t.run_id)
+            except BackendError as e:
+                out[t.run_id] = "another model's run" if e.status == 409 else "not rated"
+    return out
+
+
 def results(traces: list[RunTrace], ref_mode: str | None, backend: Backend, client: Client) -> list[Any]:
-    """Chart, metrics table and diffs of finished runs."""
+    """Chart, metrics table (with the served model's rating of each answer) and diffs of finished runs."""
     reference = pick_reference(traces, ref_mode)
-    return [figure_json(comparison_figure(traces)), metrics_table_html(traces, reference, mode_claims(client.modes())),
-            diffs_html(traces, reference, backend, client)]
+    table = metrics_table_html(traces, reference, mode_claims(client.modes()), ratings(traces, client))
+    return [figure_json(comparison_figure(traces)), table, diffs_html(traces, reference, backend, client)]
 
 
 def csv_text(traces: list[RunTrace]) -> str:
