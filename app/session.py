@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Any
 
 import gradio as gr
 
-from app.client import Client
+from app.client import BackendError, BackendUnavailable, Client
 from app.trace import Piece, RunTrace, make_piece
 
 
@@ -20,6 +21,7 @@ class Backend:
         self._runs: OrderedDict[tuple[str, str], RunTrace] = OrderedDict()
         self._vocabs: dict[tuple[str, str], list[str]] = {}  # (backend, model) -> display text of token ids
         self._explain: dict[str, dict[str, str]] = {}  # backend -> mode -> what a round means there
+        self._ratings: OrderedDict[tuple[str, str, str | None], dict[str, Any] | None] = OrderedDict()
         self._lock = threading.Lock()
 
     def client(self, request: gr.Request | None = None) -> Client:
@@ -42,6 +44,25 @@ class Backend:
                 while len(self._runs) > self.max_runs:
                     self._runs.popitem(last=False)
         return trace
+
+    def rating(self, client: Client, trace: RunTrace) -> dict[str, Any] | None:
+        """The served model's rating of an ended run's answer (GET /api/runs/{id}/fit), fetched once; None for a
+        run still recording or one the served model cannot rate (another model's run, no KV room, no backend)."""
+        key = (client.http_url, trace.run_id, trace.model_hash)
+        if trace.status == "running":
+            return None
+        with self._lock:
+            if key in self._ratings:
+                return self._ratings[key]
+        try:
+            rated: dict[str, Any] | None = client.fit(trace.run_id)
+        except (BackendError, BackendUnavailable):
+            return None
+        with self._lock:
+            self._ratings[key] = rated
+            while len(self._ratings) > self.max_runs:
+                self._ratings.popitem(last=False)
+        return rated
 
     def forget(self, client: Client, run_id: str) -> None:
         with self._lock:

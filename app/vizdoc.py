@@ -40,12 +40,14 @@ def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, A
     return out
 
 
-def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: str = "") -> dict[str, Any]:
+def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: str = "",
+                 fit: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything the visualizer shows of one run; the per-run charts come as Plotly JSON. `explain`: what a
-    round means in the run's mode (its `explain` in /api/modes)."""
+    round means in the run's mode (its `explain` in /api/modes); `fit`: the served model's rating of the answer
+    (GET /api/runs/{id}/fit: its own pick and the NLL at each output token), when it has one."""
     pieces: dict[int, str] = {t: piece(t) for t in trace.prompt_ids}
     rounds = [compact_round(r, piece, pieces) for r in trace.rounds]
-    for token in trace.output_ids:
+    for token in [*trace.output_ids, *(fit or {}).get("picks", [])]:
         pieces.setdefault(token, piece(token))
     mask_ids = sorted({t for r in trace.rounds for t, s in zip(r.get("tokens") or [], r.get("states") or [],
                                                                strict=False) if s == "mask"})
@@ -66,6 +68,7 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
             "definitions": DEFINITIONS,
             "step_map": step_map(trace), "rounds": rounds, "pieces": {str(k): v for k, v in pieces.items()},
             "mask_ids": mask_ids, "explain": explain, "start_round": start_round,
+            "fit": None if fit is None else {k: fit[k] for k in ("picks", "nll", "greedy", "tokens", "nll_mean")},
             "figures": {k: json.loads(f.to_json()) for k, f in figures.items()}}
 
 

@@ -180,6 +180,13 @@ def test_viz_document_carries_what_the_browser_draws(trace: RunTrace) -> None:
     assert set(doc["figures"]) == drawn and doc["spec"]["num_spec_steps"] == 2
     assert "accepted" in doc["explain"].lower()
     assert json.loads(document_json(doc))["mode"] == "linear_spec" and document_json(None) == ""
+    assert doc["fit"] is None
+    picks = [*trace.output_ids[:-1], 77]
+    fit = {"run_id": "r_test", "picks": picks, "nll": [0.5] * len(picks), "greedy": len(picks) - 1,
+           "tokens": len(picks), "greedy_share": 0.8, "nll_mean": 0.5, "model": "m"}
+    rated = viz_document(trace, piece, fit=fit)
+    assert rated["fit"] == {k: fit[k] for k in ("picks", "nll", "greedy", "tokens", "nll_mean")}
+    assert rated["pieces"]["77"] == piece(77)   # the pick the run did not take is drawn too
 
 
 def test_parse_variants_expands_sweeps() -> None:

@@ -367,16 +367,23 @@ window.specscopeViz = (() => {
 
   function outputHtml(doc, ctx) {
     const last = Math.max(1, ...doc.step_map);
+    const fit = doc.fit && doc.fit.picks.length === doc.output_ids.length ? doc.fit : null;
     const toks = doc.output_ids.map((t, k) => {
       const r = doc.step_map[k];
       const hue = Math.round(220 - 200 * (r / last));
-      return `<span class="ssv-step" style="background:hsl(${hue},70%,88%)" data-jump-round="${r}" ` +
-        `data-pos="${doc.prompt_ids.length + k}" title="output token ${k} · revealed in round ${r}">` +
-        `${esc(ctx.piece(t))}</span>`;
+      const off = fit && fit.picks[k] !== t;
+      const pick = !fit ? "" : off ? ` · the model would pick ${ctx.piece(fit.picks[k])} here (NLL ${fmt(fit.nll[k], 2)})`
+        : ` · the model's own pick (NLL ${fmt(fit.nll[k], 2)})`;
+      return `<span class="ssv-step${off ? " ssv-offpick" : ""}" style="background:hsl(${hue},70%,88%)" ` +
+        `data-jump-round="${r}" data-pos="${doc.prompt_ids.length + k}" ` +
+        `title="${esc(`output token ${k} · revealed in round ${r}${pick}`)}">${esc(ctx.piece(t))}</span>`;
     }).join("");
+    const rated = fit ? ` · <span id="viz-fit" title="${esc((doc.definitions || {})["model's pick"] || "")}">` +
+      `model's pick ${fit.greedy}/${fit.tokens} (NLL ${fmt(fit.nll_mean, 2)})${fit.greedy < fit.tokens
+        ? "; underlined: tokens the model would not pick" : ""}</span>` : "";
     return `<div class="ss-round-head"><b>output · step map</b> (colour = the round that revealed each token, ` +
-      `blue early → red late; click one to jump to that round)</div><div class="ssv-output">${toks || "<i>empty</i>"}` +
-      `</div>`;
+      `blue early → red late; click one to jump to that round)${rated}</div><div class="ssv-output">` +
+      `${toks || "<i>empty</i>"}</div>`;
   }
 
   // -- charts --------------------------------------------------------------------------------------------------------

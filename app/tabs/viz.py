@@ -66,8 +66,8 @@ async def follow_events(client: Client, trace: RunTrace) -> AsyncIterator[RunTra
             await asyncio.sleep(FOLLOW_RETRY_S)
 
 
-def document_of(trace: RunTrace, piece: Any, explain: Any) -> str:
-    return document_json(viz_document(trace, piece, explain=explain))
+def document_of(trace: RunTrace, piece: Any, explain: Any, fit: dict[str, Any] | None = None) -> str:
+    return document_json(viz_document(trace, piece, explain=explain, fit=fit))
 
 
 def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
@@ -92,7 +92,8 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         client = backend.client(request)
         try:
             trace = backend.trace(client, run_id)
-            doc = viz_document(trace, backend.piece(client, trace), explain=backend.explain(client, trace.mode))
+            doc = viz_document(trace, backend.piece(client, trace), explain=backend.explain(client, trace.mode),
+                               fit=backend.rating(client, trace))
             return "", document_json(doc), trace.status == "running"
         except BackendError as exc:
             if exc.status == 404:  # a deep link to a deleted run, or to another store's
@@ -135,7 +136,8 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         except (BackendUnavailable, BackendError):
             return
         if watching.get(session) == run_id:
-            yield await asyncio.to_thread(document_of, final, piece, explain)
+            fit = await asyncio.to_thread(backend.rating, client, final)
+            yield await asyncio.to_thread(document_of, final, piece, explain, fit)
 
     def list_runs(request: gr.Request) -> Any:
         """The newest runs, each with the parameters that differ from its mode's defaults."""
