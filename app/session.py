@@ -21,7 +21,7 @@ class Backend:
         self._runs: OrderedDict[tuple[str, str], RunTrace] = OrderedDict()
         self._vocabs: dict[tuple[str, str], list[str]] = {}  # (backend, model) -> display text of token ids
         self._explain: dict[str, dict[str, str]] = {}  # backend -> mode -> what a round means there
-        self._ratings: OrderedDict[tuple[str, str, str | None], dict[str, Any] | None] = OrderedDict()
+        self._ratings: OrderedDict[tuple[str, str, str | None], dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def client(self, request: gr.Request | None = None) -> Client:
@@ -55,7 +55,7 @@ class Backend:
             if key in self._ratings:
                 return self._ratings[key]
         try:
-            rated: dict[str, Any] | None = client.fit(trace.run_id)
+            rated = client.fit(trace.run_id)
         except (BackendError, BackendUnavailable):
             return None
         with self._lock:
