@@ -18,6 +18,7 @@ from markdown_it import MarkdownIt
 from app.palette import CASES, KV_REASONS, STATES, kv_color, phase_color
 from app.specmetrics import spec_metrics
 from app.trace import Cell, Event, Piece, RunTrace, id_piece
+from backend.bench_cells import pick_count
 
 VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 # No Plotly template: naming one deep-copies it on every figure (~100 ms); Plotly.js defaults are plain white.
@@ -404,9 +405,7 @@ def pick_cell(fit: Mapping[str, Any] | str | None) -> str:
         return ""
     if isinstance(fit, str):
         return f'<small>{esc(fit)}</small>'
-    if not fit.get("tokens"):
-        return "—"
-    return esc(f"{fit['greedy']}/{fit['tokens']} ({fit['nll_mean']:.2f})")
+    return esc(pick_count(fit))
 
 
 def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = None,

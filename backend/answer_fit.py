@@ -70,7 +70,6 @@ def answer_fit(engine: Engine, prompt_ids: list[int], answer: list[int]) -> Answ
 
 def summed(fits: list[AnswerFit]) -> dict[str, float | None]:
     """{"greedy_share": tokens that are the model's pick / tokens, "nll": nats a token} over the answers."""
-    tokens = sum(len(f.answer) for f in fits)
-    if not tokens:
-        return {"greedy_share": None, "nll": None}
-    return {"greedy_share": sum(f.greedy for f in fits) / tokens, "nll": sum(sum(f.nll) for f in fits) / tokens}
+    pooled = AnswerFit([a for f in fits for a in f.answer], [p for f in fits for p in f.picks],
+                       [x for f in fits for x in f.nll]).summary()
+    return {"greedy_share": pooled["greedy_share"], "nll": pooled["nll_mean"]}

@@ -21,3 +21,11 @@ def model_pick(row: Mapping[str, Any]) -> str:
     prefix, and their mean negative log-likelihood under the model; '—' for a row without them."""
     share, nll = row.get("greedy_share"), row.get("answer_nll")
     return "—" if share is None or nll is None else f"{100 * share:.0f} % ({nll:.2f})"
+
+
+def pick_count(summary: Mapping[str, Any]) -> str:
+    """'12/12 (0.58)': of one answer's tokens (an AnswerFit summary, or /api/runs/{id}/fit), those that are the
+    model's own greedy pick, and their mean NLL under it; '—' for an empty answer."""
+    if not summary.get("tokens"):
+        return "—"
+    return f"{summary['greedy']}/{summary['tokens']} ({summary['nll_mean']:.2f})"

@@ -26,7 +26,6 @@ from backend.store import LEASE_TIMEOUT_S, Store, StoreError, StoreWriter, Tee, 
 from backend.store.db import DEFAULT_URL
 
 if TYPE_CHECKING:
-    from backend.answer_fit import AnswerFit
     from backend.engine.engine import Engine, RunResult
     from backend.server.app import UIMount
 
@@ -234,6 +233,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from backend.answer_fit import answer_fit
+    from backend.bench_cells import pick_count
     from backend.engine.modes import get_mode, param_specs
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes:
@@ -263,18 +263,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rows = [[mode, r.metrics["nfe"], fmt(r.metrics["tpf"]), fmt(r.metrics["tok_per_s"], ".1f"),
              fmt(r.metrics["accept_len_mean"]), r.metrics["kv_peak"],
              "(ref)" if mode == reference else ("yes" if r.output_ids == ref_ids else "no"),
-             model_pick(fits[mode]), r.status, r.run_id]
+             pick_count(fits[mode].summary()), r.status, r.run_id]
             for mode, r in results.items()]
     print(table(["mode", "NFE", "TPF", "tok/s", "mean acc", "KV peak", f"same as {reference}", "model's pick (NLL)",
                  "status", "run"], rows))
     print(f"comparison {comparison_id}")
     return 0
-
-
-def model_pick(fit: AnswerFit) -> str:
-    """'12/12 (0.58)': the answer's tokens that are the model's own greedy pick after the same prefix, of all, and
-    their mean NLL under it (nats)."""
-    return f"{fit.greedy}/{len(fit.answer)} ({sum(fit.nll) / len(fit.nll):.2f})" if fit.answer else "—"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
