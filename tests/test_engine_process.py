@@ -32,8 +32,18 @@ HERE = Path(__file__).resolve().parent
 
 
 def build(folder: Path | None) -> Engine:
-    """Module level, so the spawned engine process can unpickle it."""
-    return Engine(load_checkpoint(folder or DEFAULT_CHECKPOINT), num_slots=1024, check_invariants=True)
+    """Module level, so the spawned engine process can unpickle it. Its scheduler refuses to step anywhere but on
+    the engine process's main thread, where the model was loaded (`Worker.run` says why): a step elsewhere fails,
+    and the worker ends the runs with an error."""
+    engine = Engine(load_checkpoint(folder or DEFAULT_CHECKPOINT), num_slots=1024, check_invariants=True)
+    step = engine.scheduler.step
+
+    def on_the_main_thread() -> None:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(f"stepped on {threading.current_thread().name}, not the main thread")
+        step()
+    engine.scheduler.step = on_the_main_thread   # type: ignore[method-assign]
+    return engine
 
 
 class Ended(RecordingTracer):

@@ -1,8 +1,12 @@
-"""Does serving slow the engine? A mode's tok/s in-process (untraced, traced, traced + stored, traced on the
-server's engine loop in a thread of this process) vs through a server.
+"""Does serving slow the engine? A mode's tok/s in-process (untraced, traced, traced + stored) vs through a server.
 
     python -m tools.throughput [--mode ar] [--db sqlite:///sessions/throughput.db]
-                                [--max-new-tokens 128] [--threads 1] [--repeat 3]
+                                [--max-new-tokens 128] [--threads 1] [--repeat 3] [--model tiny] [--matmul bf16]
+
+Both sides serve the same model with the same options (--model, --adapter, --dtype, --matmul, --slots: the
+model options every command takes; the KV pool defaults to 4096 slots a side, not half the free memory each).
+Every in-process run steps on this process's main thread, which loaded the model: an engine stepped on a second
+thread would give this process a second OpenMP team and slow every in-process path (`Worker.run` says why).
 
 The server is `specscope serve --no-ui` (its engine in a process of its own), as users run it, with this process
 as its websocket client (a client sharing the server's process would tax its GIL with work a browser does elsewhere),
@@ -27,13 +31,12 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import Future
 
-import torch
 from websockets.asyncio.client import connect
 
+from backend.cli import build_engine
 from backend.engine.engine import Engine
-from backend.server.service import LocalEngine
+from backend.model.options import add_model_args
 from backend.store import Store, StoreWriter, Tee
 from backend.tracing import NULL_TRACER
 
@@ -43,19 +46,9 @@ PROMPTS = ["What is 12 + 30?", "Reverse: a b c d e f", "Write a haiku about rive
            "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "]
 
 
-def on_worker(service: LocalEngine, mode: str, prompt: str, n: int) -> float:
-    """tok/s of one traced run on the server's engine loop (`Worker`) in a thread of this process: serving without
-    the process boundary, the pipe or the server's other threads."""
-    ended: Future[dict] = Future()
-    tracer = Tee(None, lambda event: ended.set_result(event) if event["type"] == "run_end" else None).tracer()
-    service.submit(prompt, mode, {"max_new_tokens": n, "raw": True}, tracer)
-    metrics = ended.result(timeout=600)["metrics"]
-    return metrics["tokens"] / (metrics["wall_ms"] / 1000)
-
-
 def in_process(engine: Engine, tee: Tee | None, mode: str, prompt: str, n: int) -> float:
     """tok/s of one run in this process: untraced (tee None), or traced into `tee` (stored when it has a writer)."""
-    res = engine.generate(prompt, mode, {"max_new_tokens": n, "raw": True}, tee.tracer() if tee else NULL_TRACER)
+    res = engine.generate(prompt, mode, {"max_new_tokens": n}, tee.tracer() if tee else NULL_TRACER)
     if tee is not None and tee.writer is not None:
         tee.writer.flush()
     return res.metrics["tokens"] / (res.metrics["wall_ms"] / 1000)
@@ -66,7 +59,7 @@ async def through_server(port: int, mode: str, prompt: str, n: int, frames: str 
     async with connect(f"ws://127.0.0.1:{port}/ws/generate?frames={frames}", max_size=None) as ws:
         began = time.perf_counter()
         await ws.send(json.dumps({"type": "generate", "prompt": prompt, "mode": mode,
-                                  "params": {"max_new_tokens": n, "raw": True}}))
+                                  "params": {"max_new_tokens": n}}))
         async for raw in ws:   # parse only run_end: the client's own work shares this machine's cores
             if '"type":"run_end"' not in raw:
                 continue
@@ -78,10 +71,19 @@ async def through_server(port: int, mode: str, prompt: str, n: int, frames: str 
     raise RuntimeError("the server closed the socket before run_end")
 
 
-def serve_in_process(db: str, port: int, threads: int) -> subprocess.Popen[bytes]:
-    """`specscope serve --no-ui` as a child process, once its health endpoint answers."""
-    server = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--no-ui", "--db", db,
-                               "--port", str(port), "--threads", str(threads)])
+def model_flags(args: argparse.Namespace) -> list[str]:
+    """The model options of this command, for the server's command line."""
+    named = {"--model": args.model, "--adapter": args.adapter, "--adapter-scope": args.adapter_scope,
+             "--device": args.device, "--dtype": args.dtype, "--slots": args.slots, "--matmul": args.matmul}
+    return [str(x) for flag, value in named.items() if value is not None for x in (flag, value)]
+
+
+def serve_in_process(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """`specscope serve --no-ui` on this command's model options as a child process, once its health endpoint
+    answers."""
+    port = args.port
+    server = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--no-ui", "--db", args.db,
+                               "--port", str(port), "--threads", str(args.threads), *model_flags(args)])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -103,12 +105,11 @@ def main() -> None:
     p.add_argument("--port", type=int, default=7871)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, here and in the server")
+    add_model_args(p)
+    p.set_defaults(slots=4096, block_size_tiers=None)
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    engine, mode, n = Engine(num_slots=4096), args.mode, args.max_new_tokens
-    service = LocalEngine(engine)   # shares the engine: one run at a time, the worker idles between its runs
-    service.start()
-    server = serve_in_process(args.db, args.port, args.threads)
+    engine, mode, n = build_engine(args), args.mode, args.max_new_tokens   # sets torch's threads to --threads
+    server = serve_in_process(args)
     rows: dict[str, list[float]] = {}
     try:
         with Store(args.db, server="throughput:0") as store, StoreWriter(store) as writer:
@@ -122,7 +123,6 @@ def main() -> None:
             paths: list[Path] = [lambda q: {"in-process, untraced": in_process(engine, None, mode, q, n)},
                                  lambda q: {"in-process, traced": in_process(engine, Tee(None), mode, q, n)},
                                  lambda q: {"in-process, traced + stored": in_process(engine, Tee(writer), mode, q, n)},
-                                 lambda q: {"in-process, traced, worker thread": on_worker(service, mode, q, n)},
                                  through("", "event"), through(", batched", "batch")]
             for path in paths:   # warm-up; also fixes the rows' order
                 rows |= {label: [] for label in path(PROMPTS[0])}
@@ -141,7 +141,6 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(60)
-        service.stop()
     untraced, traced = rows["in-process, untraced"], rows["in-process, traced"]
     print(f"{'':47s} {'median tok/s':>12s} {'min':>7s} {'max':>7s}  vs untraced  vs traced (medians of per-run ratios)")
     for label, figures in rows.items():

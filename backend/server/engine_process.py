@@ -96,7 +96,7 @@ class Outbound:
 
 
 class EngineSide:
-    """Carries out the server's messages on the engine process's main thread; the worker thread steps the engine."""
+    """Carries out the server's messages on the engine process's inbox thread; the main thread steps the engine."""
 
     def __init__(self, worker: Worker, build: Build, out: Outbound):
         self.worker = worker
@@ -162,7 +162,13 @@ def engine_main(conn: Connection, build: Build) -> None:
     worker = Worker(engine, max_queued=sys.maxsize)   # the server process enforces the limit
     side = EngineSide(worker, build, out)
     out.send(("ready", served_model(engine)))
-    worker.start()
+    threading.Thread(target=receive, args=(conn, side), name="specscope-inbox", daemon=True).start()
+    worker.run()   # on the thread that built the engine (Worker.run says why), until "stop"
+    out.send(("stopped",))
+
+
+def receive(conn: Connection, side: EngineSide) -> None:
+    """Hand the server's messages to `side` until "stop" (which closes the worker) or until the server is gone."""
     handlers: dict[str, Callable[..., None]] = {"submit": side.submit, "cancel": side.cancel, "call": side.call}
     while True:
         try:
@@ -170,8 +176,7 @@ def engine_main(conn: Connection, build: Build) -> None:
         except (EOFError, OSError):   # the server is gone (killed, perhaps): nothing is left to serve
             os._exit(0)
         if kind == "stop":
-            worker.stop()
-            out.send(("stopped",))
+            side.worker.close()
             return
         handlers[kind](*args)
 
