@@ -326,11 +326,19 @@ def badge(css: str, text: str) -> str:
     return f'<span class="ss-badge {css}">{esc(text)}</span>'
 
 
+def model_difference(a: RunTrace, b: RunTrace) -> str | None:
+    """Why two runs could not compute the same numbers: other weights (their weights hashes when both are recorded,
+    else their model names), or other matmul precisions where both recorded theirs; None when neither."""
+    if (a.model_hash != b.model_hash) if a.model_hash and b.model_hash else (a.model != b.model):
+        return "different model"
+    if a.matmul and b.matmul and a.matmul != b.matmul:
+        return f"{b.matmul} matmuls, not {a.matmul}"
+    return None
+
+
 def same_model(a: RunTrace, b: RunTrace) -> bool:
-    """Whether two runs used the same weights: their weights hashes when both are recorded, else their model names."""
-    if a.model_hash and b.model_hash:
-        return a.model_hash == b.model_hash
-    return a.model == b.model
+    """Whether two runs used the same weights in the same matmul precision (model_difference)."""
+    return model_difference(a, b) is None
 
 
 @dataclass(frozen=True)
@@ -377,7 +385,9 @@ def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str,
         return badge("ss-bad", f"no verdict: the run {run.status}")
     bases = [r for r in runs if r.mode == claim.reference and r.status == "done" and r is not run]
     if not any(same_model(r, run) for r in bases) and bases:
-        return badge("ss-ref", f"{claim.reference} is of a different model")
+        why = model_difference(run, bases[0])
+        return badge("ss-ref", f"{claim.reference} is of a different model" if why == "different model"
+                     else f"{claim.reference} ran with {why}")
     bases = [r for r in bases if comparable(r, run)]
     greedy = [r for r in bases if float(r.params.get("temperature") or 0) == 0]
     off = unmet(run, claim)
@@ -426,8 +436,8 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
             same = badge("ss-ref", "reference")
         elif run.status != "done" or reference.status != "done":
             same = badge("ss-bad", "no verdict: a run did not finish")
-        elif not same_model(run, reference):
-            same = badge("ss-ref", "different model")
+        elif why := model_difference(reference, run):
+            same = badge("ss-ref", why)
         elif run.output_ids == reference.output_ids:
             same = badge("ss-ok", "same output as reference")
         else:

@@ -42,6 +42,7 @@ class RunTrace:
     prompt_pieces: list[str] = field(default_factory=list)
     tiers: list[list[int]] = field(default_factory=list)    # block_size_tiers in force: [max_running, size]
     model_hash: str = ""
+    matmul: str = ""    # the precision of its forwards' matmuls ("" for runs that did not record it)
     rounds: list[Event] = field(default_factory=list)
     end: Event | None = None
     error: str | None = None
@@ -73,6 +74,7 @@ class RunTrace:
             self.prompt_pieces = list(event.get("pieces") or [])
             self.tiers = list(event.get("block_size_tiers") or [])
             self.model_hash = event.get("model_hash") or ""
+            self.matmul = event.get("matmul") or ""
         elif kind == "round":
             self.rounds.append(event)
         elif kind == "run_end":

@@ -29,6 +29,7 @@ from backend.engine.modes import REGISTRY
 from backend.forward import fused_step, weight_blocks
 from backend.forward.fused_step import FusedDecode, MatmulUnavailable, fused_decode
 from backend.model.transformer import KVContext, PagedKV
+from backend.tracing import RecordingTracer
 from kernels.native import library
 
 LOSSLESS = [m for m in REGISTRY if REGISTRY[m].lossless_vs]
@@ -162,3 +163,28 @@ def test_bf16_where_it_cannot_run_is_an_error(monkeypatch):
     with pytest.raises(MatmulUnavailable, match="multiple of 16"):
         fused_decode(odd, PagedKV.empty(CONFIGS["odd-biased"], 4, torch.float32, "cpu"), matmul="bf16")
 
+
+
+def test_auto_takes_bf16_only_where_it_can_run(monkeypatch):
+    """matmul="auto" (the command line's default) is bf16 where AMX tiles can run the model, else float32, never an
+    error; the fused step says which it took."""
+    built = library()
+    if built is None:
+        pytest.skip("no C build")
+    model, cache = random_model(CFG, torch.float32), PagedKV.empty(CFG, 4, torch.float32, "cpu")
+    assert fused_decode(model, cache, matmul="auto").matmul == ("bf16" if built.amx_bf16_ready() else "float32")
+    odd = random_model(CONFIGS["odd-biased"], torch.float32)
+    step = fused_decode(odd, PagedKV.empty(CONFIGS["odd-biased"], 4, torch.float32, "cpu"), matmul="auto")
+    assert step is not None and step.matmul == "float32"    # shapes the tiles cannot take
+    monkeypatch.setattr(fused_step, "amx_unsupported", lambda model, lib: "no AMX here")
+    assert fused_decode(model, cache, matmul="auto").matmul == "float32"
+
+
+def test_a_run_records_its_matmul_precision(loaded):
+    """run_start says which precision the run's matmuls had: its tokens depend on it."""
+    engine = Engine(loaded, num_slots=256, matmul="auto")
+    tracer = RecordingTracer()
+    engine.generate("What is 12 + 30?", "ar", {"max_new_tokens": 2}, tracer)
+    assert tracer.events[0]["matmul"] == engine.rt.matmul
+    assert engine.rt.matmul == getattr(engine.rt.backend, "matmul", "float32")
+    assert Engine(loaded, num_slots=256).rt.matmul == "float32"

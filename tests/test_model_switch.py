@@ -70,10 +70,11 @@ def test_a_replaced_engine_is_freed_even_from_a_reference_cycle(loaded, other_en
     assert gone() is None
 
 
-def trace(mode: str, output: list[int], model: str, model_hash: str) -> RunTrace:
-    run_id = f"r_{mode}_{model}"
-    return RunTrace.from_events([{"type": "run_start", "run_id": run_id, "mode": mode, "params": {}, "model": model,
-                                 "model_hash": model_hash, "prompt_ids": [5], "pieces": ["x"]},
+def trace(mode: str, output: list[int], model: str, model_hash: str, matmul: str | None = None) -> RunTrace:
+    run_id = f"r_{mode}_{model}_{matmul}"
+    start = {"type": "run_start", "run_id": run_id, "mode": mode, "params": {}, "model": model,
+             "model_hash": model_hash, "prompt_ids": [5], "pieces": ["x"], **({"matmul": matmul} if matmul else {})}
+    return RunTrace.from_events([start,
                                 {"type": "run_end", "run_id": run_id, "status": "done", "output_ids": output,
                                  "text": "", "metrics": {}}])
 
@@ -88,6 +89,20 @@ def test_compare_says_different_model_instead_of_a_verdict() -> None:
     assert "different model" in rows[2] and "same output" not in rows[2]
     assert "== ar" in lossless_badge(same, [ref, same], {"linear_spec": Claim("ar", {})})
     assert "different model" in lossless_badge(other, [ref, other], {"linear_spec": Claim("ar", {})})
+
+
+def test_compare_gives_no_verdict_across_matmul_precisions() -> None:
+    """The same weights with bf16 and with float32 matmuls make different numbers: no verdict between such runs;
+    a run that did not record its precision is compared as before."""
+    claims = {"linear_spec": Claim("ar", {})}
+    ref = trace("ar", [7, 8], "a", "sha256:aaa", "float32")
+    bf16 = trace("linear_spec", [7, 9], "a", "sha256:aaa", "bf16")
+    unrecorded = trace("linear_spec", [7, 8], "a", "sha256:aaa")
+    rows = metrics_table_html([ref, bf16, unrecorded], ref, claims).split("<tr>")[2:]
+    assert "bf16 matmuls, not float32" in rows[1] and "differs" not in rows[1]
+    assert "same output as reference" in rows[2]
+    assert lossless_badge(bf16, [ref, bf16], claims).endswith("ar ran with float32 matmuls, not bf16</span>")
+    assert "== ar" in lossless_badge(bf16, [ref, bf16, trace("ar", [7, 9], "a", "sha256:aaa", "bf16")], claims)
 
 
 def test_token_pieces_come_from_the_vocabulary_of_the_runs_model() -> None:

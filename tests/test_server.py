@@ -556,7 +556,8 @@ def test_run_listing_filters_and_unknown_ids(client):
 def test_fit_rates_a_runs_answer_by_the_served_model(client, store, engine):
     """GET /api/runs/{id}/fit: the served model's own greedy pick and NLL at each answer token. An ar run is its
     pick at every token; a block_diffusion run gets backend.answer_fit's figures on its stored ids; a run made by
-    other weights and an unknown one are refused, and the KV pool is left as it was."""
+    other weights or in another matmul precision and an unknown one are refused, and the KV pool is left as it
+    was."""
     from backend.answer_fit import answer_fit
 
     with client.websocket_connect("/ws/generate") as ws:
@@ -577,6 +578,14 @@ def test_fit_rates_a_runs_answer_by_the_served_model(client, store, engine):
     refused = client.get(f"/api/runs/{ar[0]['run_id']}/fit")
     assert refused.status_code == 409 and "switch to the run's model" in refused.json()["detail"]
     assert client.get("/api/runs/r_nope/fit").status_code == 404
+
+    doc = strict_json(client.get(f"/api/runs/{block[0]['run_id']}/export").text)   # its matmuls in another precision
+    assert client.delete(f"/api/runs/{block[0]['run_id']}").status_code == 204
+    served = doc["events"][0]["matmul"]
+    doc["events"][0]["matmul"] = other = "bf16" if served == "float32" else "float32"
+    assert client.post("/api/import", json=doc).status_code == 201
+    refused = client.get(f"/api/runs/{block[0]['run_id']}/fit")
+    assert refused.status_code == 409 and f"serve it with --matmul {other}" in refused.json()["detail"]
 
 
 def strict_json(text: str) -> Any:

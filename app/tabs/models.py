@@ -20,7 +20,8 @@ def model_info_html(listing: dict[str, Any]) -> str:
                       for m in broken)
     return (f'<div id="model-current">serving <b>{html.escape(str(listing.get("current")))}</b> · weights '
             f'<code>{html.escape(str(listing.get("weights_hash") or "?"))}</code> · '
-            f'{html.escape(str(listing.get("family") or ""))}</div>'
+            f'{html.escape(str(listing.get("family") or ""))}'
+            + (f' · matmuls in {html.escape(str(listing["matmul"]))}' if listing.get("matmul") else "") + '</div>'
             + (f'<details><summary>{len(broken)} folder(s) cannot be loaded</summary><ul>{skipped}</ul></details>'
                if broken else ""))
 

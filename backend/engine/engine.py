@@ -100,7 +100,7 @@ class Engine:
         if tracer.enabled:
             tiers = self.scheduler.tiers if "block_size" in checked else []
             tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
-                                      "model_hash": self.rt.loaded.weights_hash,
+                                      "model_hash": self.rt.loaded.weights_hash, "matmul": self.rt.matmul,
                                       "block_size_tiers": [list(t) for t in tiers],
                                       "prompt": prompt if isinstance(prompt, str) else last_user(prompt),
                                       **({} if isinstance(prompt, str) else {"messages": prompt}),

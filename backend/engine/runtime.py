@@ -20,6 +20,8 @@ from backend.model.checkpoint import LoadedModel
 from backend.model.transformer import KVContext
 from backend.tracing import Phase
 
+EAGER_MATMUL = {torch.float32: "float32", torch.bfloat16: "bf16", torch.float16: "float16"}
+"""The eager backend's matmul precision: its weights' dtype, named as MATMULS names them."""
 MAX_ALTERNATIVES = 8   # top-k entries kept per position and round (one per forward that predicted it)
 
 
@@ -43,9 +45,13 @@ class Runtime:
             self.model.store_weights_input_major()   # the eager backend's layout: x @ W for CPU matmuls
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
         self.eager = Eager(self.model)
-        self.backend: ForwardBackend = fused_decode(self.model, self.pool.memory, self.eager, matmul) or self.eager
+        fused = fused_decode(self.model, self.pool.memory, self.eager, matmul)
+        self.backend: ForwardBackend = fused or self.eager
         """Every plan but a fold: the fused CPU step (float32 models on the CPU, its matmuls in `matmul`
         precision; what it cannot take runs on self.eager), else the eager backend."""
+        self.matmul = fused.matmul if fused else EAGER_MATMUL.get(param.dtype, str(param.dtype))
+        """The precision of the forwards' matmuls: the fused step's ("float32" or "bf16", `matmul` resolved), else
+        the weights' dtype. Runs record it (run_start), as their tokens depend on it."""
         self._folded: dict[str, ForwardBackend] = {}
         self.chain = draft_chain(self.model, loaded.adapter_dir, self.mask_id)
         """The adapter's sampler head, if it ships one: chained MASK drafts (`drafts`)."""

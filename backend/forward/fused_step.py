@@ -44,6 +44,8 @@ MATMULS = ("float32", "bf16")
 Intel AMX tiles (weights rounded to bfloat16, rows rounded where they enter a linear, float32 sums; norms,
 attention, softmax and KV stay float32). Either way a row's numbers do not depend on how many rows share its
 forward, so the lossless modes equal `ar` in each."""
+AUTO = "auto"
+"""The matmul choice that takes bf16 where this CPU and model can run it (AMX tiles), else float32."""
 
 
 class MatmulUnavailable(ValueError):
@@ -176,6 +178,7 @@ class FusedDecode:
                  matmul: str = "float32"):
         cfg = model.cfg
         self.fallback, self.lib = fallback or Eager(model), lib
+        self.matmul = matmul
         with torch.no_grad():
             layers = [dict(layer.named_modules()) for layer in model.layers]
             projections, head = linear_weights(model)
@@ -328,11 +331,14 @@ def fused_decode(model: Transformer, cache: PagedKV, fallback: ForwardBackend | 
                  matmul: str = "float32") -> FusedDecode | None:
     """The fused decode step for this model and KV memory (the plans it cannot take run on `fallback`), or None
     where it does not apply. matmul="bf16" (MATMULS) raises MatmulUnavailable where it cannot run: a user who asks
-    for it gets it or the reason, never the float32 step instead."""
-    if matmul not in MATMULS:
-        raise MatmulUnavailable(f"matmul {matmul!r}: expected one of {MATMULS}")
+    for it gets it or the reason, never the float32 step instead; matmul=AUTO takes bf16 where it can run, else
+    float32."""
+    if matmul not in (*MATMULS, AUTO):
+        raise MatmulUnavailable(f"matmul {matmul!r}: expected one of {(*MATMULS, AUTO)}")
     reason = supported(model, cache) or (None if ENABLED else "SPECSCOPE_FUSED_DECODE=0")
     lib = None if reason else library()
+    if matmul == AUTO:
+        matmul = "float32" if reason or amx_unsupported(model, lib) else "bf16"
     if matmul == "bf16":
         reason = reason or amx_unsupported(model, lib)
         if reason:

@@ -164,6 +164,11 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
             raise HTTPException(409, f"run {run_id} was made by {run['model']} (weights {run['model_hash']}); this "
                                      f"server serves {served.name} (weights {served.weights_hash}): switch to the "
                                      f"run's model to rate it")
+        made_in = ends["run_start"].get("matmul", served.matmul)   # runs older than the field: as served
+        if made_in != served.matmul:
+            raise HTTPException(409, f"run {run_id} was made with {made_in} matmuls; this server's are "
+                                     f"{served.matmul}, whose ratings of it would differ from its own numbers: "
+                                     f"serve it with --matmul {made_in} to rate it")
         try:
             rated = engine.rate(ends["run_start"]["prompt_ids"], ends["run_end"]["output_ids"])
         except ParamError as e:

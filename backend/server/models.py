@@ -29,6 +29,7 @@ class ModelHost:
     def describe(self) -> dict[str, Any]:
         model = self.engine.model
         return {"current": model.name, "weights_hash": model.weights_hash, "family": model.family,
+                "matmul": model.matmul,
                 "models": [e.to_json() for e in self.catalog()]}
 
     def catalog(self) -> list[CatalogEntry]:
