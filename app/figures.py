@@ -62,8 +62,8 @@ def live_round(round_ev: Event, piece: Piece, context: Sequence[Cell] = (), max_
     missing = int(round_ev.get("block_start") or 0) - (context[-1][0] + 1 if context else 0)
     extra = round_ev.get("extra") or {}
     replaced = [] if extra.get("replaced_draft") is None else [extra["replaced_draft"]]
-    named = [cell[1] for cell in shown] + list(round_ev.get("tokens") or []) + list(round_ev.get("committed") or []) \
-        + list(extra.get("guess") or []) + replaced
+    named: list[int] = [cell[1] for cell in context[hidden:]] + list(round_ev.get("tokens") or []) \
+        + list(round_ev.get("committed") or []) + list(extra.get("guess") or []) + replaced
     pieces = {str(t): piece(int(t)) for t in dict.fromkeys(named)}
     return json.dumps({"round": dict(round_ev), "context": shown, "hidden": hidden, "missing": max(0, missing),
                        "pieces": pieces})
@@ -517,7 +517,8 @@ def run_stats_html(run: RunTrace) -> str:
     if run.error:
         return f"⚠ {esc(run.error)}"
     accepted = run.accepted_lens[1:]  # round 0 is the prefill
-    note = f"{CANCELLED_BY.get(run.cancel_reason, CANCELLED_BY['client'])} · " if run.status == "cancelled" else ""
+    note = f"{CANCELLED_BY.get(run.cancel_reason or 'client', CANCELLED_BY['client'])} · " \
+        if run.status == "cancelled" else ""
     return (f'<span class="ss-stats">{note}<b>{esc(run.mode)}</b> · TPF {fmt(m.get("tpf"), 2)} · NFE '
             f'{fmt(m.get("nfe"))} · {fmt(m.get("tok_per_s"), 1)} tok/s · '
             f'<span title="{esc(DEFINITIONS["tokens / round"])}">tokens/round</span> '

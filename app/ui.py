@@ -91,14 +91,14 @@ def build_ui(backend: Backend) -> gr.Blocks:
                 return [status_html(health)] + [gr.skip()] * (len(checked) - 1)
             names = [m["name"] for m in specs if m.get("available", True)]   # what the served model can run
             off = [f'{m["name"]} ({m["unavailable"]})' for m in specs if not m.get("available", True)]
-            chosen = [m for m in DEFAULT_MODES if m in names] or names[:3]
+            compared = [m for m in DEFAULT_MODES if m in names] or names[:3]
             hint = f"not offered for this model: {', '.join(off)}" if off else None
             return [status_html(health), specs,
                     # the chosen mode is kept by not sending a value (a switch answers after the model loaded:
                     # a value sent then would undo a mode picked meanwhile)
                     gr.Dropdown(choices=names, info=hint) if chosen in names else
                     gr.Dropdown(choices=names, info=hint, value="linear_spec" if "linear_spec" in names else names[0]),
-                    gr.CheckboxGroup(choices=names, value=chosen, info=hint),
+                    gr.CheckboxGroup(choices=names, value=compared, info=hint),
                     gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
                     gr.Dropdown(choices=[ALL, *[m["name"] for m in specs]]),
                     gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
