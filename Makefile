@@ -34,4 +34,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy backend/engine backend/tracing.py backend/model/checkpoint.py backend/model/config.py \
 		backend/model/transformer.py backend/model/sampler_head.py backend/bench.py backend/server backend/store backend/forward backend/verify_rows.py kernels \
-		tools/throughput.py tools/kernel_bench.py tools/compile_check.py
+		tools/throughput.py tools/kernel_bench.py tools/compile_check.py app
