@@ -53,6 +53,11 @@ def test_models_lists_the_served_model_and_one_id_per_mode(served):
     ids = [m.id for m in served["client"].models.list()]
     modes = [m["name"] for m in rest(served, "/modes") if m["available"]]
     assert ids == ["tiny", *(f"tiny:{m}" for m in modes)]
+    assert [served["client"].models.retrieve(i).id for i in ids] == ids
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        served["client"].models.retrieve("gpt-4")
+    with pytest.raises(openai.NotFoundError):
+        served["client"].models.retrieve("tiny:no_such_mode")
 
 
 def test_chat_completion_is_the_engines_answer_and_a_stored_run(served):

@@ -338,15 +338,26 @@ async def answer(live: LiveRun, shape: Shape, model: str, body: Sampling) -> JSO
 def openai_router(service: EngineService, writer: StoreWriter) -> APIRouter:
     router = APIRouter(prefix="/v1")
 
-    @router.get("/models")
-    def models() -> dict[str, Any]:
+    def listed() -> list[dict[str, Any]]:
         """The served model, once plain and once per mode it can run (`name:mode`)."""
         model = service.model
         base = model.name.split("+")[0]
         modes = [m["name"] for m in describe_modes(mask_token=model.mask_token) if m["available"]]
-        ids = [base, *(f"{base}:{m}" for m in modes)]
-        return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "specscope"}
-                                           for i in ids]}
+        return [{"id": i, "object": "model", "created": 0, "owned_by": "specscope"}
+                for i in [base, *(f"{base}:{m}" for m in modes)]]
+
+    @router.get("/models")
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": listed()}
+
+    @router.get("/models/{model_id}")
+    def model(model_id: str) -> dict[str, Any]:
+        """One id of /v1/models; 404 in OpenAI's shape for any other."""
+        found = next((entry for entry in listed() if entry["id"] == model_id), None)
+        if found is None:
+            raise OpenAIError(404, f"the model {model_id!r} is not served here; GET /v1/models lists what is",
+                              code="model_not_found", param="model")
+        return found
 
     @router.post("/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
