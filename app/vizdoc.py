@@ -62,7 +62,7 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
     if any(r.get("case") for r in trace.rounds):
         figures["cases"] = isd_case_figure(trace.rounds)
     return {"run_id": trace.run_id, "mode": trace.mode, "model": trace.model, "model_hash": trace.model_hash,
-            "tiers": trace.tiers, "status": trace.status,
+            "matmul": trace.matmul, "tiers": trace.tiers, "status": trace.status,
             "error": trace.error, "prompt": trace.prompt, "params": trace.params, "prompt_ids": trace.prompt_ids,
             "output_ids": trace.output_ids, "text": trace.text, "metrics": trace.metrics, "spec": metrics,
             "definitions": DEFINITIONS,

@@ -175,6 +175,7 @@ def test_fold_ratios_and_step_map(trace: RunTrace) -> None:
 def test_viz_document_carries_what_the_browser_draws(trace: RunTrace) -> None:
     doc = viz_document(trace, piece, explain=get_mode(trace.mode).explain)
     assert doc["run_id"] == "r_test" and len(doc["rounds"]) == 3 and "run_id" not in doc["rounds"][0]
+    assert (doc["model"], doc["matmul"]) == ("m", "bf16")
     assert doc["pieces"]["2"] == "<script>" and doc["step_map"] == [0, 1, 1, 2, 2]
     drawn = {"accepted", "kv", "positions", "timeline"} | ({"kv_time"} if trace.kv else set())
     assert set(doc["figures"]) == drawn and doc["spec"]["num_spec_steps"] == 2

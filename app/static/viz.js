@@ -359,7 +359,8 @@ window.specscopeViz = (() => {
       (doc.error ? `<div class="ss-badge ss-bad">${esc(doc.error)}</div>` : "") +
       `<div><b>prompt</b> <code>${esc(doc.prompt)}</code></div><div><b>params</b> <code>${esc(params)}</code></div>` +
       (tiers ? `<div><b>block_size_tiers</b> <code>${esc(tiers)}</code> (the size each round used is in its header)</div>` : "") +
-      `<div><b>model</b> <code>${esc(doc.model)}${doc.model_hash ? " · " + esc(doc.model_hash) : ""}</code></div>` +
+      `<div><b>model</b> <code>${esc(doc.model)}${doc.model_hash ? " · " + esc(doc.model_hash) : ""}` +
+      `${doc.matmul ? " · " + esc(doc.matmul) + " matmuls" : ""}</code></div>` +
       `<div class="ssv-explain">${esc(doc.explain)}</div>` +
       `<div class="ssv-metrics"><b>run</b> ${kv(ours)}</div>` +
       (s ? `<div class="ssv-metrics" id="viz-vllm"><b>spec-decode (vLLM)</b> ${kv(vllm)}</div>` : "") + `</div>`;

@@ -27,7 +27,8 @@ def run_events(run_id: str = "r_test", mode: str = "linear_spec", output: list[i
     ]
     ids = output if output is not None else [3, 2, 4, 5, 1]
     start = {"v": 1, "run_id": run_id, "seq": 0, "t_ms": 0.0, "type": "run_start", "mode": mode, "model": "m",
-             "params": {"max_new_tokens": 5}, "prompt": "<b>hi</b>", "prompt_ids": [1, 2], "pieces": ["Hi", "<script>"]}
+             "matmul": "bf16", "params": {"max_new_tokens": 5}, "prompt": "<b>hi</b>", "prompt_ids": [1, 2],
+             "pieces": ["Hi", "<script>"]}
     end = {"v": 1, "run_id": run_id, "seq": 9, "t_ms": 1.0, "type": "run_end", "status": "done", "output_ids": ids,
            "text": "out", "metrics": {"nfe": 4, "tokens": 5, "tpf": 1.25, "tok_per_s": 50.0, "wall_ms": 100.0,
                                       "accept_len_mean": 2.0, "kv_peak": 8, "kv_leaked": 0}}
