@@ -95,7 +95,9 @@ def engine_stats(worker: Worker) -> dict[str, Any]:
 
 
 class LocalEngine:
-    """An Engine served by a worker thread of this process; `build` loads a checkpoint folder for `switch`."""
+    """An Engine served by a worker thread of this process; `build` loads a checkpoint folder for `switch`. On the
+    CPU its forwards run at about half the speed of the engine process's (`EngineProcess`, what `specscope serve`
+    runs) once the loading thread has its own OpenMP team: `Worker.run` says why."""
 
     def __init__(self, engine: Engine, build: Callable[[str | Path], Engine] | None = None,
                  max_queued: int = MAX_QUEUED_RUNS):
