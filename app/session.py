@@ -47,7 +47,8 @@ class Backend:
 
     def rating(self, client: Client, trace: RunTrace) -> dict[str, Any] | None:
         """The served model's rating of an ended run's answer (GET /api/runs/{id}/fit), fetched once; None for a
-        run still recording or one the served model cannot rate (another model's run, no KV room, no backend)."""
+        run still recording or one the served model cannot rate (a run of other weights or matmuls, no KV room, no
+        backend)."""
         key = (client.http_url, trace.run_id, trace.model_hash)
         if trace.status == "running":
             return None

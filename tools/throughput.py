@@ -81,15 +81,14 @@ def model_flags(args: argparse.Namespace) -> list[str]:
 def serve_in_process(args: argparse.Namespace) -> subprocess.Popen[bytes]:
     """`specscope serve --no-ui` on this command's model options as a child process, once its health endpoint
     answers."""
-    port = args.port
     server = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--no-ui", "--db", args.db,
-                               "--port", str(port), "--threads", str(args.threads), *model_flags(args)])
+                               "--port", str(args.port), "--threads", str(args.threads), *model_flags(args)])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"the server exited with status {server.returncode}")
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=1).close()
+            urllib.request.urlopen(f"http://127.0.0.1:{args.port}/api/health", timeout=1).close()
             return server
         except OSError:
             time.sleep(0.2)

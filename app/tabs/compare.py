@@ -85,14 +85,15 @@ def diffs_html(traces: list[RunTrace], reference: RunTrace | None, backend: Back
 
 
 def ratings(traces: list[RunTrace], client: Client) -> dict[str, dict[str, Any] | str]:
-    """The served model's rating of each ended run's answer, or why there is none (a run of other weights)."""
+    """The served model's rating of each ended run's answer, or why there is none (a run of other weights or
+    matmul precision)."""
     out: dict[str, dict[str, Any] | str] = {}
     for t in traces:
         if t.run_id and t.status != "running":
             try:
                 out[t.run_id] = client.fit(t.run_id)
             except BackendError as e:
-                out[t.run_id] = "another model's run" if e.status == 409 else "not rated"
+                out[t.run_id] = "made by other weights or matmuls" if e.status == 409 else "not rated"
     return out
 
 

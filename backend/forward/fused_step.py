@@ -337,12 +337,11 @@ def fused_decode(model: Transformer, cache: PagedKV, fallback: ForwardBackend | 
         raise MatmulUnavailable(f"matmul {matmul!r}: expected one of {(*MATMULS, AUTO)}")
     reason = supported(model, cache) or (None if ENABLED else "SPECSCOPE_FUSED_DECODE=0")
     lib = None if reason else library()
-    if matmul == AUTO:
-        matmul = "float32" if reason or amx_unsupported(model, lib) else "bf16"
-    if matmul == "bf16":
-        reason = reason or amx_unsupported(model, lib)
-        if reason:
-            raise MatmulUnavailable(f"--matmul bf16: {reason}")
+    if matmul != "float32":
+        no_tiles = reason or amx_unsupported(model, lib)
+        if no_tiles and matmul == "bf16":
+            raise MatmulUnavailable(f"--matmul bf16: {no_tiles}")
+        matmul = "float32" if no_tiles else "bf16"
     if reason or lib is None:
         log.info("decoding eagerly: %s", reason or "no C compiler")
         return None
