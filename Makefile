@@ -32,6 +32,6 @@ test-fast: $(STAMP)  # the core, without slow, browser, PostgreSQL, GPU or real-
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy backend/engine backend/tracing.py backend/model/checkpoint.py backend/model/config.py \
-		backend/model/transformer.py backend/model/sampler_head.py backend/bench.py backend/server backend/store backend/forward backend/verify_rows.py kernels \
-		tools/throughput.py tools/kernel_bench.py tools/compile_check.py app
+	$(VENV)/bin/mypy $(addprefix specscope/backend/,engine tracing.py model/checkpoint.py model/config.py \
+		model/transformer.py model/sampler_head.py bench.py server store forward verify_rows.py) specscope/kernels \
+		specscope/app tools/throughput.py tools/kernel_bench.py tools/compile_check.py

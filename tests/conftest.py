@@ -15,8 +15,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from backend.model.checkpoint import load_checkpoint  # noqa: E402
-from backend.model.tasks import task_set  # noqa: E402
+from specscope.backend.model.checkpoint import load_checkpoint  # noqa: E402
+from specscope.backend.model.tasks import task_set  # noqa: E402
 
 # Under pytest-xdist (`make test`, `make test-fast`: one worker a core) each worker gets one thread.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
@@ -36,13 +36,13 @@ def heldout_prompts():
 
 @pytest.fixture
 def engine(loaded):
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
     return Engine(loaded, num_slots=4096, check_invariants=True)
 
 
 @pytest.fixture(scope="module")
 def _module_engine(loaded):
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
     return Engine(loaded, num_slots=4096, check_invariants=True)
 
 
@@ -97,6 +97,6 @@ class HeldoutRuns:
 def heldout_runs(loaded, heldout_prompts):
     """heldout_runs(mode, params, prompts=None): the RunResults of `mode` on the held-out prompts (or `prompts`),
     on an engine of the shipped checkpoint (its own draft graph) that checks KV invariants every round."""
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
     return HeldoutRuns(Engine(loaded, num_slots=4096, check_invariants=True), heldout_prompts)
 

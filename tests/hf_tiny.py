@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from backend.model.checkpoint import DEFAULT_CHECKPOINT
+from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT
 
 VOCAB = 256
 TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "s3cret-token"
-MAIN = "import sys; from backend.cli import main; sys.exit(main(sys.argv[1:]))"
+MAIN = "import sys; from specscope.backend.cli import main; sys.exit(main(sys.argv[1:]))"
 OPTIONS = ("--model", "tiny", "--no-ui", "--token", TOKEN, "--slots", "4096")
 Event = dict[str, Any]
 

@@ -24,13 +24,13 @@ from test_cpu_decode import (
     with_adapter,
 )
 
-from backend.engine.engine import Engine
-from backend.engine.modes import REGISTRY
-from backend.forward import fused_step, weight_blocks
-from backend.forward.fused_step import FusedDecode, MatmulUnavailable, fused_decode
-from backend.model.transformer import KVContext, PagedKV
-from backend.tracing import RecordingTracer
-from kernels.native import library
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import REGISTRY
+from specscope.backend.forward import fused_step, weight_blocks
+from specscope.backend.forward.fused_step import FusedDecode, MatmulUnavailable, fused_decode
+from specscope.backend.model.transformer import KVContext, PagedKV
+from specscope.backend.tracing import RecordingTracer
+from specscope.kernels.native import library
 
 LOSSLESS = [m for m in REGISTRY if REGISTRY[m].lossless_vs]
 

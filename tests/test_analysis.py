@@ -4,7 +4,7 @@ from __future__ import annotations
 import csv
 import io
 
-from app.analysis import (
+from specscope.app.analysis import (
     accept_hist,
     analysis_figures,
     group_runs,

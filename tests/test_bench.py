@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend import bench
+from specscope.backend import bench
 from tools.bench_compare import compare, load
 
 
@@ -62,8 +62,8 @@ def test_a_lossy_modes_agreement_is_the_share_of_the_references_tokens_before_th
 
 def test_verify_rows_leaves_the_kv_pool_as_it_found_it(loaded):
     """Every slot a timed forward takes (the prompt's and the rows') is freed again."""
-    from backend.engine.engine import Engine
-    from backend.verify_rows import verify_rows
+    from specscope.backend.engine.engine import Engine
+    from specscope.backend.verify_rows import verify_rows
 
     engine = Engine(loaded, num_slots=512)
     free = engine.rt.pool.free_count
@@ -95,9 +95,9 @@ def test_answer_fit_rates_an_answer_as_transformers_does(shared_engine, heldout_
     answer scored in one chunk, or in chunks of 3 rows)."""
     from transformers import AutoModelForCausalLM
 
-    from backend import answer_fit as fit_module
-    from backend.answer_fit import answer_fit, summed
-    from backend.model.checkpoint import DEFAULT_CHECKPOINT
+    from specscope.backend import answer_fit as fit_module
+    from specscope.backend.answer_fit import answer_fit, summed
+    from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT
 
     monkeypatch.setattr(fit_module, "CHUNK", chunk)
     hf = AutoModelForCausalLM.from_pretrained(DEFAULT_CHECKPOINT, dtype=torch.float32).eval()

@@ -38,7 +38,7 @@ XSS = "<script>window.__xss = 1</script>"
 
 def store_xss_run(engine, store) -> str:
     """A stored run whose prompt, token pieces and output text hold markup."""
-    from backend.tracing import RecordingTracer
+    from specscope.backend.tracing import RecordingTracer
 
     tracer = RecordingTracer()
     engine.generate(PROMPT, "linear_spec", {"max_new_tokens": 8}, tracer=tracer)
@@ -56,7 +56,7 @@ def store_xss_run(engine, store) -> str:
 
 def store_long_run(store, n_rounds: int = 2000) -> str:
     """A synthetic stored `ar`-shaped run of n_rounds one-token rounds (more than this model's context allows)."""
-    from backend.tracing import Phase, RecordingTracer, RoundEvent
+    from specscope.backend.tracing import Phase, RecordingTracer, RoundEvent
 
     tracer = RecordingTracer(run_id="r_long000000000001", sink=store.record)
     tracer.emit("run_start", {"mode": "ar", "params": {"max_new_tokens": n_rounds}, "model": "tiny",
@@ -76,15 +76,15 @@ def store_long_run(store, n_rounds: int = 2000) -> str:
 
 @pytest.fixture(scope="module")
 def loaded_engine(loaded):
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
     return Engine(loaded, num_slots=4096)
 
 
 @pytest.fixture(scope="module")
 def server(loaded_engine, tmp_path_factory) -> Iterator[dict]:
-    from app.ui import mount_ui
-    from backend.server import create_app
-    from backend.store import Store
+    from specscope.app.ui import mount_ui
+    from specscope.backend.server import create_app
+    from specscope.backend.store import Store
 
     port = free_port()
     store = Store(f"sqlite:///{tmp_path_factory.mktemp('ui') / 'runs.db'}")
@@ -602,7 +602,7 @@ def test_a_2000_round_run_opens_and_steps(page, server) -> None:
 
 def test_bench_tab_shows_the_stored_benchmarks(page) -> None:
     """The Bench tab shows the shipped `specscope bench` document: every mode it measured, its prompt count."""
-    from backend.server.api import BENCH_DIR, BENCH_FILES
+    from specscope.backend.server.api import BENCH_DIR, BENCH_FILES
 
     stored = json.loads((BENCH_DIR / BENCH_FILES["modes"]).read_text())
     last = list(stored["modes"])[-1]
@@ -644,9 +644,9 @@ def test_no_console_errors(page, errors) -> None:
 
 
 def test_backend_unavailable_then_recovery(browser, loaded_engine, tmp_path) -> None:
-    from app.ui import mount_ui
-    from backend.server import create_app
-    from backend.store import Store
+    from specscope.app.ui import mount_ui
+    from specscope.backend.server import create_app
+    from specscope.backend.store import Store
 
     ui_port, backend_port = free_port(), free_port()
     ui_app = mount_ui(FastAPI(), f"ws://127.0.0.1:{backend_port}")

@@ -11,9 +11,9 @@ import pytest
 from browser import NEEDS_BROWSER, new_page
 from support.events import piece, rnd, run_events
 
-from app.figures import live_round
-from app.trace import RunTrace
-from app.ui import STATIC
+from specscope.app.figures import live_round
+from specscope.app.trace import RunTrace
+from specscope.app.ui import STATIC
 
 pytest_plugins = ["browser"]  # the browser fixture
 pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]

@@ -13,7 +13,7 @@ from browser import NEEDS_BROWSER, chat, choose, new_page, shot, start_long_raw_
 from hf_tiny import save_hf
 from serve_process import Served
 
-from backend.model.checkpoint import DEFAULT_CHECKPOINT
+from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT
 
 pytest_plugins = ["browser"]  # the browser fixture
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.extended, *NEEDS_BROWSER]

@@ -25,11 +25,11 @@ NAVIGATION_NOISE = ("AbortError", "Connection errored out")
 
 @pytest.fixture(scope="module")
 def server(loaded, tmp_path_factory) -> Iterator[dict]:
-    from app.ui import mount_ui
-    from backend.engine.engine import Engine
-    from backend.server import create_app
-    from backend.store import Store
-    from backend.tracing import RecordingTracer
+    from specscope.app.ui import mount_ui
+    from specscope.backend.engine.engine import Engine
+    from specscope.backend.server import create_app
+    from specscope.backend.store import Store
+    from specscope.backend.tracing import RecordingTracer
 
     engine = Engine(loaded, num_slots=4096)
     store = Store(f"sqlite:///{tmp_path_factory.mktemp('viz') / 'runs.db'}")
@@ -263,7 +263,7 @@ def test_autoplay_reaches_the_end(page, server) -> None:
 def test_a_running_run_is_followed_until_it_ends(page, server) -> None:
     """A run still recording opens with its rounds so far, takes new rounds as they are stored and settles when
     its run_end arrives."""
-    from backend.tracing import RecordingTracer
+    from specscope.backend.tracing import RecordingTracer
 
     events = []
     server["engine"].generate(CODE_PROMPT, "ar", {"max_new_tokens": 12, "raw": True},

@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from backend.model.adapters import save_adapter
-from backend.model.catalog import scan
-from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_model
-from backend.model.config import CheckpointError
+from specscope.backend.model.adapters import save_adapter
+from specscope.backend.model.catalog import scan
+from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT, load_model
+from specscope.backend.model.config import CheckpointError
 
 
 def test_scan_models_dir(tmp_path):

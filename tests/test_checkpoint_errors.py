@@ -14,11 +14,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE
-from backend.model.checkpoint import load_checkpoint, load_model, save_checkpoint
-from backend.model.config import CheckpointError, ModelConfig
-from backend.model.tokenizer import train_tokenizer
-from backend.model.transformer import Transformer
+from specscope.backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE
+from specscope.backend.model.checkpoint import load_checkpoint, load_model, save_checkpoint
+from specscope.backend.model.config import CheckpointError, ModelConfig
+from specscope.backend.model.tokenizer import train_tokenizer
+from specscope.backend.model.transformer import Transformer
 
 CORPUS = ["What is 12 + 30? 42.", "hello world, hello tokens", "the quick brown fox jumps over the lazy dog"]
 

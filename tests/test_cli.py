@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from backend.cli import main
-from backend.store import Store
+from specscope.backend.cli import main
+from specscope.backend.store import Store
 
 PROMPT = "What is 12 + 30?"
 
@@ -18,7 +18,7 @@ PROMPT = "What is 12 + 30?"
 @pytest.fixture
 def db(tmp_path: Path, monkeypatch, loaded) -> str:
     """A store URL in tmp_path; the CLI gets the already loaded model instead of reading it again."""
-    monkeypatch.setattr("backend.model.options.load_checkpoint", lambda *args, **kwargs: loaded)
+    monkeypatch.setattr("specscope.backend.cli.options.load_checkpoint", lambda *args, **kwargs: loaded)
     return f"sqlite:///{tmp_path / 'cli.db'}"
 
 
@@ -63,7 +63,7 @@ def test_run_no_store_and_bad_input(capsys, db):
 def test_run_takes_a_conversation(capsys, db, tmp_path, loaded):
     """--messages (inline JSON, a file) and --system become the chat-templated prompt; the stored run_start holds
     the conversation; bad conversations are refused with a clear message."""
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
     conv = [{"role": "user", "content": "Copy: a b"}, {"role": "assistant", "content": "a b"},
             {"role": "user", "content": PROMPT}]
     (tmp_path / "conv.json").write_text(json.dumps(conv))

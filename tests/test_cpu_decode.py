@@ -17,15 +17,15 @@ import pytest
 import torch
 from support.plans import forward
 
-from backend.engine.engine import Engine
-from backend.forward import weight_blocks
-from backend.forward.fused_step import MAX_CHUNK, FusedDecode, fused_decode, supported
-from backend.forward.weight_blocks import pack
-from backend.model.config import ModelConfig
-from backend.model.rope import RopeSpec
-from backend.model.transformer import KVContext, PagedKV, Transformer, interleaved_mask
-from kernels import native
-from kernels.native import FLAGS, NON_TEMPORAL, build, load, native_flags
+from specscope.backend.engine.engine import Engine
+from specscope.backend.forward import weight_blocks
+from specscope.backend.forward.fused_step import MAX_CHUNK, FusedDecode, fused_decode, supported
+from specscope.backend.forward.weight_blocks import pack
+from specscope.backend.model.config import ModelConfig
+from specscope.backend.model.rope import RopeSpec
+from specscope.backend.model.transformer import KVContext, PagedKV, Transformer, interleaved_mask
+from specscope.kernels import native
+from specscope.kernels.native import FLAGS, NON_TEMPORAL, build, load, native_flags
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -449,9 +449,9 @@ def test_a_failed_build_runs_eagerly_after_one_warning(monkeypatch, tmp_path, ca
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))   # no cached build to load instead
     native.library.cache_clear()
     try:
-        with caplog.at_level("WARNING", logger="kernels.native"):
+        with caplog.at_level("WARNING", logger="specscope.kernels.native"):
             assert native.library() is None and fused_decode(model, filled_cache(cfg)) is None
-        assert len([r for r in caplog.records if r.name == "kernels.native"]) == 1
+        assert len([r for r in caplog.records if r.name == "specscope.kernels.native"]) == 1
     finally:
         native.library.cache_clear()
         monkeypatch.undo()
@@ -460,7 +460,7 @@ def test_a_failed_build_runs_eagerly_after_one_warning(monkeypatch, tmp_path, ca
 
 def test_calls_are_typed_by_the_header(lib):
     """api.h's prototypes type every call: an int32 table where the C reads int64 is refused, not misread."""
-    from kernels.native import ptr
+    from specscope.kernels.native import ptr
 
     rows, h = torch.zeros(2, dtype=torch.int32), torch.zeros(2, 4)
     with pytest.raises(TypeError, match="int64_t"):

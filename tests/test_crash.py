@@ -11,7 +11,7 @@ import pytest
 from serve_process import OPTIONS, TOKEN, generate, receive, serving, wait_status
 from websockets.exceptions import ConnectionClosed
 
-from backend.store import Store
+from specscope.backend.store import Store
 
 pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
 pytestmark = [pytest.mark.extended, pytest.mark.slow]

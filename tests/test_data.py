@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from backend.model import data, tasks
-from backend.model.card import model_card
-from backend.model.domain import FAMILIES, code, numbers
-from backend.model.domain.phrasing import expand, phrasing_split
-from backend.model.tokenizer import MASK
+from specscope.backend.model import data, tasks
+from specscope.backend.model.card import model_card
+from specscope.backend.model.domain import FAMILIES, code, numbers
+from specscope.backend.model.domain.phrasing import expand, phrasing_split
+from specscope.backend.model.tokenizer import MASK
 
 
 def test_task_splits_are_disjoint_and_fixed_by_seed():
@@ -214,7 +214,7 @@ def test_task_rows_pad_every_task_with_eos_to_the_block_end(tok, block):
 
 
 def test_checkpoint_tasks_take_per_kind_from_the_shipped_file_and_answer_themselves(tmp_path):
-    from backend.model.checkpoint import DEFAULT_CHECKPOINT
+    from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT
     shipped = tasks.checkpoint_tasks(DEFAULT_CHECKPOINT, 3)
     assert shipped is not None and len(shipped) == 3 * len({t.kind for t in shipped}) == 15
     for t in shipped:                       # the stop-9 templates, answers computed from the prompt

@@ -17,17 +17,17 @@ import torch
 from safetensors.torch import save_file
 from support.selfspec_data import write_answers
 
-from backend.engine.draft_chain import SAMPLER_PARAM, DraftChain
-from backend.engine.engine import Engine
-from backend.engine.modes import get_mode, mode_names
-from backend.engine.request import Request
-from backend.engine.scores import Scores
-from backend.forward.fused_step import FusedDecode
-from backend.model.adapters import save_adapter
-from backend.model.checkpoint import load_checkpoint
-from backend.model.sampler_head import SAMPLER_FILE, SamplerHead, load_sampler, save_sampler
-from backend.model.source import TINY, resolve
-from backend.model.transformer import LoRALinear
+from specscope.backend.engine.draft_chain import SAMPLER_PARAM, DraftChain
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import get_mode, mode_names
+from specscope.backend.engine.request import Request
+from specscope.backend.engine.scores import Scores
+from specscope.backend.forward.fused_step import FusedDecode
+from specscope.backend.model.adapters import save_adapter
+from specscope.backend.model.checkpoint import load_checkpoint
+from specscope.backend.model.sampler_head import SAMPLER_FILE, SamplerHead, load_sampler, save_sampler
+from specscope.backend.model.source import TINY, resolve
+from specscope.backend.model.transformer import LoRALinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]

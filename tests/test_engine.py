@@ -5,11 +5,11 @@ import pytest
 from support.modes import every_mode
 from support.traces import replay_kv
 
-from backend.engine.engine import Engine
-from backend.engine.modes import mode_names
-from backend.engine.params import ParamError
-from backend.engine.scheduler import parse_tiers
-from backend.tracing import RecordingTracer
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import mode_names
+from specscope.backend.engine.params import ParamError
+from specscope.backend.engine.scheduler import parse_tiers
+from specscope.backend.tracing import RecordingTracer
 
 MODES = mode_names()
 

@@ -17,15 +17,15 @@ import pytest
 from fastapi.testclient import TestClient
 from support.modes import LONG_RAW_PROMPT
 
-from backend.engine.engine import Engine
-from backend.engine.params import ParamError
-from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-from backend.model.config import CheckpointError
-from backend.server import create_app
-from backend.server.engine_process import EngineProcess
-from backend.server.worker import Busy
-from backend.store import Store
-from backend.tracing import RecordingTracer
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.params import ParamError
+from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from specscope.backend.model.config import CheckpointError
+from specscope.backend.server import create_app
+from specscope.backend.server.engine_process import EngineProcess
+from specscope.backend.server.worker import Busy
+from specscope.backend.store import Store
+from specscope.backend.tracing import RecordingTracer
 
 PROMPT = "What is 12 + 30?"
 HERE = Path(__file__).resolve().parent

@@ -21,10 +21,10 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import Ministral3Config, Qwen2Config, Qwen3Config  # noqa: E402
 
-from backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
-from backend.model.checkpoint import load_checkpoint  # noqa: E402
-from backend.model.config import CheckpointError  # noqa: E402
-from backend.model.transformer import ATTN_MODES, KVContext, PagedKV  # noqa: E402
+from specscope.backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402
+from specscope.backend.model.checkpoint import load_checkpoint  # noqa: E402
+from specscope.backend.model.config import CheckpointError  # noqa: E402
+from specscope.backend.model.transformer import ATTN_MODES, KVContext, PagedKV  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SEQ = 14
@@ -172,7 +172,7 @@ def test_folded_verify_uses_the_models_rope_variant(ministral, backend):
     gate at δ = 0 its logits equal the dense block forward of every branch."""
     from support.fold_oracle import fold_backend
 
-    from backend.forward.plan import Fold, ForwardPlan
+    from specscope.backend.forward.plan import Fold, ForwardPlan
 
     model = load_checkpoint(ministral[2]).model
     p, b, parents = 6, 8, [-1, 0, 0, 1]

@@ -3,13 +3,13 @@ block confidence, I-DLM's αq > 0 rule and argmax drafts."""
 import pytest
 import torch
 
-from backend.engine.blocks import guesses
-from backend.engine.modes import mode_names
-from backend.engine.modes.isd import ISD, ISDState
-from backend.engine.request import Request
-from backend.engine.scores import Scores
-from backend.tracing import RecordingTracer
-from kernels.isd_verify import isd_verify_torch
+from specscope.backend.engine.blocks import guesses
+from specscope.backend.engine.modes import mode_names
+from specscope.backend.engine.modes.isd import ISD, ISDState
+from specscope.backend.engine.request import Request
+from specscope.backend.engine.scores import Scores
+from specscope.backend.tracing import RecordingTracer
+from specscope.kernels.isd_verify import isd_verify_torch
 
 BLOCK_MODES = ["block_diffusion", "spiffy", "specfold"]
 
@@ -96,7 +96,7 @@ def test_unshifted_logits_are_realigned_by_the_runtime(loaded):
     in the shifted convention: row j holds the prediction for position j + 1."""
     from dataclasses import replace
 
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
 
     shifted = Engine(loaded, num_slots=256)
     unshifted = Engine(replace(loaded, logits_shifted={**loaded.logits_shifted, "block": False}), num_slots=256)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from support.events import piece, rnd, run_events
 
-from app.figures import (
+from specscope.app.figures import (
     Claim,
     acceptance_position_figure,
     accepted_length_figure,
@@ -26,12 +26,12 @@ from app.figures import (
     sparkline,
     token_diff_html,
 )
-from app.palette import KV_REASONS, STATES, kv_color, palette_css
-from app.specmetrics import fold_ratios, spec_metrics, step_map
-from app.sweep import parse_variants
-from app.trace import RunTrace, make_piece
-from app.vizdoc import document_json, viz_document
-from backend.engine.modes import get_mode
+from specscope.app.palette import KV_REASONS, STATES, kv_color, palette_css
+from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
+from specscope.app.sweep import parse_variants
+from specscope.app.trace import RunTrace, make_piece
+from specscope.app.vizdoc import document_json, viz_document
+from specscope.backend.engine.modes import get_mode
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_live_round_cuts_long_context() -> None:
 def test_every_state_has_a_colour() -> None:
     for state in STATES:
         assert f".ss-s-{state}{{" in palette_css()
-    assert ".ss-s-prompt, .ss-s-committed { opacity" in open("app/static/specscope.css").read()
+    assert ".ss-s-prompt, .ss-s-committed { opacity" in open("specscope/app/static/specscope.css").read()
 
 
 def test_show_piece_makes_whitespace_visible() -> None:
@@ -308,7 +308,7 @@ def test_piece_fallbacks() -> None:
 
 
 def test_bench_tab_tables_and_speedup_figure() -> None:
-    from app.tabs.bench import kernel_rows, mode_rows, speedup_figure, summary_html
+    from specscope.app.tabs.bench import kernel_rows, mode_rows, speedup_figure, summary_html
     modes = {"meta": {"prompts": 3}, "modes": {"isd": {"nfe": 10, "tpf": 1.5, "tok_per_s": 99.0, "speedup_vs_ar": 0.7,
                                                        "accept_len_mean": 1.6, "accuracy": {"average": 0.5},
                                                        "same_as_reference": 1.0, "reference": "ar",
@@ -331,7 +331,7 @@ def test_bench_tab_tables_and_speedup_figure() -> None:
 
 
 def test_markdown_answers_escape_html_and_render_code() -> None:
-    from app.figures import markdown_html
+    from specscope.app.figures import markdown_html
     shown = markdown_html('Use **this**: <img src=x onerror="alert(1)"><script>x()</script>\n\n'
                           '```python\nif a < b:\n    print("<b>")\n```\n\n[go](javascript:alert(1)) and [ok](https://a.b)')
     assert "<strong>this</strong>" in shown

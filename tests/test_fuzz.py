@@ -18,10 +18,10 @@ from live_server import serving
 from postgres import STORES
 from websockets.sync.client import connect
 
-from backend.engine.engine import Engine
-from backend.engine.modes import describe_modes
-from backend.server import create_app
-from backend.store import Store
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import describe_modes
+from specscope.backend.server import create_app
+from specscope.backend.store import Store
 
 pytest_plugins = ["postgres"]  # the pg_cluster fixture
 PROMPT = "What is 12 + 30?"

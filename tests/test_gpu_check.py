@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from backend.engine.modes import describe_modes, mode_names
+from specscope.backend.engine.modes import describe_modes, mode_names
 from tools.gpu_check import main, variants
 
 

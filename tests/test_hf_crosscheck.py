@@ -26,9 +26,9 @@ from transformers import (  # noqa: E402
     Qwen3Config,
 )
 
-from backend.forward.fused_step import fused_decode  # noqa: E402
-from backend.model.checkpoint import load_model  # noqa: E402
-from backend.model.transformer import KVContext, PagedKV, Transformer  # noqa: E402
+from specscope.backend.forward.fused_step import fused_decode  # noqa: E402
+from specscope.backend.model.checkpoint import load_model  # noqa: E402
+from specscope.backend.model.transformer import KVContext, PagedKV, Transformer  # noqa: E402
 
 ATOL = 1e-4
 SEQ = 14
@@ -300,7 +300,7 @@ def test_our_config_round_trips_through_hf(tmp_path):
     """A config.json we write is read by transformers as the same architecture."""
     from safetensors.torch import save_file
 
-    from backend.model.config import ModelConfig
+    from specscope.backend.model.config import ModelConfig
 
     cfg = ModelConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, family="qwen3")
@@ -320,7 +320,7 @@ def test_rope_is_hfs_rotate_half_bit_for_bit(dtype) -> None:
     as HF's Qwen/Llama do for fp32; for fp16 against the same formula evaluated in fp32 and cast back)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from backend.model.transformer import apply_rope, rope_cos_sin
+    from specscope.backend.model.transformer import apply_rope, rope_cos_sin
     g = torch.Generator().manual_seed(0)
     q, k = (torch.randn(2, 7, heads, 64, generator=g).to(dtype) for heads in (4, 2))
     cos, sin = rope_cos_sin(torch.arange(3, 10).repeat(2, 1), 64, 10000.0)   # [B, Q, 1, hd]

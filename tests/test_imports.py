@@ -9,12 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("backend", "kernels", "app", "selfspec", "tools")
-LIBRARY = ("backend", "kernels", "app", "selfspec")
-ENTRY_POINT = ROOT / "backend" / "cli.py"
+PACKAGES = ("specscope", "tools")
+ENTRY_POINT = ROOT / "specscope" / "backend" / "cli" / "__main__.py"
 # The server and the modules behind the CLI's bench, compare and calibrate commands (verify_rows and answer_fit are
 # the bench's figures; compare rates its answers with answer_fit too).
-COMMANDS = ("backend.server", "backend.bench", "backend.verify_rows", "backend.answer_fit", "backend.calibrate")
+COMMANDS = tuple(f"specscope.backend.{name}" for name in ("server", "bench", "verify_rows", "answer_fit", "calibrate"))
 # Upward imports docs/deviations.md explains (importer prefix, imported prefix).
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
@@ -25,19 +24,19 @@ def layer(module: str) -> int:
     scripts (tools/), which may import anything and which nothing imports."""
     if module.partition(".")[0] == "tools":
         return 8
-    if module == "backend.cli":
+    if module.startswith("specscope.backend.cli"):
         return 7
-    if module.startswith("app"):
+    if module.startswith("specscope.app"):
         return 6
-    if module.startswith("selfspec"):
+    if module.startswith("specscope.selfspec"):
         return 5
     if module.startswith(COMMANDS):
         return 4
-    if module.startswith("backend.store"):
+    if module.startswith("specscope.backend.store"):
         return 3
-    if module.startswith("backend.engine"):
+    if module.startswith("specscope.backend.engine"):
         return 2
-    if module.startswith("backend.forward"):
+    if module.startswith("specscope.backend.forward"):
         return 1
     return 0
 
@@ -71,7 +70,7 @@ def graph() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
         for target in imported(path):
-            while target and target not in known:  # `from backend.store import X`: the package itself
+            while target and target not in known:  # `from specscope.backend.store import X`: the package itself
                 target = target.rpartition(".")[0]
             if target and target != name:
                 edges[name].add(target)
@@ -116,7 +115,7 @@ def test_no_import_cycle() -> None:
 
 def test_no_upward_import_beyond_the_documented_ones() -> None:
     upward = sorted((a, b) for a, targets in graph().items() for b in targets if layer(b) > layer(a)
-                    or a.startswith("kernels.") and b.startswith("backend."))
+                    or a.startswith("specscope.kernels.") and b.startswith("specscope.backend."))
     unexplained = [(a, b) for a, b in upward if not any(a.startswith(x) and b.startswith(y) for x, y in KNOWN_UPWARD)]
     assert unexplained == []
     stale = [(x, y) for x, y in KNOWN_UPWARD if not any(a.startswith(x) and b.startswith(y) for a, b in upward)]
@@ -125,11 +124,11 @@ def test_no_upward_import_beyond_the_documented_ones() -> None:
 
 def test_the_walk_sees_a_cycle_and_an_upward_import() -> None:
     """The checks themselves: a made-up graph with both faults is caught."""
-    edges = {"backend.engine.a": {"backend.engine.b"}, "backend.engine.b": {"backend.engine.a", "app.ui"},
-             "app.ui": set()}
-    assert cycles(edges) == [["backend.engine.a", "backend.engine.b"]]
-    assert layer("app.ui") > layer("backend.engine.b")
-    assert layer("tools.gpu_check") > layer("backend.cli") > layer("app.ui")
+    a, b, ui = "specscope.backend.engine.a", "specscope.backend.engine.b", "specscope.app.ui"
+    edges = {a: {b}, b: {a, ui}, ui: set()}
+    assert cycles(edges) == [[a, b]]
+    assert layer(ui) > layer(b)
+    assert layer("tools.gpu_check") > layer("specscope.backend.cli") > layer(ui)
 
 
 def script_entry(path: Path) -> bool:
@@ -140,10 +139,10 @@ def script_entry(path: Path) -> bool:
                for node in ast.walk(ast.parse(path.read_text())))
 
 
-def test_no_script_entry_inside_library_packages() -> None:
-    """Scripts are tools/ modules (`python -m tools.<name>`); the one entry inside the library is the console
-    script's, backend/cli.py."""
-    scripts = [str(path.relative_to(ROOT)) for package in LIBRARY for path in sorted((ROOT / package).rglob("*.py"))
-               if path != ENTRY_POINT and script_entry(path)]
-    assert scripts == []
-    assert script_entry(ENTRY_POINT) and script_entry(ROOT / "tools" / "gpu_check.py")
+def test_no_script_entry_inside_the_package() -> None:
+    """The one way into the package from a shell is the `specscope` command (and `python -m specscope.backend.cli`,
+    the same main): no module has a `__main__` block, and the CLI's is the only `__main__.py`."""
+    files = sorted((ROOT / "specscope").rglob("*.py"))
+    assert [str(path.relative_to(ROOT)) for path in files if script_entry(path)] == []
+    assert [path for path in files if path.name == "__main__.py"] == [ENTRY_POINT]
+    assert script_entry(ROOT / "tools" / "kernel_bench.py")   # the check itself sees an entry where one is

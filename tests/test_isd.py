@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from backend.engine.modes.isd import pq_table
-from backend.engine.request import Request
-from backend.engine.scores import Scores, verify_specs
-from backend.tracing import RecordingTracer
+from specscope.backend.engine.modes.isd import pq_table
+from specscope.backend.engine.request import Request
+from specscope.backend.engine.scores import Scores, verify_specs
+from specscope.backend.tracing import RecordingTracer
 
 
 @pytest.mark.parametrize("n", [2, 4, 5])
@@ -79,7 +79,7 @@ def test_greedy_verify_is_argmax_equality():
 
 def test_correction_falls_back_to_p_when_residual_is_empty():
     """p == q everywhere and the spec is rejected (u = 1 >= p/q): the correction is drawn from p."""
-    from kernels.isd_verify import isd_verify_torch, isd_verify_triton
+    from specscope.kernels.isd_verify import isd_verify_torch, isd_verify_triton
     logits = torch.tensor([[-1e4, 0.0, 0.0, 0.0]])      # token 0 is the MASK (banned)
     gumbel = torch.tensor([[9.0, 0.1, 2.0, 0.3]])
     for op in (isd_verify_torch, isd_verify_triton):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.isd_verify import isd_verify_torch, isd_verify_triton
+from specscope.kernels.isd_verify import isd_verify_torch, isd_verify_triton
 
 BANNED = 5
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.model.transformer import rope_cos_sin
-from kernels import attention, ffn, gate, qkv, sources
+from specscope.backend.model.transformer import rope_cos_sin
+from specscope.kernels import attention, ffn, gate, qkv, sources
 
 CHAIN = [-1, 0, 1, 2]            # depth-3 fold chain
 TREE = [-1, 0, 0, 1, 1, 2, 3, 4]  # 8 branches
@@ -109,7 +109,7 @@ def test_packed_qkv_matches_twin_and_leaves_folded_slots(dtype, bias, norm, kind
 def test_packed_qkv_twin_equals_the_model_projection(loaded):
     layer = loaded.model.layers[0]
     cfg = loaded.model.cfg
-    from backend.forward.folded import layer_weights
+    from specscope.backend.forward.folded import layer_weights
     w, _ = layer_weights(layer, cfg.rms_norm_eps)
     n = 9
     h = torch.randn(n, cfg.hidden_size)

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.engine.kv import KVError, KVPool, OutOfSlots
-from backend.model.config import ModelConfig
+from specscope.backend.engine.kv import KVError, KVPool, OutOfSlots
+from specscope.backend.model.config import ModelConfig
 
 CFG = ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                   num_attention_heads=2, num_key_value_heads=1, head_dim=4)

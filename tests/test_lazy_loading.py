@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backend.model.loadcheck import measure, synthetic_config, write_sharded
+from specscope.backend.model.loadcheck import measure, synthetic_config, write_sharded
 
 
 @pytest.mark.extended

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter
-from backend.model.checkpoint import load_model
-from backend.model.config import CheckpointError, ModelConfig
-from backend.model.transformer import KVContext, LoRALinear, PagedKV, Transformer
+from specscope.backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE, load_adapter, save_adapter
+from specscope.backend.model.checkpoint import load_model
+from specscope.backend.model.config import CheckpointError, ModelConfig
+from specscope.backend.model.transformer import KVContext, LoRALinear, PagedKV, Transformer
 
 RANK, ALPHA = 4, 8.0
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -6,9 +6,9 @@ import argparse
 import pytest
 import torch
 
-from backend.model import kv_budget
-from backend.model.kv_budget import auto_slots, slot_bytes
-from backend.model.options import add_model_args, load_from_args
+from specscope.backend.cli.options import add_model_args, load_from_args
+from specscope.backend.engine import kv_budget
+from specscope.backend.engine.kv_budget import auto_slots, slot_bytes
 
 pytestmark = pytest.mark.real_model   # each test loads SmolLM2-135M
 
@@ -39,6 +39,6 @@ def test_auto_slots_follow_free_memory(monkeypatch):
     cfg = loaded.model.cfg
     per = slot_bytes(cfg, torch.bfloat16)
     assert per == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-    monkeypatch.setattr("backend.model.kv_budget.free_bytes", lambda device: 1000 * per)
+    monkeypatch.setattr("specscope.backend.engine.kv_budget.free_bytes", lambda device: 1000 * per)
     assert auto_slots(cfg, torch.bfloat16, "cpu", fraction=0.5) == 500
     assert auto_slots(cfg, torch.bfloat16, "cpu", fraction=0.5, at_most=100) == 100

@@ -9,12 +9,12 @@ import weakref
 
 import pytest
 
-from app.figures import Claim, lossless_badge, metrics_table_html
-from app.trace import RunTrace
-from backend.engine.engine import Engine
-from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-from backend.server.worker import Worker
-from backend.tracing import RecordingTracer
+from specscope.app.figures import Claim, lossless_badge, metrics_table_html
+from specscope.app.trace import RunTrace
+from specscope.backend.engine.engine import Engine
+from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from specscope.backend.server.worker import Worker
+from specscope.backend.tracing import RecordingTracer
 
 PROMPT = "Reverse: q w e r t y u i"
 
@@ -107,7 +107,7 @@ def test_compare_gives_no_verdict_across_matmul_precisions() -> None:
 
 def test_token_pieces_come_from_the_vocabulary_of_the_runs_model() -> None:
     """After a switch the UI shows a run's tokens with its own model's vocabulary, never the other model's."""
-    from app.session import Backend
+    from specscope.app.session import Backend
 
     class Switching:
         http_url = "http://backend"

@@ -8,11 +8,11 @@ import shutil
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from backend.engine.engine import Engine
-from backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
-from backend.server.models import ModelHost, models_router
-from backend.server.service import LocalEngine
-from backend.tracing import RecordingTracer
+from specscope.backend.engine.engine import Engine
+from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
+from specscope.backend.server.models import ModelHost, models_router
+from specscope.backend.server.service import LocalEngine
+from specscope.backend.tracing import RecordingTracer
 
 
 def test_list_and_switch(tmp_path, loaded):
@@ -51,8 +51,8 @@ def test_list_and_switch(tmp_path, loaded):
 def test_app_switches_the_served_model(tmp_path, loaded):
     """Through create_app: the switch reaches the worker, so health, vocab and the next run use the new model;
     without a models directory /api/models lists only the served model."""
-    from backend.server import create_app
-    from backend.store import Store
+    from specscope.backend.server import create_app
+    from specscope.backend.store import Store
 
     shutil.copytree(DEFAULT_CHECKPOINT, tmp_path / "models" / "b")
     engine = Engine(loaded, num_slots=256)
@@ -81,7 +81,7 @@ def test_app_switches_the_served_model(tmp_path, loaded):
 
 
 def test_serve_starts_on_the_first_loadable_folder(tmp_path):
-    from backend.cli import first_model
+    from specscope.backend.cli.common import first_model
 
     (tmp_path / "a-broken").mkdir()
     (tmp_path / "a-broken" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
@@ -91,7 +91,7 @@ def test_serve_starts_on_the_first_loadable_folder(tmp_path):
 
 
 def test_serve_refuses_a_missing_models_directory(tmp_path, capsys):
-    from backend.cli import main
+    from specscope.backend.cli import main
 
     assert main(["serve", "--models", str(tmp_path / "nope"), "--db", f"sqlite:///{tmp_path / 'r.db'}"]) == 2
     assert "no such directory" in capsys.readouterr().err

@@ -3,9 +3,9 @@ parameters, and concurrency that never changes a run. A new mode needs no list e
 import pytest
 from support.modes import HELDOUT_GEN
 
-from backend.engine.modes import REGISTRY, get_mode, mode_names
-from backend.engine.params import ParamError
-from backend.tracing import RecordingTracer
+from specscope.backend.engine.modes import REGISTRY, get_mode, mode_names
+from specscope.backend.engine.params import ParamError
+from specscope.backend.tracing import RecordingTracer
 
 GEN = HELDOUT_GEN
 LOSSLESS = [m for m in mode_names() if REGISTRY[m].lossless_vs]

@@ -13,8 +13,8 @@ import pytest
 from live_server import serving
 from support.modes import LONG_RAW_PROMPT
 
-from backend.server import create_app
-from backend.store import Store
+from specscope.backend.server import create_app
+from specscope.backend.store import Store
 
 TOKEN = "sk-test-token"
 MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
@@ -22,7 +22,7 @@ MESSAGES = [{"role": "user", "content": "What is 12 + 30?"}]
 
 @pytest.fixture(scope="module")
 def served(loaded, tmp_path_factory) -> Iterator[dict[str, Any]]:
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
 
     engine = Engine(loaded, num_slots=4096, check_invariants=True)
     reference = Engine(loaded, num_slots=4096)
@@ -163,7 +163,7 @@ def test_errors_have_openais_classes_and_status_codes(served):
 
 
 def test_a_full_server_answers_429(loaded, tmp_path):
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
 
     app = create_app(Engine(loaded, num_slots=4096), Store(f"sqlite:///{tmp_path / 'runs.db'}"),
                      max_queued=0)

@@ -5,9 +5,9 @@ from support.branches import BRANCH_CASES, CHAIN, TREE, random_branches, referen
 from support.fold_oracle import fold_backend, resolve_sources
 from support.spiffy import branch_logits
 
-from backend.engine.modes.spiffy import DenseVerify
-from backend.forward.folded import folded_backend
-from backend.forward.packed import (
+from specscope.backend.engine.modes.spiffy import DenseVerify
+from specscope.backend.forward.folded import folded_backend
+from specscope.backend.forward.packed import (
     BlockRope,
     Packing,
     ancestor_table,
@@ -17,13 +17,13 @@ from backend.forward.packed import (
     norm_packed,
     packed_qkv,
 )
-from backend.forward.plan import Fold, ForwardPlan
-from backend.model.config import ModelConfig
-from backend.model.rope import RopeSpec
-from backend.model.transformer import Transformer
-from kernels import cpu_fold
-from kernels.gate import parent_rows, recompute_flags
-from kernels.native import FLAGS, build, load
+from specscope.backend.forward.plan import Fold, ForwardPlan
+from specscope.backend.model.config import ModelConfig
+from specscope.backend.model.rope import RopeSpec
+from specscope.backend.model.transformer import Transformer
+from specscope.kernels import cpu_fold
+from specscope.kernels.gate import parent_rows, recompute_flags
+from specscope.kernels.native import FLAGS, build, load
 
 
 @pytest.mark.parametrize("parents", [CHAIN, TREE])

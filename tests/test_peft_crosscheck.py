@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.tracing import RecordingTracer
+from specscope.backend.tracing import RecordingTracer
 
 peft = pytest.importorskip("peft")
 from hf_tiny import TINY, ids, randomize_lora, save_hf  # noqa: E402
 from transformers import Qwen3Config  # noqa: E402
 
-from backend.model.checkpoint import load_checkpoint  # noqa: E402
-from backend.model.transformer import KVContext, PagedKV  # noqa: E402
+from specscope.backend.model.checkpoint import load_checkpoint  # noqa: E402
+from specscope.backend.model.transformer import KVContext, PagedKV  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -90,7 +90,7 @@ def test_mask_scoped_adapter_keeps_isd_lossless(pair):
     """The engine applies a "mask"-scope adapter at MASK query positions only: greedy isd then equals the base
     model's ar, prompt by prompt; with the adapter forced on everywhere (verify positions adapted too) it
     does not."""
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
 
     _, ours, base = pair
     prompts = ["What is 12 + 30?", "Sort: 5 3 9 1", "hello world", "Count the letters in banana."]
@@ -114,7 +114,7 @@ def test_trainable_mask_row_matches_peft(tmp_path):
     """An adapter that also trains the MASK token's embedding row (peft's trainable_token_indices, as the
     self-speculation adapter ships): our loader applies the row as peft does, with the adapter on at MASK
     positions; the same row written by our save_adapter loads back to the same logits."""
-    from backend.model.adapters import save_adapter
+    from specscope.backend.model.adapters import save_adapter
     mask = 7
     hf = save_hf(Qwen3Config(**(TINY | {"vocab_size": 2048}), head_dim=16, tie_word_embeddings=True), tmp_path)
     cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, trainable_token_indices={"embed_tokens": [mask]})

@@ -12,11 +12,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from backend.engine.engine import Engine
-from backend.engine.params import ParamError
-from backend.model import source
-from backend.model.checkpoint import load_checkpoint
-from backend.model.config import CheckpointError
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.params import ParamError
+from specscope.backend.model import source
+from specscope.backend.model.checkpoint import load_checkpoint
+from specscope.backend.model.config import CheckpointError
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 PROMPTS = ["What is the capital of France?", "Write a Python function that adds two numbers.",
@@ -96,8 +96,8 @@ def test_chat_template_renders_conversations(smollm):
 
 
 def test_multi_turn_conversation_through_the_websocket(smollm, tmp_path):
-    from backend.server import create_app
-    from backend.store import Store
+    from specscope.backend.server import create_app
+    from specscope.backend.store import Store
     engine = Engine(smollm, num_slots=4096)
     conv = [{"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Nice to meet you, Ada!"},
             {"role": "user", "content": "What is my name?"}]

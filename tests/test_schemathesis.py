@@ -15,9 +15,9 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from websockets.sync.client import connect
 
-from backend.engine.engine import Engine
-from backend.server import create_app
-from backend.store import Store
+from specscope.backend.engine.engine import Engine
+from specscope.backend.server import create_app
+from specscope.backend.store import Store
 
 EXAMPLES = int(os.environ.get("SCHEMATHESIS_N", 6))   # per operation and generation mode
 

@@ -14,15 +14,15 @@ import pytest
 import torch
 from support.selfspec_data import write_answers
 
-from backend.engine.engine import Engine
-from backend.model.adapters import save_adapter
-from backend.model.chat_prompts import HELD_OUT, TEMPLATES, prompt_set
-from backend.model.checkpoint import load_checkpoint
-from backend.model.source import TINY
-from backend.model.transformer import KVContext, PagedKV
-from selfspec.batch import chunk_logits, pack
-from selfspec.layouts import IGNORE, Mix, block_chunk, causal_chunk, chunks_for, partial_chunk
-from selfspec.train import prepare_model
+from specscope.backend.engine.engine import Engine
+from specscope.backend.model.adapters import save_adapter
+from specscope.backend.model.chat_prompts import HELD_OUT, TEMPLATES, prompt_set
+from specscope.backend.model.checkpoint import load_checkpoint
+from specscope.backend.model.source import TINY
+from specscope.backend.model.transformer import KVContext, PagedKV
+from specscope.selfspec.batch import chunk_logits, pack
+from specscope.selfspec.layouts import IGNORE, Mix, block_chunk, causal_chunk, chunks_for, partial_chunk
+from specscope.selfspec.train import prepare_model
 from tools.selfspec_data import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -168,7 +168,7 @@ def test_init_adapter_starts_from_a_saved_adapter(trainee, tmp_path):
 def test_bf16_autocast_losses_follow_float32_and_train_the_adapter(trainee):
     """--bf16: the training forward under bf16 autocast (bf16 KV for the packed cache) gives each layout kind's
     loss within bf16 rounding of float32's, and its gradients reach the LoRA and the MASK row."""
-    from selfspec.train import draw_batch, losses
+    from specscope.selfspec.train import draw_batch, losses
     model, embed = trainee
     rows = [{"seq": torch.randint(3, 1000, (40,), generator=torch.Generator().manual_seed(i)).tolist(),
              "prompt_len": 12} for i in range(4)]
@@ -188,7 +188,7 @@ def test_bf16_autocast_losses_follow_float32_and_train_the_adapter(trainee):
 def test_a_kind_weighted_zero_gets_no_chunks():
     """--kind-weights causal=0 (the draft-scope recipe): no causal chunks are built, and the export score is the
     block figure alone."""
-    from selfspec.train import kind_weights, mix_for, score
+    from specscope.selfspec.train import kind_weights, mix_for, score
     weights = kind_weights("causal=0")
     chunks = chunks_for(list(range(100, 160)), 10, 0, mix_for(weights), random.Random(0))
     assert chunks and {c.kind for c in chunks} == {"block", "partial"}
@@ -198,7 +198,7 @@ def test_a_kind_weighted_zero_gets_no_chunks():
 
 def test_chunk_scale_multiplies_the_layouts_a_sequence_gets():
     """--chunk-scale 2: twice the chunks of every trained kind, none of a kind weighted 0."""
-    from selfspec.train import kind_weights, mix_for
+    from specscope.selfspec.train import kind_weights, mix_for
     x = list(range(100, 160))
     kinds = [[c.kind for c in chunks_for(x, 10, 0, mix_for(kind_weights(w), scale), random.Random(0))]
              for w, scale in (("", 1), ("", 2), ("partial=0", 3))]

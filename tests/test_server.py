@@ -15,14 +15,14 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from backend import tracing
-from backend.server import BindError, check_bind, create_app
-from backend.server import app as app_module
-from backend.server.logs import redact_tokens
-from backend.server.outbox import Outbox, SlowClient
-from backend.server.protocol import MAX_MESSAGE_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
-from backend.store import Store, StoreWriter
-from backend.tracing import RecordingTracer
+from specscope.backend import tracing
+from specscope.backend.server import BindError, check_bind, create_app
+from specscope.backend.server import app as app_module
+from specscope.backend.server.logs import redact_tokens
+from specscope.backend.server.outbox import Outbox, SlowClient
+from specscope.backend.server.protocol import MAX_MESSAGE_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
+from specscope.backend.store import Store, StoreWriter
+from specscope.backend.tracing import RecordingTracer
 
 pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
 PROMPT = "What is 12 + 30?"
@@ -498,7 +498,7 @@ def test_health_modes_and_index(client, engine):
 
 
 def test_bench_serves_the_stored_benchmarks(client, tmp_path):
-    from backend.server.api import BENCH_DIR, read_bench
+    from specscope.backend.server.api import BENCH_DIR, read_bench
     body = client.get("/api/bench").json()
     assert body["modes"] == json.loads((BENCH_DIR / "bench.json").read_text()) and body["problems"] == []
     (tmp_path / "bench.json").write_text("{not json")
@@ -528,10 +528,10 @@ def test_the_ui_the_caller_passes_is_mounted(engine, store):
 
 def test_the_cli_composes_the_installed_ui(monkeypatch):
     """`specscope serve` mounts app/ui.py's UI, and serves without one where it cannot be imported."""
-    from app.ui import mount_ui
-    from backend.cli import installed_ui
+    from specscope.app.ui import mount_ui
+    from specscope.backend.cli.serve import installed_ui
     assert installed_ui() is mount_ui
-    monkeypatch.setitem(sys.modules, "app.ui", None)     # an import of app.ui now raises ImportError
+    monkeypatch.setitem(sys.modules, "specscope.app.ui", None)     # an import of app.ui now raises ImportError
     assert installed_ui() is None
 
 
@@ -558,7 +558,7 @@ def test_fit_rates_a_runs_answer_by_the_served_model(client, store, engine):
     pick at every token; a block_diffusion run gets backend.answer_fit's figures on its stored ids; a run made by
     other weights or in another matmul precision and an unknown one are refused, and the KV pool is left as it
     was."""
-    from backend.answer_fit import answer_fit
+    from specscope.backend.answer_fit import answer_fit
 
     with client.websocket_connect("/ws/generate") as ws:
         ar, block = generate(ws, "ar"), generate(ws, "block_diffusion", block_size=4, threshold=0.0)

@@ -12,8 +12,8 @@ import pytest
 from live_server import serving
 from websockets.asyncio.client import connect
 
-from backend.server import create_app
-from backend.store import Store
+from specscope.backend.server import create_app
+from specscope.backend.store import Store
 
 MODES = ["ar", "block_diffusion", "linear_spec"]
 CLIENTS = 8

@@ -6,9 +6,9 @@ from support.fold_oracle import Float64FoldedForward, branch_attention, fold_bac
 from support.modes import HELDOUT_GEN
 from support.spiffy import branch_logits, stacked
 
-from backend.engine.modes.spiffy import DenseVerify
-from backend.forward.plan import Fold
-from backend.tracing import RecordingTracer
+from specscope.backend.engine.modes.spiffy import DenseVerify
+from specscope.backend.forward.plan import Fold
+from specscope.backend.tracing import RecordingTracer
 
 GEN = {"max_new_tokens": 32}
 
@@ -105,7 +105,7 @@ def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy
     """A whole verification step through the Triton kernels (TRITON_INTERPRET=1): at δ=0.1 (paper gate) it
     equals the float64 PyTorch reference, at δ=0 with the strict FFN gate the dense forward, both within 1e-3.
     One step: the interpreter is slow."""
-    from backend.forward.folded import KernelFoldedForward
+    from specscope.backend.forward.folded import KernelFoldedForward
     dense = DenseVerify.__call__
     results = []
 
@@ -158,7 +158,7 @@ def test_folded_backends_apply_a_mask_scoped_adapter_at_its_rows(loaded, backend
     rows of each folded backend: strict δ=0 equals the eager forward of the same rows, map and all."""
     import copy
 
-    from backend.forward.plan import Eager, ForwardPlan
+    from specscope.backend.forward.plan import Eager, ForwardPlan
 
     model = copy.deepcopy(loaded.model)
     torch.manual_seed(0)

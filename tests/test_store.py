@@ -17,7 +17,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import func, select
 from support.store_runs import DRAFT_SLOT, N_ROUNDS, PROMPT, finish, play_round, start
 
-from backend.store import (
+from specscope.backend.store import (
     DocumentError,
     DuplicateSeqError,
     RunExistsError,
@@ -31,8 +31,8 @@ from backend.store import (
     import_json,
     retry,
 )
-from backend.store.models import Base, ComparisonRun, Event, KVInterval, Round
-from backend.tracing import RecordingTracer
+from specscope.backend.store.models import Base, ComparisonRun, Event, KVInterval, Round
+from specscope.backend.tracing import RecordingTracer
 
 pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
 def url(path: Path) -> str:
@@ -71,8 +71,8 @@ def test_schema_is_migrated(store: Store) -> None:
 
 def test_migration_0002_keeps_old_runs(store_url: str) -> None:
     """A database made by 0001 upgrades in place: its runs stay, with no server and no model hash."""
-    from backend.store.db import make_engine
-    from backend.store.migrate import upgrade
+    from specscope.backend.store.db import make_engine
+    from specscope.backend.store.migrate import upgrade
     engine = make_engine(store_url)
     upgrade(engine, "0001")
     with engine.begin() as conn:

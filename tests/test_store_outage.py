@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from postgres import Cluster, own_cluster
 from support.store_runs import N_ROUNDS, PROMPT, finish, play_round, start
 
-from backend.server import create_app
-from backend.store import Store, StoreUnavailable, StoreWriter
+from specscope.backend.server import create_app
+from specscope.backend.store import Store, StoreUnavailable, StoreWriter
 
 pytestmark = pytest.mark.postgres
 

@@ -4,10 +4,10 @@ the fast decoder must give the tokenizer's own text."""
 import itertools
 import random
 
-from backend.engine.modes import get_mode
-from backend.engine.recorder import RunRecorder
-from backend.engine.request import Request
-from backend.model.tokenizer import (
+from specscope.backend.engine.modes import get_mode
+from specscope.backend.engine.recorder import RunRecorder
+from specscope.backend.engine.request import Request
+from specscope.backend.model.tokenizer import (
     ByteText,
     PieceTable,
     RedecodedText,

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from backend.engine.modes import mode_names
-from backend.tracing import RecordingTracer
+from specscope.backend.engine.modes import mode_names
+from specscope.backend.tracing import RecordingTracer
 
 PROMPT = "Reverse: q w e r t y u i"
 K = 3

@@ -9,12 +9,12 @@ from fastapi.testclient import TestClient
 from live_server import free_port, serving
 from support.modes import LONG_RAW_PROMPT
 
-from app.client import BackendError, BackendUnavailable, Client, base_urls
-from app.plot import PLOTLY_ROUTE
-from app.tabs.chat import REDRAW_EVERY_S, REDRAW_MAX_S, mode_params, param_component, redraw_interval
-from app.tabs.viz import FOLLOW_FAILURES, follow_events
-from app.trace import RunTrace
-from app.ui import mount_ui, status_html
+from specscope.app.client import BackendError, BackendUnavailable, Client, base_urls
+from specscope.app.plot import PLOTLY_ROUTE
+from specscope.app.tabs.chat import REDRAW_EVERY_S, REDRAW_MAX_S, mode_params, param_component, redraw_interval
+from specscope.app.tabs.viz import FOLLOW_FAILURES, follow_events
+from specscope.app.trace import RunTrace
+from specscope.app.ui import mount_ui, status_html
 
 
 def test_base_urls() -> None:
@@ -87,8 +87,8 @@ def test_param_widgets_and_values() -> None:
 
 
 def test_client_against_live_server(engine, tmp_path) -> None:
-    from backend.server import create_app
-    from backend.store import Store
+    from specscope.backend.server import create_app
+    from specscope.backend.store import Store
 
     port = free_port()
     app = create_app(engine, Store(f"sqlite:///{tmp_path / 'ui.db'}"))
@@ -175,7 +175,7 @@ async def followed(client: DroppingClient) -> RunTrace:
 
 
 def test_live_follow_resumes_a_dropped_stream(monkeypatch) -> None:
-    monkeypatch.setattr("app.tabs.viz.FOLLOW_RETRY_S", 0.0)
+    monkeypatch.setattr("specscope.app.tabs.viz.FOLLOW_RETRY_S", 0.0)
     client = DroppingClient(run_events(3), drops=2)
     trace = asyncio.run(followed(client))
     assert trace.status == "cancelled" and len(trace.rounds) == 3

@@ -12,26 +12,25 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNTIME_FILES = ["kernels/cpu_decode.c", "kernels/cpu_fold.c", "kernels/simd.h", "kernels/api.h",
-                 "app/static/viz.js", "app/static/specscope.js",
-                 "app/static/specscope.css", "backend/model/checkpoints/smollm2-135m-selfspec/adapter_config.json",
-                 "backend/model/checkpoints/smollm2-135m-selfspec/adapter_model.safetensors",
-                 "backend/model/checkpoints/smollm2-135m-selfspec/sampler_head.safetensors",
-                 "backend/model/checkpoints/smollm2-135m-selfspec/model_card.json"]
+ADAPTER = "specscope/backend/model/checkpoints/smollm2-135m-selfspec"
+RUNTIME_FILES = [*(f"specscope/kernels/{name}" for name in ("cpu_decode.c", "cpu_fold.c", "simd.h", "api.h")),
+                 *(f"specscope/app/static/{name}" for name in ("viz.js", "specscope.js", "specscope.css")),
+                 *(f"{ADAPTER}/{name}" for name in ("adapter_config.json", "adapter_model.safetensors",
+                                                     "sampler_head.safetensors", "model_card.json"))]
 
 pytestmark = pytest.mark.slow
 
 INSTALLED_CHECK = """
 import sys
 from pathlib import Path
-import app.ui, kernels.native as native
+import specscope.app.ui as ui, specscope.kernels.native as native
 assert not str(Path(native.__file__)).startswith(sys.argv[1]), native.__file__   # the installed copy, not the checkout
-assert app.ui.STATIC.joinpath("viz.js").is_file(), app.ui.STATIC
+assert ui.STATIC.joinpath("viz.js").is_file(), ui.STATIC
 assert native.library() is not None   # the C kernels built from the installed package
-from backend.engine.engine import Engine
-from backend.engine.modes import get_mode, mode_names
-from backend.model.checkpoint import load_checkpoint
-from backend.model.source import TINY
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import get_mode, mode_names
+from specscope.backend.model.checkpoint import load_checkpoint
+from specscope.backend.model.source import TINY
 engine = Engine(load_checkpoint(TINY), num_slots=1024)
 assert engine.rt.backend is not engine.rt.eager   # the fused step, from the installed C source
 outputs = {m: engine.generate("Copy: a b c", m, {"max_new_tokens": 8}) for m in mode_names()}
@@ -48,6 +47,8 @@ def test_wheel_holds_what_the_code_reads(tmp_path: Path) -> None:
                     str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300)
     wheel = next(tmp_path.glob("specscope-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
+    top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert top_level == {"specscope"}
     assert [f for f in RUNTIME_FILES if f not in names] == []
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],

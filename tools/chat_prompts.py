@@ -8,7 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
-from backend.model.chat_prompts import TEMPLATES, prompt_set
+from specscope.backend.model.chat_prompts import TEMPLATES, prompt_set
 
 
 def main() -> None:

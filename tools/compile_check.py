@@ -26,7 +26,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 
-from kernels import attention, ffn, gate, isd_verify, qkv, rmsnorm, sources  # noqa: E402
+from specscope.kernels import attention, ffn, gate, isd_verify, qkv, rmsnorm, sources  # noqa: E402
 
 H16, I32, F32 = "*fp16", "*i32", "*fp32"
 ALIGNED = {"h_ptr", "x_ptr", "w_ptr", "q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr", "o_ptr", "po_ptr", "wg_ptr",

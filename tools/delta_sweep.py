@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from backend.engine.engine import Engine
-from backend.model.tasks import Task, task_set
+from specscope.backend.engine.engine import Engine
+from specscope.backend.model.tasks import Task, task_set
 
 GEN = {"max_new_tokens": 48}
 

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from backend.model import data
-from backend.model.checkpoint import DEFAULT_CHECKPOINT, LoadedModel, load_checkpoint
-from backend.model.tasks import REQUIRED, Task, task_set
-from backend.model.train import OBJECTIVES, objective_losses
+from specscope.backend.model import data
+from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT, LoadedModel, load_checkpoint
+from specscope.backend.model.tasks import REQUIRED, Task, task_set
+from specscope.backend.model.train import OBJECTIVES, objective_losses
 
 
 def heldout_losses(loaded: LoadedModel, batches: int, seed: int = 1234) -> dict[str, float]:
@@ -51,7 +51,7 @@ def unigram_loss(loaded: LoadedModel) -> float:
 def exact_match(loaded: LoadedModel, tasks: list[Task], mode: str = "ar",
                 params: dict | None = None) -> dict[str, Any]:
     """Greedy exact-match and TPF per family and wording split; the average and minimum over required families."""
-    from backend.engine.engine import Engine
+    from specscope.backend.engine.engine import Engine
     engine = Engine(loaded, num_slots=4096)
     hits: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     tokens = nfe = 0

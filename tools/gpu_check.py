@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from backend.engine.engine import Engine
-from backend.engine.modes import describe_modes
-from backend.model.checkpoint import DEFAULT_CHECKPOINT, LoadedModel, load_checkpoint
-from backend.model.config import ModelConfig
-from backend.model.families import BY_NAME
-from backend.model.rope import RopeSpec
-from backend.model.transformer import ATTN_MODES, Transformer
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import describe_modes
+from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT, LoadedModel, load_checkpoint
+from specscope.backend.model.config import ModelConfig
+from specscope.backend.model.families import BY_NAME
+from specscope.backend.model.rope import RopeSpec
+from specscope.backend.model.transformer import ATTN_MODES, Transformer
 
 PROMPTS = ["Sort these numbers: 9 2 7 4 1 8", "What is 17 + 25?", "Count the vowels in 'banana'.",
            "Write a Python function that reverses a list.", "What does the len() function return?",

@@ -26,10 +26,10 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from backend.forward.folded import TORCH_OPS, TRITON_OPS, fold_layer, layer_weights
-from backend.model.config import ModelConfig
-from backend.model.transformer import DecoderLayer, KVContext, PagedKV, Transformer, build_mask, rope_cos_sin
-from kernels.gate import parent_rows
+from specscope.backend.forward.folded import TORCH_OPS, TRITON_OPS, fold_layer, layer_weights
+from specscope.backend.model.config import ModelConfig
+from specscope.backend.model.transformer import DecoderLayer, KVContext, PagedKV, Transformer, build_mask, rope_cos_sin
+from specscope.kernels.gate import parent_rows
 
 DELTA = 0.05
 FFN_GATE = "strict"   # the stored H200 figures (docs/bench/kernels.json) were measured with the second FFN gate

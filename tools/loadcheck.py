@@ -11,7 +11,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from backend.model.loadcheck import measure, synthetic_config, write_sharded
+from specscope.backend.model.loadcheck import measure, synthetic_config, write_sharded
 
 
 def main() -> None:

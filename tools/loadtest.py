@@ -34,12 +34,12 @@ from typing import Any
 
 import httpx
 
-from backend.model.chat_prompts import prompt_set
+from specscope.backend.model.chat_prompts import prompt_set
 
 MODES = ("ar", "linear_spec", "isd", "quadratic")
 TOKEN = "loadtest-token"
 RSS_GROWTH_MB = 512   # the server's resident memory may grow this much over a run (caches, allocator pools)
-SERVE = "import sys; from backend.cli import main; sys.exit(main(sys.argv[1:]))"
+SERVE = "import sys; from specscope.backend.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass

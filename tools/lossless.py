@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from backend.bench import provenance
-from backend.engine.engine import Engine
-from backend.engine.modes import get_mode, mode_names
-from backend.model.chat_prompts import prompt_set
-from backend.model.checkpoint import load_checkpoint
-from backend.model.source import resolve
+from specscope.backend.bench import provenance
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import get_mode, mode_names
+from specscope.backend.model.chat_prompts import prompt_set
+from specscope.backend.model.checkpoint import load_checkpoint
+from specscope.backend.model.source import resolve
 
 
 def outputs(engine: Engine, prompts: list[list[dict[str, str]]], mode: str, params: dict[str, Any]) -> list[Any]:

@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from backend.engine.engine import Engine
-from backend.forward.fused_step import MATMULS
-from backend.model.chat_prompts import prompt_set
-from backend.model.checkpoint import load_checkpoint
-from backend.model.source import resolve
+from specscope.backend.engine.engine import Engine
+from specscope.backend.forward.fused_step import MATMULS
+from specscope.backend.model.chat_prompts import prompt_set
+from specscope.backend.model.checkpoint import load_checkpoint
+from specscope.backend.model.source import resolve
 
 
 def key(messages: list[dict[str, str]], sampling: dict[str, float] | None = None) -> str:

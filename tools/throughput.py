@@ -34,11 +34,11 @@ from collections.abc import Callable
 
 from websockets.asyncio.client import connect
 
-from backend.cli import build_engine
-from backend.engine.engine import Engine
-from backend.model.options import add_model_args
-from backend.store import Store, StoreWriter, Tee
-from backend.tracing import NULL_TRACER
+from specscope.backend.cli.common import build_engine
+from specscope.backend.cli.options import add_model_args
+from specscope.backend.engine.engine import Engine
+from specscope.backend.store import Store, StoreWriter, Tee
+from specscope.backend.tracing import NULL_TRACER
 
 Path = Callable[[str], dict[str, float]]
 """One way to run a prompt: its figures (tok/s) by row label."""
@@ -81,7 +81,7 @@ def model_flags(args: argparse.Namespace) -> list[str]:
 def serve_in_process(args: argparse.Namespace) -> subprocess.Popen[bytes]:
     """`specscope serve --no-ui` on this command's model options as a child process, once its health endpoint
     answers."""
-    server = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--no-ui", "--db", args.db,
+    server = subprocess.Popen([sys.executable, "-m", "specscope.backend.cli", "serve", "--no-ui", "--db", args.db,
                                "--port", str(args.port), "--threads", str(args.threads), *model_flags(args)])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

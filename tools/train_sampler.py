@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from selfspec.cli import run_parser
-from selfspec.sampler import train_sampler
+from specscope.selfspec.cli import run_parser
+from specscope.selfspec.sampler import train_sampler
 
 
 def main() -> None:
     p = run_parser(__doc__)
-    p.add_argument("--adapter", type=Path, default=Path("backend/model/checkpoints/smollm2-135m-selfspec"),
+    p.add_argument("--adapter", type=Path, default=Path("specscope/backend/model/checkpoints/smollm2-135m-selfspec"),
                    help="the adapter whose MASK rows the head chains")
     p.add_argument("--passes", type=int, default=1, help="extraction passes (each its own random layouts)")
     p.add_argument("--epochs", type=int, default=2)

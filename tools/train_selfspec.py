@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from selfspec.cli import run_parser
-from selfspec.train import kind_weights, train
+from specscope.selfspec.cli import run_parser
+from specscope.selfspec.train import kind_weights, train
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from backend.model.train import export, train
+from specscope.backend.model.train import export, train
 
 
 def main() -> None:

@@ -14,11 +14,11 @@ import time
 
 from fastapi.testclient import TestClient
 
-from app.trace import RunTrace, make_piece
-from app.vizdoc import document_json, viz_document
-from backend.engine.engine import Engine
-from backend.server import create_app
-from backend.store import Store, StoreWriter, Tee
+from specscope.app.trace import RunTrace, make_piece
+from specscope.app.vizdoc import document_json, viz_document
+from specscope.backend.engine.engine import Engine
+from specscope.backend.server import create_app
+from specscope.backend.store import Store, StoreWriter, Tee
 
 CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
 

@@ -11,11 +11,11 @@ import time
 
 import torch
 
-from backend.engine.engine import Engine
-from backend.forward import weight_blocks
-from backend.model.checkpoint import load_checkpoint
-from backend.model.source import resolve
-from backend.verify_rows import verify_rows
+from specscope.backend.engine.engine import Engine
+from specscope.backend.forward import weight_blocks
+from specscope.backend.model.checkpoint import load_checkpoint
+from specscope.backend.model.source import resolve
+from specscope.backend.verify_rows import verify_rows
 
 PROMPT = "What is the capital of France? Answer in one sentence, please, and explain why."
 

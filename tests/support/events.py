@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.trace import make_piece
+from specscope.app.trace import make_piece
 
 PIECES = {1: "Hi", 2: "<script>", 3: " there", 4: "\n", 5: "&amp;", 9: "[M]"}
 piece = make_piece(None, PIECES)

@@ -25,11 +25,11 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from backend.forward.fold_contract import FoldedForward, adapter_rows, shared_prefix, shared_slots
-from backend.forward.folded import folded_backend
-from backend.forward.plan import FoldCounts, ForwardPlan, ForwardResult
-from backend.model.transformer import DecoderLayer, LoRA, Transformer
-from kernels.gate import parent_rows, recompute_flags
+from specscope.backend.forward.fold_contract import FoldedForward, adapter_rows, shared_prefix, shared_slots
+from specscope.backend.forward.folded import folded_backend
+from specscope.backend.forward.plan import FoldCounts, ForwardPlan, ForwardResult
+from specscope.backend.model.transformer import DecoderLayer, LoRA, Transformer
+from specscope.kernels.gate import parent_rows, recompute_flags
 
 
 def prefix_scores(q: Tensor, k: Tensor) -> Tensor:

@@ -5,7 +5,7 @@ from collections.abc import Collection
 
 import pytest
 
-from backend.engine.modes import mode_names
+from specscope.backend.engine.modes import mode_names
 
 LONG_RAW_PROMPT = "Write a haiku about rivers."
 """Sent raw, the shipped tiny model runs on to any max_new_tokens: a run that is still going when a test stops it."""

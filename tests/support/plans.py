@@ -5,7 +5,7 @@ from typing import Any
 
 from torch import Tensor
 
-from backend.forward.plan import ForwardPlan
+from specscope.backend.forward.plan import ForwardPlan
 
 
 def forward(backend: Any, ids: Tensor, positions: Tensor, attn: str = "causal", kv: Any = None,

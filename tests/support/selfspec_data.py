@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from backend.engine.engine import Engine
-from backend.model.chat_prompts import prompt_set
+from specscope.backend.engine.engine import Engine
+from specscope.backend.model.chat_prompts import prompt_set
 
 
 def write_answers(engine: Engine, path: Path, count: int = 8) -> Path:

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from backend.engine.draft_graph import GRAPH_FILE, State
-from backend.engine.engine import Engine
-from backend.engine.scores import Scores
-from backend.forward.plan import Fold, FoldCounts
-from backend.model.checkpoint import LoadedModel
+from specscope.backend.engine.draft_graph import GRAPH_FILE, State
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.scores import Scores
+from specscope.backend.forward.plan import Fold, FoldCounts
+from specscope.backend.model.checkpoint import LoadedModel
 
 # A typical calibrated shape: top-1 chains from the main state and its siblings (rank 2 position, 2nd token).
 NODES = [(-1, 0, 0), (0, 0, 0), (-1, 1, 0), (1, 0, 0), (-1, 0, 1), (2, 0, 0), (-1, 2, 0)]

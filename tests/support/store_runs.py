@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from backend.tracing import Phase, RecordingTracer, RoundEvent
+from specscope.backend.tracing import Phase, RecordingTracer, RoundEvent
 
 PROMPT = "What is 12 + 30?"
 N_ROUNDS = 3

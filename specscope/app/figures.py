@@ -1,0 +1,539 @@
+"""Figure builders: stored rounds / events -> HTML strings or Plotly figures. Pure functions, no I/O.
+
+Every token text that reaches HTML goes through `html.escape`; Plotly figures carry text as data. Token grids are
+drawn in the browser by app/static/viz.js alone (`live_round` sends the chat's latest round there as data).
+"""
+from __future__ import annotations
+
+import difflib
+import html
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import plotly.graph_objects as go
+from markdown_it import MarkdownIt
+
+from specscope.app.palette import CASES, KV_REASONS, STATES, kv_color, phase_color
+from specscope.app.specmetrics import spec_metrics
+from specscope.app.trace import Cell, Event, Piece, RunTrace, id_piece
+from specscope.backend.bench_cells import pick_count
+
+VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
+# No Plotly template: naming one deep-copies it on every figure (~100 ms); Plotly.js defaults are plain white.
+# The modebar (SVG export, zoom) stands on the right edge, never over a title on a narrow screen.
+LAYOUT: dict[str, Any] = {"template": None, "plot_bgcolor": "white", "margin": {"l": 50, "r": 30, "t": 40, "b": 40},
+                          "font": {"size": 11}, "modebar": {"orientation": "v"}}
+
+
+def show_piece(text: str, limit: int = 14) -> str:
+    """Whitespace made visible, long pieces cut; not escaped."""
+    text = text.translate(VISIBLE) or "∅"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+# -- token grid -----------------------------------------------------------------------------------------------------
+
+
+LIVE_CONTEXT = 48
+"""Context cells the chat's latest round shows before its block (app/static/viz.js's MAX_CONTEXT)."""
+
+
+def live_round(round_ev: Event, piece: Piece, context: Sequence[Cell] = (), max_context: int = LIVE_CONTEXT) -> str:
+    """The chat's latest round as JSON for app/static/viz.js (`specscopeViz.live`), the one token-grid renderer:
+    the round, its last `max_context` context cells (prompt and committed), how many it left out, how many
+    positions before the block the stream skipped (counted, never passed over in silence), and the pieces of
+    every token it names."""
+    hidden = max(0, len(context) - max_context)
+    shown = [list(cell) for cell in context[hidden:]]
+    missing = int(round_ev.get("block_start") or 0) - (context[-1][0] + 1 if context else 0)
+    extra = round_ev.get("extra") or {}
+    replaced = [] if extra.get("replaced_draft") is None else [extra["replaced_draft"]]
+    named: list[int] = [cell[1] for cell in context[hidden:]] + list(round_ev.get("tokens") or []) \
+        + list(round_ev.get("committed") or []) + list(extra.get("guess") or []) + replaced
+    pieces = {str(t): piece(int(t)) for t in dict.fromkeys(named)}
+    return json.dumps({"round": dict(round_ev), "context": shown, "hidden": hidden, "missing": max(0, missing),
+                       "pieces": pieces})
+
+
+# -- charts ---------------------------------------------------------------------------------------------------------
+
+
+def add_cursor(fig: go.Figure, **where: Any) -> None:
+    """The round cursor (a dotted vertical line at round 0) that app/static/viz.js moves without redrawing."""
+    fig.add_vline(x=0, line={"color": "#111827", "width": 2, "dash": "dot"}, name="cursor", **where)
+
+
+def int_axis(title: str, span: int) -> dict[str, Any]:
+    """An integer axis: whole-number ticks only (no 0.5 ticks on short ranges)."""
+    return {"title": title, "tickformat": "d", "dtick": 1 if span <= 12 else None}
+
+
+def legend_top() -> dict[str, Any]:
+    """A horizontal legend under the plot: on a narrow box a legend above it ran into the title."""
+    return {"orientation": "h", "y": -0.32, "yanchor": "top", "x": 0, "xanchor": "left"}
+
+
+LEGEND_BELOW_MARGIN = {"l": 50, "r": 50, "t": 40, "b": 78}
+"""Room under the x axis for legend_top's legend."""
+
+
+def accepted_length_figure(rounds: Sequence[Event]) -> go.Figure:
+    """Accepted length per round (bars) with the committed count on an axis of its own (a block mode commits a
+    whole block at once, which would flatten the bars); click a bar to jump to its round."""
+    x = [r["round"] for r in rounds]
+    accepted = [r.get("accepted_len") or 0 for r in rounds]
+    committed = [len(r.get("committed") or []) for r in rounds]
+    fig = go.Figure([
+        go.Bar(x=x, y=accepted, name="accepted", marker_color="#22c55e",
+               customdata=[[c, r.get("nfe")] for c, r in zip(committed, rounds, strict=True)],
+               hovertemplate="round %{x}<br>accepted %{y}<br>committed %{customdata[0]}<br>"
+                             "NFE +%{customdata[1]}<extra></extra>"),
+        go.Scatter(x=x, y=committed, name="committed (right axis)", mode="lines+markers", yaxis="y2",
+                   line={"color": "#3b82f6", "shape": "hvh"}, hoverinfo="skip"),   # level centred on its bar
+    ])
+    add_cursor(fig)
+    fig.update_layout(**{**LAYOUT, "margin": LEGEND_BELOW_MARGIN}, title="accepted per round (click: jump)",
+                      height=290, bargap=0.15, xaxis=int_axis("round", len(x)),
+                      yaxis=int_axis("accepted", max(accepted, default=0)),
+                      yaxis2={**int_axis("committed", max(committed, default=0)), "overlaying": "y", "side": "right",
+                              "showgrid": False, "rangemode": "tozero"},
+                      legend=legend_top())
+    return fig
+
+
+def kv_figure(intervals: Sequence[Event], n_rounds: int) -> go.Figure:
+    """KV slot lifecycle: one horizontal bar per occupancy (alloc round -> free round), coloured by end reason."""
+    fig = go.Figure()
+    slots = sorted({int(iv["slot"]) for iv in intervals})
+    present = {iv.get("end_reason") for iv in intervals}
+    for reason in [r for r in KV_REASONS if r in present] + sorted(r for r in present - set(KV_REASONS) if r):
+        chosen = [iv for iv in intervals if iv.get("end_reason") == reason]
+        meaning = KV_REASONS.get(reason, ("", str(reason)))[1]
+        starts = [iv["alloc_round"] for iv in chosen]
+        ends = [iv["free_round"] if iv.get("free_round") is not None else n_rounds for iv in chosen]
+        fig.add_trace(go.Bar(
+            base=starts, x=[max(e - s, 0.4) for s, e in zip(starts, ends, strict=True)],
+            y=[f"slot {iv['slot']}" for iv in chosen], orientation="h", name=reason or "held",
+            marker_color=kv_color(reason), width=0.8,
+            customdata=[[iv.get("position"), s, iv.get("free_round"), meaning] for iv, s in zip(chosen, starts,
+                                                                                               strict=True)],
+            hovertemplate="%{y} · position %{customdata[0]}<br>alloc round %{customdata[1]} → free round "
+                          "%{customdata[2]}<br>%{customdata[3]}<extra></extra>"))
+    add_cursor(fig)
+    layout = {**LAYOUT, "margin": {**LEGEND_BELOW_MARGIN, "l": 60}}
+    fig.update_layout(**layout, title="KV slots: alloc → free round",
+                      barmode="overlay", xaxis={**int_axis("round", n_rounds), "range": [-0.5, n_rounds - 0.5]},
+                      height=min(220 + 6 * len(slots), 640), legend=legend_top())
+    fig.update_yaxes(categoryorder="array", categoryarray=[f"slot {s}" for s in reversed(slots)],
+                     showticklabels=len(slots) <= 40, title="KV slot")
+    return fig
+
+
+def phase_timeline_figure(rounds: Sequence[Event]) -> go.Figure:
+    """Each round's forward phases on the run's wall clock (Perfetto-style): a lane per phase kind, a bar per phase
+    of its measured ms, laid end to end so the round's last phase ends at its event's t_ms; click a bar for its
+    round."""
+    lanes: dict[str, dict[str, list[Any]]] = {}
+    for r in rounds:
+        phases = r.get("phases") or []
+        start = float(r.get("t_ms") or 0.0) - sum(float(p.get("ms") or 0.0) for p in phases)
+        for p in phases:
+            ms, kind = float(p.get("ms") or 0.0), str(p.get("kind") or "?")
+            lane = lanes.setdefault(kind, {"base": [], "x": [], "custom": []})
+            lane["base"].append(start)
+            lane["x"].append(max(ms, 0.01))
+            lane["custom"].append([r.get("round"), p.get("attn"), p.get("n_query"), "on" if p.get("lora") else "off",
+                                   ms])
+            start += ms
+    fig = go.Figure()
+    for kind, lane in lanes.items():
+        fig.add_trace(go.Bar(base=lane["base"], x=lane["x"], y=[kind] * len(lane["x"]), orientation="h", name=kind,
+                             marker_color=phase_color(kind), customdata=lane["custom"],
+                             hovertemplate="round %{customdata[0]} · %{y} · %{customdata[4]:.2f} ms<br>attention "
+                                           "%{customdata[1]} · %{customdata[2]} query rows · LoRA %{customdata[3]}"
+                                           "<extra></extra>"))
+    fig.update_layout(**LAYOUT, title="forward phases on the wall clock", barmode="overlay", showlegend=False,
+                      height=140 + 34 * max(len(lanes), 1), xaxis={"title": "ms since the run began"},
+                      yaxis={"title": "phase"})
+    return fig
+
+
+def kv_time_figure(intervals: Sequence[Event], rounds: Sequence[Event]) -> go.Figure:
+    """KV slots held against wall-clock time after each round, stacked by how each occupancy ended (the slot
+    lifecycle chart's colours); click a point for its round."""
+    order = [r.get("round") for r in rounds]
+    index = {n: i for i, n in enumerate(order)}
+    deltas: dict[str | None, list[int]] = {}
+    for iv in intervals:
+        reason = iv.get("end_reason")
+        delta = deltas.setdefault(reason, [0] * (len(order) + 1))
+        delta[index.get(iv.get("alloc_round"), 0)] += 1
+        if iv.get("free_round") is not None and iv["free_round"] in index:
+            delta[index[iv["free_round"]]] -= 1   # freed during that round: not held after it
+    times = [float(r.get("t_ms") or 0.0) for r in rounds]
+    fig = go.Figure()
+    for reason, delta in deltas.items():
+        held, running = [], 0
+        for d in delta[:len(order)]:
+            running += d
+            held.append(running)
+        fig.add_trace(go.Scatter(x=times, y=held, customdata=order, stackgroup="kv", mode="lines",
+                                 name=reason or "never freed", line={"color": kv_color(reason), "width": 1},
+                                 hovertemplate="round %{customdata} · %{x:.0f} ms<br>%{y} slots held"
+                                               f" ({KV_REASONS.get(reason, ('', str(reason)))[1]})<extra></extra>"))
+    fig.update_layout(**LAYOUT, title="KV slots held over time, by how they ended", height=260,
+                      legend={"orientation": "h", "y": -0.3, "yanchor": "top", "x": 0},
+                      xaxis={"title": "ms since the run began"}, yaxis={"title": "slots held"})
+    return fig
+
+
+def acceptance_position_figure(rates: Sequence[float]) -> go.Figure:
+    """vLLM's acceptance_rate_per_position: the share of verify steps whose i-th draft was accepted."""
+    x = list(range(1, len(rates) + 1))
+    fig = go.Figure(go.Bar(x=x, y=list(rates), marker_color="#8b5cf6", text=[f"{v:.0%}" for v in rates],
+                           textposition="outside", cliponaxis=False,
+                           hovertemplate="draft position %{x}<br>accepted in %{y:.1%} of verify steps<extra></extra>"))
+    fig.update_layout(**LAYOUT, title="acceptance rate per position", height=240, showlegend=False,
+                      xaxis=int_axis("draft position", len(x)),
+                      yaxis={"title": "acceptance rate", "range": [0, 1.12], "tickformat": ".0%"})
+    return fig
+
+
+def isd_case_figure(rounds: Sequence[Event]) -> go.Figure:
+    """ISD: the V/R/C case of every round (bar height = accepted length); click a bar to jump to its round."""
+    fig = go.Figure()
+    for case, (color, meaning) in CASES.items():
+        chosen = [r for r in rounds if r.get("case") == case]
+        fig.add_trace(go.Bar(x=[r["round"] for r in chosen], y=[r.get("accepted_len") for r in chosen], name=case,
+                             marker_color=color, hovertemplate=f"round %{{x}}<br>{meaning}<br>accepted %{{y}}"
+                                                               "<extra></extra>"))
+    add_cursor(fig)
+    top = max((r.get("accepted_len") or 0 for r in rounds), default=0)
+    fig.update_layout(**{**LAYOUT, "margin": LEGEND_BELOW_MARGIN}, title="ISD round case (V / R / C)", height=270,
+                      legend=legend_top(),
+                      xaxis=int_axis("round", len(rounds)), yaxis=int_axis("accepted", top))
+    return fig
+
+
+MODE_COLORS = {"ar": "#64748b", "block_diffusion": "#f59e0b", "linear_spec": "#3b82f6", "isd": "#ef4444",
+               "spiffy": "#10b981", "specfold": "#8b5cf6"}
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross")
+
+
+def mode_color(mode: str) -> str:
+    """A mode's colour, the same in every comparison."""
+    return MODE_COLORS.get(mode, "#0f172a")
+
+
+def run_labels(runs: Sequence[RunTrace]) -> list[str]:
+    """Each run's name in a comparison: its mode, plus the parameters that differ between runs of that mode."""
+    labels = []
+    for run in runs:
+        same_mode = [r.params for r in runs if r.mode == run.mode]
+        varied = sorted(k for k in run.params if any(p.get(k) != run.params[k] for p in same_mode))
+        labels.append(" ".join([run.mode, *(f"{k}={run.params[k]}" for k in varied)]))
+    return labels
+
+
+def comparison_figure(runs: Sequence[RunTrace]) -> go.Figure:
+    """Output tokens (as the table counts them) vs cumulative NFE, one step line per run: stable colour per mode,
+    a different dash and marker per run of the same mode, so identical lines stay visible."""
+    fig = go.Figure()
+    seen: dict[str, int] = {}
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        k = seen[run.mode] = seen.get(run.mode, -1) + 1
+        nfe, tokens = run.progress()
+        limit = run.metrics.get("tokens")
+        if limit is not None:  # the table's count (EOS and stop tokens excluded)
+            tokens = [min(t, int(limit)) for t in tokens]
+        fig.add_trace(go.Scatter(x=nfe, y=tokens, mode="lines+markers", line={"shape": "hv",
+                                 "color": mode_color(run.mode), "dash": DASHES[k % len(DASHES)], "width": 2},
+                                 marker={"symbol": SYMBOLS[k % len(SYMBOLS)], "size": 7},
+                                 name=f"{label} · {run.run_id[-6:]}",
+                                 hovertemplate="NFE %{x}<br>tokens %{y}<extra>" + esc(label) + "</extra>"))
+    fig.update_layout(**LAYOUT, title="output tokens vs forward passes (NFE)", height=340,
+                      xaxis={"title": "cumulative NFE", "tickformat": "d"},
+                      yaxis={"title": "output tokens", "tickformat": "d"}, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+# -- tables, diffs, sparklines --------------------------------------------------------------------------------------
+
+DEFINITIONS = {  # one definition per figure, shown as the hover of its label wherever it appears
+    "tokens": "tokens generated (up to EOS)",
+    "NFE": "forward passes of the model, prefill excluded",
+    "TPF": "tokens per forward: tokens / NFE",
+    "tok/s": "tokens per second of wall clock, prefill included",
+    "wall ms": "the run's wall-clock time",
+    "tokens / round": "tokens a round committed (its accepted_len: kept drafts plus any bonus or correction), "
+                      "the mean over rounds after the prefill",
+    "mean acc. length (vLLM)": "vLLM's mean_acceptance_length: 1 + drafts accepted / verify steps (the bonus "
+                               "counted as the 1, as vLLM does)",
+    "draft acc. rate (vLLM)": "vLLM's draft_acceptance_rate: drafts accepted / drafts verified",
+    "drafts accepted": "drafted positions the verifier kept (the bonus token not counted)",
+    "drafted": "drafted positions a verify step checked",
+    "verify steps": "rounds whose forward verified drafts",
+    "fold ratio": "share of a verify forward's rows that folding recomputed (specfold)",
+    "KV peak": "most KV slots the run held at once",
+    "KV leaked": "KV slots still held after the run ended (must be 0)",
+    "model's pick": ("the run's tokens that the served model picks itself (greedy) after the same prefix, of all, "
+                     "and in brackets their mean negative log-likelihood under it (nats): teacher-forced on the "
+                     "run's prompt and answer; every token for a lossless greedy run"),
+}
+METRIC_COLUMNS = (("tokens", "tokens", 0), ("nfe", "NFE", 0), ("tpf", "TPF", 2), ("tok_per_s", "tok/s", 1),
+                  ("wall_ms", "wall ms", 0), ("accept_len_mean", "tokens / round", 2),
+                  ("mean_acceptance_length", "mean acc. length (vLLM)", 2),
+                  ("draft_acceptance_rate", "draft acc. rate (vLLM)", 2), ("fold_ratio", "fold ratio", 2),
+                  ("kv_peak", "KV peak", 0), ("kv_leaked", "KV leaked", 0))
+
+
+def defined(label: str) -> str:
+    """A table header: the label, with its definition as the hover."""
+    return f'<th title="{esc(DEFINITIONS.get(label, ""))}">{esc(label)}</th>'
+
+
+def run_metrics(run: RunTrace) -> dict[str, Any]:
+    """A run's stored metrics plus its vLLM-style spec-decode metrics."""
+    return {**run.metrics, **(spec_metrics(run) or {})}
+
+
+def metrics_rows(runs: Sequence[RunTrace]) -> list[list[Any]]:
+    """The comparison table as data (header first): one row per run, for the HTML table and the CSV export."""
+    head = ["run", "mode", "label", "status", *[label for _, label, _ in METRIC_COLUMNS]]
+    rows = []
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        m = run_metrics(run)
+        rows.append([run.run_id, run.mode, label, run.status, *[m.get(key) for key, _, _ in METRIC_COLUMNS]])
+    return [head, *rows]
+
+
+def badge(css: str, text: str) -> str:
+    return f'<span class="ss-badge {css}">{esc(text)}</span>'
+
+
+def model_difference(a: RunTrace, b: RunTrace) -> str | None:
+    """Why two runs could not compute the same numbers: other weights (their weights hashes when both are recorded,
+    else their model names), or other matmul precisions where both recorded theirs; None when neither."""
+    if (a.model_hash != b.model_hash) if a.model_hash and b.model_hash else (a.model != b.model):
+        return "different model"
+    if a.matmul and b.matmul and a.matmul != b.matmul:
+        return f"{b.matmul} matmuls, not {a.matmul}"
+    return None
+
+
+def same_model(a: RunTrace, b: RunTrace) -> bool:
+    """Whether two runs used the same weights in the same matmul precision (model_difference)."""
+    return model_difference(a, b) is None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A mode's lossless claim as /api/modes declares it: greedy, at `params`, its output equals `reference`'s."""
+    reference: str
+    params: Mapping[str, Any]
+
+
+def mode_claims(modes: Sequence[Mapping[str, Any]]) -> dict[str, Claim]:
+    """mode -> its claim, from /api/modes."""
+    return {m["name"]: Claim(m["lossless_vs"], dict(m.get("lossless_params") or {})) for m in modes
+            if m.get("lossless_vs")}
+
+
+def unmet(run: RunTrace, claim: Claim) -> list[str]:
+    """The run's settings outside its mode's claim (e.g. `T=0.8`, `delta=0.1`); empty when the claim applies."""
+    off = [f"T={run.params['temperature']:g}"] if float(run.params.get("temperature") or 0) > 0 else []
+    return off + [f"{k}={run.params.get(k)}" for k, v in claim.params.items() if run.params.get(k) != v]
+
+
+def comparable(a: RunTrace, b: RunTrace) -> bool:
+    """Same model, prompt and max_new_tokens: the runs could have made the same output."""
+    return (same_model(a, b) and a.prompt_ids == b.prompt_ids
+            and a.params.get("max_new_tokens") == b.params.get("max_new_tokens"))
+
+
+def agreement(run: RunTrace, base: RunTrace) -> str:
+    same = next((i for i, (x, y) in enumerate(zip(run.output_ids, base.output_ids, strict=False))
+                 if x != y),
+                min(len(run.output_ids), len(base.output_ids)))
+    return f"first {same} of {len(base.output_ids)} tokens as {base.mode}"
+
+
+def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str, Claim]) -> str:
+    """The verdict on a mode's own lossless claim (e.g. linear_spec == ar), given only where the claim holds for
+    this run's settings (greedy, the declared parameters) and against a done, greedy run of the claim's reference
+    mode on the same model, prompt and max_new_tokens. Elsewhere it says why there is none, with the measured
+    agreement; a run that did not finish gets none."""
+    claim = claims.get(run.mode)
+    if claim is None:
+        return ""
+    if run.status != "done":
+        return badge("ss-bad", f"no verdict: the run {run.status}")
+    bases = [r for r in runs if r.mode == claim.reference and r.status == "done" and r is not run]
+    if not any(same_model(r, run) for r in bases) and bases:
+        why = model_difference(run, bases[0])
+        return badge("ss-ref", f"{claim.reference} is of a different model" if why == "different model"
+                     else f"{claim.reference} ran with {why}")
+    bases = [r for r in bases if comparable(r, run)]
+    greedy = [r for r in bases if float(r.params.get("temperature") or 0) == 0]
+    off = unmet(run, claim)
+    if off:
+        measured = f" · {agreement(run, bases[0])}" if bases else ""
+        return badge("ss-ref", f"not claimed ({', '.join(off)}){measured}")
+    if not greedy:
+        return badge("ss-ref", f"add a greedy {claim.reference} run of this prompt to check")
+    base = greedy[0]
+    return badge("ss-ok", f"== {claim.reference}") if base.output_ids == run.output_ids else \
+        badge("ss-bad", f"≠ {claim.reference} ({agreement(run, base)})")
+
+
+def status_cell(run: RunTrace) -> str:
+    """The run's status, with the reason when it failed."""
+    return esc(run.status) + (f'<br><small class="ss-error">{esc(run.error)}</small>' if run.error else "")
+
+
+PICK_LABEL = "model's pick"
+
+
+def pick_cell(fit: Mapping[str, Any] | str | None) -> str:
+    """A run's rating by the served model (GET /api/runs/{id}/fit): '12/12 (0.58)', or why there is none."""
+    if fit is None:
+        return ""
+    if isinstance(fit, str):
+        return f'<small>{esc(fit)}</small>'
+    return esc(pick_count(fit))
+
+
+def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = None,
+                       claims: Mapping[str, Claim] | None = None,
+                       fits: Mapping[str, Mapping[str, Any] | str] | None = None) -> str:
+    """One row per run with its metrics, the served model's rating of its answer (`fits` by run id: the
+    /api/runs/{id}/fit answer, or why there is none), a badge saying whether its output equals the reference's
+    (none for a run that did not finish), the verdict on the mode's own lossless claim (`lossless_badge`) and a
+    link that opens the run in the visualizer. Scrolls sideways on a narrow screen."""
+    head = "".join(defined(label) for _, label, _ in METRIC_COLUMNS)
+    rows = []
+    for run, values in zip(runs, metrics_rows(runs)[1:], strict=True):
+        cells = "".join(f"<td>{esc(fmt(v, digits))}</td>" for v, (_, _, digits) in zip(values[4:], METRIC_COLUMNS,
+                                                                                          strict=True))
+        if reference is None:
+            same = ""
+        elif run is reference:
+            same = badge("ss-ref", "reference")
+        elif run.status != "done" or reference.status != "done":
+            same = badge("ss-bad", "no verdict: a run did not finish")
+        elif why := model_difference(reference, run):
+            same = badge("ss-ref", why)
+        elif run.output_ids == reference.output_ids:
+            same = badge("ss-ok", "same output as reference")
+        else:
+            same = badge("ss-bad", "differs from reference")
+        link = (f'<a class="ss-open" href="?run={esc(run.run_id)}&amp;round=0" target="_blank">open ↗</a>'
+                if run.run_id else "")
+        rows.append(f'<tr><td><b style="color:{mode_color(run.mode)}">{esc(values[2])}</b><br>'
+                    f'<code>{esc(run.run_id or "(not started)")}</code> {link}</td><td>{status_cell(run)}</td>'
+                    f'{cells}<td>{pick_cell((fits or {}).get(run.run_id))}</td><td>{same}</td>'
+                    f'<td>{lossless_badge(run, runs, claims or {})}</td></tr>')
+    return (f'<div class="ss-scroll"><table class="ss-table"><thead><tr><th>run</th><th>status</th>{head}'
+            f'{defined(PICK_LABEL)}<th>output</th><th>lossless claim</th></tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def token_diff_html(reference: Sequence[int], output: Sequence[int], piece: Piece = id_piece) -> str:
+    """Token-level diff of an output against the reference output: equal, inserted and deleted tokens."""
+    def span(tokens: Sequence[int], css: str) -> str:
+        return "".join(f'<span class="ss-d {css}" title="{esc(f"id {t}")}">{esc(show_piece(piece(t), 40))}</span>'
+                       for t in tokens)
+
+    parts = []
+    matcher = difflib.SequenceMatcher(a=list(reference), b=list(output), autojunk=False)
+    for op, a0, a1, b0, b1 in matcher.get_opcodes():
+        if op == "equal":
+            parts.append(span(reference[a0:a1], "ss-eq"))
+            continue
+        parts.append(span(reference[a0:a1], "ss-del"))
+        parts.append(span(output[b0:b1], "ss-ins"))
+    return f'<div class="ss-diff">{"".join(parts) or "<i>empty</i>"}</div>'
+
+
+WHITESPACE = str.maketrans({" ": "&#32;", "\n": "&#10;", "\t": "&#9;", "\r": "&#13;"})
+
+
+MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")  # raw HTML in the source is shown as text
+
+
+def markdown_html(text: str) -> str:
+    """A model's answer as Markdown (code blocks, lists, tables): any HTML it writes is escaped, shown as written, and
+    links keep only safe schemes (markdown-it's validateLink)."""
+    return f'<div class="ss-md">{MARKDOWN.render(text)}</div>'
+
+
+def pre_html(text: str) -> str:
+    """Text as a preformatted block, escaped, its whitespace as character references (so a chat message's
+    indentation and blank lines survive Gradio's clean-up of leading whitespace)."""
+    return f'<pre class="ss-answer">{esc(text).translate(WHITESPACE)}</pre>'
+
+
+def warning_html(problem: Exception | str) -> str:
+    return badge("ss-bad", f"⚠ {problem}")
+
+
+def sparkline(values: Sequence[float], width: int = 48) -> str:
+    """A one-line unicode bar chart of at most `width` bars (a longer series is averaged in equal bins)."""
+    bars = "▁▂▃▄▅▆▇█"
+    if not values:
+        return ""
+    if len(values) > width:
+        edges = [round(i * len(values) / width) for i in range(width + 1)]
+        values = [sum(values[a:b]) / (b - a) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    if min(values) == max(values):
+        return bars[3] * len(values)
+    top = max(values)
+    return "".join(bars[min(int(v / top * (len(bars) - 1) + 0.5), len(bars) - 1)] for v in values)
+
+
+CANCELLED_BY = {"client": "⏹ stopped", "model_switch": "⏹ cancelled: the server switched models",
+                "shutdown": "⏹ cancelled: the server shut down"}
+"""What a cancelled run's note says, by run_end's reason."""
+
+
+def run_stats_html(run: RunTrace) -> str:
+    """The stats line shown under a chat answer (HTML: the chat renders no Markdown)."""
+    m = run.metrics
+    if run.error:
+        return f"⚠ {esc(run.error)}"
+    accepted = run.accepted_lens[1:]  # round 0 is the prefill
+    note = f"{CANCELLED_BY.get(run.cancel_reason or 'client', CANCELLED_BY['client'])} · " \
+        if run.status == "cancelled" else ""
+    return (f'<span class="ss-stats">{note}<b>{esc(run.mode)}</b> · TPF {fmt(m.get("tpf"), 2)} · NFE '
+            f'{fmt(m.get("nfe"))} · {fmt(m.get("tok_per_s"), 1)} tok/s · '
+            f'<span title="{esc(DEFINITIONS["tokens / round"])}">tokens/round</span> '
+            f'{sparkline(accepted) or "—"} (max {max(accepted, default=0)}) · run <code>{esc(run.run_id)}</code> '
+            f'({esc(run.status)})</span>')
+
+
+def legend_html() -> str:
+    """Every colour used by the grid and the charts, with its meaning."""
+    def swatch(color: str, label: str, meaning: str, css_class: str = "") -> str:
+        return (f'<span class="ss-legend-item"><span class="ss-swatch {css_class}" style="background:{color}">'
+                f'</span><b>{html.escape(label)}</b> {html.escape(meaning)}</span>')
+
+    states = "".join(swatch(bg, s, m, f"ss-s-{s}") for s, (bg, _, m) in STATES.items())
+    kv = "".join(swatch(c, r or "held", m) for r, (c, m) in KV_REASONS.items())
+    cases = "".join(swatch(c, k, m) for k, (c, m) in CASES.items())
+    return (f'<div class="ss-legend"><div><b>token states</b> {states}</div>'
+            f'<div><b>KV slot end</b> {kv}</div><div><b>ISD round case</b> {cases}</div></div>')

@@ -1,0 +1,86 @@
+"""How the UI reaches its backend, plus small caches of loaded runs and vocabularies (shared by all sessions)."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import gradio as gr
+
+from specscope.app.client import BackendError, BackendUnavailable, Client
+from specscope.app.trace import Piece, RunTrace, make_piece
+
+
+class Backend:
+    """A fixed backend URL, or (when None) the server that served the page, as seen in each request."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, max_runs: int = 32) -> None:
+        self.url = url
+        self.token = token
+        self.max_runs = max_runs
+        self._runs: OrderedDict[tuple[str, str], RunTrace] = OrderedDict()
+        self._vocabs: dict[tuple[str, str], list[str]] = {}  # (backend, model) -> display text of token ids
+        self._explain: dict[str, dict[str, str]] = {}  # backend -> mode -> what a round means there
+        self._ratings: OrderedDict[tuple[str, str, str | None], dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def client(self, request: gr.Request | None = None) -> Client:
+        if self.url is None and request is not None:
+            scheme = "wss" if request.url.scheme == "https" else "ws"
+            return Client(f"{scheme}://{request.headers['host']}", self.token)
+        return Client(self.url or "ws://127.0.0.1:7860", self.token)
+
+    def trace(self, client: Client, run_id: str) -> RunTrace:
+        """A stored run (events + KV intervals), fetched once; finished runs do not change."""
+        key = (client.http_url, run_id)
+        with self._lock:
+            if key in self._runs:
+                self._runs.move_to_end(key)
+                return self._runs[key]
+        trace = client.trace(run_id)
+        if trace.status != "running":
+            with self._lock:
+                self._runs[key] = trace
+                while len(self._runs) > self.max_runs:
+                    self._runs.popitem(last=False)
+        return trace
+
+    def rating(self, client: Client, trace: RunTrace) -> dict[str, Any] | None:
+        """The served model's rating of an ended run's answer (GET /api/runs/{id}/fit), fetched once; None for a
+        run still recording or one the served model cannot rate (a run of other weights or matmuls, no KV room, no
+        backend)."""
+        key = (client.http_url, trace.run_id, trace.model_hash)
+        if trace.status == "running":
+            return None
+        with self._lock:
+            if key in self._ratings:
+                return self._ratings[key]
+        try:
+            rated = client.fit(trace.run_id)
+        except (BackendError, BackendUnavailable):
+            return None
+        with self._lock:
+            self._ratings[key] = rated
+            while len(self._ratings) > self.max_runs:
+                self._ratings.popitem(last=False)
+        return rated
+
+    def forget(self, client: Client, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop((client.http_url, run_id), None)
+
+    def piece(self, client: Client, trace: RunTrace) -> Piece:
+        """Token display for a run: its own recorded pieces, then the vocabulary of the run's model, kept once the
+        backend has served that model (it can be switched; a run of a model not served has its own pieces only)."""
+        key = (client.http_url, trace.model)
+        if key not in self._vocabs:
+            found = client.vocab()
+            if found is not None:
+                self._vocabs[(client.http_url, found[0])] = found[1]
+        return make_piece(self._vocabs.get(key), trace.known_pieces)
+
+    def explain(self, client: Client, mode: str) -> str:
+        """What a round, "accepted" and "committed" mean in `mode`, as the backend's registry says (/api/modes)."""
+        if client.http_url not in self._explain:
+            self._explain[client.http_url] = {m["name"]: m.get("explain", "") for m in client.modes()}
+        return self._explain[client.http_url].get(mode, "")

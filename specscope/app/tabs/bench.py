@@ -1,0 +1,100 @@
+"""Bench tab: the stored results of `specscope bench` (modes on the shipped model) and `python -m tools.kernel_bench`
+(dense vs folded verification on a GPU), read from the backend's /api/bench."""
+from __future__ import annotations
+
+import html
+from collections import defaultdict
+from typing import Any
+
+import gradio as gr
+import plotly.graph_objects as go
+
+from specscope.app.client import BackendError, BackendUnavailable
+from specscope.app.figures import LAYOUT, fmt, warning_html
+from specscope.app.session import Backend
+from specscope.backend.bench_cells import model_pick, same_as_reference
+
+MODE_COLUMNS = ["mode", "NFE", "TPF", "tok/s", "vs ar", "tokens / round", "accuracy", "same as ref",
+                "model's pick (NLL)", "fold ratio"]
+KERNEL_COLUMNS = ["branches", "prefix", "fold target", "fold QKV", "fold FFN", "dense ms", "folded ms", "speedup",
+                  "TFLOP/s dense", "TFLOP/s folded", "GB/s dense", "GB/s folded"]
+
+
+def mode_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
+    """One row per mode of a `specscope bench` document."""
+    rows = []
+    for name, m in ((doc or {}).get("modes") or {}).items():
+        rows.append([name, m.get("nfe"), fmt(m.get("tpf"), 2), fmt(m.get("tok_per_s"), 0),
+                     fmt(m.get("speedup_vs_ar"), 2), fmt(m.get("accept_len_mean"), 2),
+                     fmt((m.get("accuracy") or {}).get("average"), 2),
+                     same_as_reference(m), model_pick(m), fmt(m.get("fold_ratio"), 2)])
+    return rows
+
+
+def kernel_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
+    """One row per (branches, prefix, fold target) of a `tools.kernel_bench` document."""
+    keys = ["branches", "prefix", "target_fold", "fold_qkv", "fold_ffn", "dense_ms", "folded_ms", "speedup",
+            "dense_tflops", "folded_tflops", "dense_gbps", "folded_gbps"]
+    return [[r[k] if isinstance(r[k], int) else fmt(float(r[k]), 2) for k in keys] for r in (doc or {}).get("rows", [])]
+
+
+def speedup_figure(doc: dict[str, Any] | None) -> go.Figure:
+    """Folded-verify speedup over dense vs measured QKV fold ratio, one line per (branches, prefix)."""
+    lines: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for r in (doc or {}).get("rows", []):
+        lines[(r["branches"], r["prefix"])].append((r["fold_qkv"], r["speedup"]))
+    fig = go.Figure()
+    for (b, p), points in sorted(lines.items()):
+        points.sort()
+        fig.add_trace(go.Scatter(x=[x for x, _ in points], y=[y for _, y in points], mode="lines+markers",
+                                 name=f"B={b}, prefix {p}"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="grey")
+    title = f"folded vs dense verify · {(doc or {}).get('device', 'no kernel benchmark yet')}"
+    fig.update_layout(**LAYOUT, title=title, xaxis_title="measured fold ratio (QKV)",
+                      yaxis_title="speedup (dense ms / folded ms)", height=360, xaxis_range=[-0.02, 1.02])
+    return fig
+
+
+def summary_html(bench: dict[str, Any]) -> str:
+    parts = []
+    modes, kernels = bench.get("modes"), bench.get("kernels")
+    if modes:
+        meta = modes.get("meta") or {}
+        parts.append(f"Modes: {html.escape(str(meta.get('prompts', '?')))} prompts, "
+                     f"max_new_tokens {html.escape(str(meta.get('max_new_tokens', '?')))}, model "
+                     f"{html.escape(str(meta.get('model', '?')))}.")
+    else:
+        parts.append("No mode benchmark stored: run <code>specscope bench</code>.")
+    if kernels:
+        c = kernels.get("ceilings") or {}
+        where = f"{kernels.get('device')} ({kernels.get('backend')})"
+        parts.append(f"Kernels on {html.escape(where)}: ceilings {fmt(c.get('matmul_tflops'), 1)} TFLOP/s, "
+                     f"{fmt(c.get('copy_gbps'), 0)} GB/s.")
+    else:
+        parts.append("No kernel benchmark stored: run <code>python -m tools.kernel_bench</code> on a GPU.")
+    parts += [f"⚠ {html.escape(p)}" for p in bench.get("problems", [])]
+    return "<br>".join(parts)
+
+
+def build_bench(backend: Backend, tab: gr.Tab) -> None:
+    with gr.Row():
+        summary = gr.HTML(elem_id="bench-summary")
+        refresh = gr.Button("↻ reload", elem_id="bench-refresh", scale=0, min_width=100)
+    modes = gr.Dataframe(headers=MODE_COLUMNS, value=[], interactive=False, elem_id="bench-modes",
+                         label="decoding modes (specscope bench)")
+    speedup = gr.Plot(elem_id="bench-speedup", label="kernels", visible=False)
+    kernels = gr.Dataframe(headers=KERNEL_COLUMNS, value=[], interactive=False, elem_id="bench-kernels",
+                           label="SpecFold verification (python -m tools.kernel_bench)")
+
+    def load(request: gr.Request) -> list[Any]:
+        try:
+            bench = backend.client(request).bench()
+        except (BackendUnavailable, BackendError) as exc:
+            return [warning_html(exc), gr.skip(), gr.skip(), gr.skip()]
+        kernels = bench.get("kernels")
+        return [summary_html(bench), mode_rows(bench.get("modes")),
+                gr.Plot(speedup_figure(kernels), visible=True) if kernels else gr.Plot(None, visible=False),
+                gr.Dataframe(kernel_rows(kernels), visible=bool(kernels))]
+
+    for trigger in (refresh.click, tab.select):
+        trigger(load, None, [summary, modes, speedup, kernels], concurrency_limit=None)

@@ -1,0 +1,77 @@
+"""The served model's card (what it knows, what is out of its domain) and one-click example prompts per family."""
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from specscope.app.client import BackendError, BackendUnavailable
+from specscope.app.session import Backend
+
+Card = dict[str, Any]
+NO_CARD = "This checkpoint ships no model card (model_card.json): nothing is declared about what it knows."
+
+
+def card_html(answer: Card) -> str:
+    """The card as escaped HTML: summary, the task families it was trained on, what is out of its domain."""
+    card = answer.get("card")
+    name = html.escape(str(answer.get("model", "?")))
+    if not card:
+        return f'<div class="ss-card" id="ss-card"><b>{name}</b>: {html.escape(NO_CARD)}</div>'
+    rows = "".join(f"<tr><td><b>{html.escape(f['name'])}</b></td><td>{html.escape(f.get('what', ''))}</td></tr>"
+                   for f in card.get("families", []))
+    outside = "".join(f"<li>{html.escape(x)}</li>" for x in card.get("out_of_domain", []))
+    style = card.get("answer_style")
+    adapter = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(shown(v))}</td></tr>"
+                      for k, v in (card.get("adapter") or {}).items())
+    return (f'<div class="ss-card" id="ss-card"><p><b>{name}</b>: {html.escape(card.get("summary", ""))}</p>'
+            f'<table class="ss-table"><thead><tr><th>family</th><th>what it knows</th></tr></thead>'
+            f'<tbody>{rows}</tbody></table>'
+            + (f"<p><b>answers</b>: {html.escape(style)}</p>" if style else "")
+            + (f'<p><b>self-speculation adapter</b></p><table class="ss-table"><tbody>{adapter}</tbody></table>'
+               if adapter else "")
+            + f"<p><b>out of its domain</b></p><ul>{outside}</ul></div>")
+
+
+def shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
+def example_samples(answer: Card) -> list[list[str]]:
+    """[family, prompt] rows for the example pickers."""
+    card = answer.get("card") or {}
+    return [[f["name"], p] for f in card.get("families", []) for p in f.get("examples", [])]
+
+
+@dataclass
+class ModelCard:
+    html: gr.HTML
+    backend: Backend
+
+    def load(self, request: gr.Request) -> list[Any]:
+        """The card and fresh example rows for every example picker (after a load or a model switch)."""
+        try:
+            answer = self.backend.client(request).model_card()
+        except (BackendUnavailable, BackendError) as exc:
+            return [f'<div class="ss-card" id="ss-card">model card unavailable: {html.escape(str(exc))}</div>',
+                    gr.skip(), gr.skip()]
+        samples = example_samples(answer)
+        return [card_html(answer), gr.Dataset(samples=samples), gr.Dataset(samples=samples)]
+
+
+def build_model_card(backend: Backend) -> ModelCard:
+    with gr.Accordion("model card: what this model knows", open=False, elem_id="ss-card-open"):
+        shown = gr.HTML(elem_id="ss-card-body")
+    return ModelCard(shown, backend)
+
+
+def example_picker(target: gr.Textbox, elem_id: str) -> gr.Dataset:
+    """One-click examples (family, prompt): clicking a row puts its prompt into `target`."""
+    examples = gr.Dataset(components=[gr.Textbox(visible=False), gr.Textbox(visible=False)],
+                          headers=["family", "prompt"], samples=[], label="examples (one click fills the prompt)",
+                          samples_per_page=6, elem_id=elem_id, layout="table")
+    examples.click(lambda row: row[1], examples, target, show_progress="hidden")
+    return examples

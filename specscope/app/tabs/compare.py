@@ -1,0 +1,255 @@
+"""Compare tab, an experiment bench: one prompt through several modes and parameter variants (one after another or
+side by side), aligned on NFE, with a metrics table (CSV export), a "same output as reference" badge, token diffs
+and a link that opens each run in the visualizer; comparisons are saved and reopened with their settings."""
+from __future__ import annotations
+
+import asyncio
+import csv
+import html
+import io
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from specscope.app.client import BackendError, BackendUnavailable, Client
+from specscope.app.figures import (
+    comparison_figure,
+    metrics_rows,
+    metrics_table_html,
+    mode_claims,
+    run_labels,
+    token_diff_html,
+    warning_html,
+)
+from specscope.app.plot import chart, figure_json
+from specscope.app.session import Backend
+from specscope.app.sweep import EXAMPLE, Variant, parse_variants
+from specscope.app.tabs.card import example_picker
+from specscope.app.trace import RunTrace
+from specscope.backend.server.protocol import MAX_NEW_TOKENS
+
+DEFAULT_MODES = ["ar", "block_diffusion", "linear_spec"]
+SIDE_BY_SIDE = "side by side (concurrently)"
+MAX_NEW = (1, MAX_NEW_TOKENS)   # the server's cap
+EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
+
+
+@dataclass
+class CompareTab:
+    modes: gr.CheckboxGroup
+    reference: gr.Dropdown
+    examples: gr.Dataset
+
+
+def pick_reference(traces: list[RunTrace], mode: str | None) -> RunTrace | None:
+    return next((t for t in traces if t.mode == mode), traces[0] if traces else None)
+
+
+def clamp_max_new(value: float | None) -> int:
+    """max_new_tokens within the backend's range (an empty box means the smallest)."""
+    return int(min(max(round(value or MAX_NEW[0]), MAX_NEW[0]), MAX_NEW[1]))
+
+
+def plan(modes: list[str], variants: list[Variant]) -> list[Variant]:
+    """The runs of a comparison: each ticked mode with its defaults, then the variants."""
+    return [(m, {}) for m in modes] + variants
+
+
+def settings_of(traces: list[RunTrace]) -> tuple[list[str], str, int | None]:
+    """A saved comparison's settings, read back from its runs: ticked modes, variant lines, max_new_tokens."""
+    modes, lines = [], []
+    for t, label in zip(traces, run_labels(traces), strict=True):
+        if label == t.mode:
+            modes.append(t.mode)
+        else:
+            lines.append(label)
+    max_new = next((int(t.params["max_new_tokens"]) for t in traces if "max_new_tokens" in t.params), None)
+    return modes, "\n".join(lines), max_new
+
+
+def diffs_html(traces: list[RunTrace], reference: RunTrace | None, backend: Backend, client: Client) -> str:
+    rows = []
+    labels = dict(zip((t.run_id for t in traces), run_labels(traces), strict=True))
+    for t in traces:
+        piece = backend.piece(client, t)
+        label = f"<b>{html.escape(labels[t.run_id])}</b> <code>{html.escape(t.run_id)}</code>"
+        base = t if reference is None else reference
+        against = " (reference)" if base is t else f" vs {html.escape(labels[base.run_id])}"
+        rows.append(f'<div class="ss-diff-row">{label}{against}'
+                    f'{token_diff_html(base.output_ids, t.output_ids, piece)}</div>')
+    return "".join(rows)
+
+
+def ratings(traces: list[RunTrace], client: Client) -> dict[str, dict[str, Any] | str]:
+    """The served model's rating of each ended run's answer, or why there is none (a run of other weights or
+    matmul precision)."""
+    out: dict[str, dict[str, Any] | str] = {}
+    for t in traces:
+        if t.run_id and t.status != "running":
+            try:
+                out[t.run_id] = client.fit(t.run_id)
+            except BackendError as e:
+                out[t.run_id] = "made by other weights or matmuls" if e.status == 409 else "not rated"
+    return out
+
+
+def results(traces: list[RunTrace], ref_mode: str | None, backend: Backend, client: Client) -> list[Any]:
+    """Chart, metrics table (with the served model's rating of each answer) and diffs of finished runs."""
+    reference = pick_reference(traces, ref_mode)
+    table = metrics_table_html(traces, reference, mode_claims(client.modes()), ratings(traces, client))
+    return [figure_json(comparison_figure(traces)), table, diffs_html(traces, reference, backend, client)]
+
+
+def csv_text(traces: list[RunTrace]) -> str:
+    out = io.StringIO()
+    csv.writer(out).writerows(metrics_rows(traces))
+    return out.getvalue()
+
+
+def progress_html(traces: list[RunTrace]) -> str:
+    return " · ".join(f"<b>{html.escape(label)}</b> {t.status} ({len(t.rounds)} rounds)"
+                      for t, label in zip(traces, run_labels(traces), strict=True))
+
+
+def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
+    with gr.Row():
+        prompt = gr.Textbox(label="prompt", value="What is 12 + 30?", elem_id="cmp-prompt", scale=3)
+        max_new = gr.Number(label=f"max_new_tokens [{MAX_NEW[0]}, {MAX_NEW[1]}]", value=16, precision=0,
+                            elem_id="cmp-max-new", scale=1)
+    examples = example_picker(prompt, "cmp-examples")
+    with gr.Row():
+        modes = gr.CheckboxGroup(label="modes (defaults)", choices=DEFAULT_MODES, value=DEFAULT_MODES,
+                                 elem_id="cmp-modes", scale=3)
+        reference = gr.Dropdown(label="reference mode (same-output badge)", choices=DEFAULT_MODES, value="ar",
+                                elem_id="cmp-reference", scale=1)
+        layout = gr.Radio(["one after another", SIDE_BY_SIDE], value="one after another", label="run",
+                          elem_id="cmp-layout", scale=1)
+    variants = gr.Textbox(label="parameter variants (one line per sweep: mode key=v1,v2,… ; every combination runs)",
+                          placeholder=EXAMPLE, lines=2, max_lines=8, elem_id="cmp-variants")
+    go = gr.Button("Run comparison", variant="primary", elem_id="cmp-run")
+    status = gr.HTML(elem_id="cmp-status")
+    aligned = chart("cmp-chart")
+    table = gr.HTML(elem_id="cmp-table")
+    with gr.Row():
+        export = gr.Button("Export table as CSV", elem_id="cmp-csv", scale=0, min_width=180)
+        download = gr.File(label="CSV", elem_id="cmp-csv-file", interactive=False, visible=False, scale=1)
+    diffs = gr.HTML(elem_id="cmp-diffs")
+    run_ids = gr.State([])
+    with gr.Row():
+        label = gr.Textbox(label="comparison name", placeholder="name this comparison", elem_id="cmp-label", scale=3)
+        save = gr.Button("Save comparison", elem_id="cmp-save", scale=1)
+    with gr.Row():
+        saved = gr.Dropdown(label="saved comparisons", choices=[], elem_id="cmp-saved", scale=3)
+        refresh = gr.Button("↻", elem_id="cmp-refresh", scale=0, min_width=60)
+        reopen = gr.Button("Open", elem_id="cmp-open", scale=1)
+
+    async def consume(client: Client, text: str, trace: RunTrace, params: dict[str, Any]) -> None:
+        async for event in client.generate(text, trace.mode, params):
+            trace.run_id = trace.run_id or str(event.get("run_id", ""))
+            trace.add(event)
+
+    async def run(text: str, chosen: list[str], lines: str, ref_mode: str, how: str, max_new_tokens: float | None,
+                  request: gr.Request) -> AsyncIterator[list[Any]]:
+        skip = [gr.skip()] * 5
+        client = backend.client(request)
+        try:
+            runs = plan(chosen, parse_variants(lines or "", await asyncio.to_thread(client.modes)))
+        except (BackendUnavailable, BackendError, ValueError) as exc:
+            yield [warning_html(exc), *skip]
+            return
+        if not text.strip() or not runs:
+            yield ["Give a prompt and at least one mode or variant.", *skip]
+            return
+        limit = clamp_max_new(max_new_tokens)
+        traces = [RunTrace(run_id="", mode=m, params={**p, "max_new_tokens": limit}) for m, p in runs]
+        yield [progress_html(traces), "", "", "", [], limit]  # the previous results go at once
+        groups = [traces] if how == SIDE_BY_SIDE else [[t] for t in traces]
+        tasks: list[asyncio.Task] = []
+        try:
+            for group in groups:
+                tasks = [asyncio.create_task(consume(client, text, t, dict(t.params))) for t in group]
+                while not all(task.done() for task in tasks):
+                    yield [progress_html(traces), *skip]
+                    await asyncio.sleep(0.25)
+                for task in tasks:
+                    task.result()
+        except (BackendUnavailable, BackendError) as exc:
+            yield [warning_html(exc), *skip]
+            return
+        finally:
+            for task in tasks:
+                task.cancel()
+        shown = await asyncio.to_thread(results, traces, ref_mode, backend, client)
+        yield [progress_html(traces), *shown, [t.run_id for t in traces], gr.skip()]
+
+    def store(text: str, name: str, ids: list[str], ref_mode: str, request: gr.Request) -> tuple[str, Any]:
+        """Save the runs, the reference's run first (reopening takes the first run's mode as the reference)."""
+        if not ids:
+            return "Run a comparison first.", gr.skip()
+        try:
+            client = backend.client(request)
+            traces = [backend.trace(client, run_id) for run_id in ids]
+            ref = pick_reference(traces, ref_mode)
+            ordered = [t.run_id for t in sorted(traces, key=lambda t: t is not ref)]
+            made = client.create_comparison(name or text[:40], text, ordered)
+            return f"Saved as <code>{made['comparison_id']}</code>.", saved_choices(client, made["comparison_id"])
+        except (BackendUnavailable, BackendError) as exc:
+            return warning_html(exc), gr.skip()
+
+    def saved_choices(client: Client, value: str | None = None) -> gr.Dropdown:
+        found = client.comparisons()
+        return gr.Dropdown(choices=[(f"{c['label'] or c['comparison_id']} · {len(c['run_ids'])} runs",
+                                     c["comparison_id"]) for c in found], value=value)
+
+    def list_saved(request: gr.Request) -> Any:
+        try:
+            return saved_choices(backend.client(request))
+        except (BackendUnavailable, BackendError):
+            return gr.skip()
+
+    def open_saved(comparison_id: str | None, request: gr.Request) -> list[Any]:
+        """The saved runs' results, and the settings they were run with back in the inputs."""
+        if not comparison_id:
+            return ["Pick a saved comparison.", *[gr.skip()] * 9]
+        try:
+            client = backend.client(request)
+            found = client.comparison(comparison_id)
+            traces = [backend.trace(client, run_id) for run_id in found["run_ids"]]
+            ref_mode = traces[0].mode if traces else None
+            shown = results(traces, ref_mode, backend, client)
+        except (BackendUnavailable, BackendError) as exc:
+            return [warning_html(exc), *[gr.skip()] * 9]
+        chosen, lines, max_new_tokens = settings_of(traces)
+        head = (f"Comparison <b>{html.escape(found['label'] or comparison_id)}</b> · {len(traces)} runs · "
+                f"prompt <code>{html.escape(found['prompt'])}</code>")
+        return [head, *shown, found["run_ids"], found["prompt"], chosen, lines,
+                max_new_tokens if max_new_tokens is not None else gr.skip(), ref_mode]
+
+    def export_csv(ids: list[str], request: gr.Request) -> tuple[Any, str]:
+        if not ids:
+            return gr.File(visible=False), "Run or open a comparison first."
+        try:
+            client = backend.client(request)
+            traces = [backend.trace(client, run_id) for run_id in ids]
+        except (BackendUnavailable, BackendError) as exc:
+            return gr.File(visible=False), warning_html(exc)
+        EXPORT_DIR.mkdir(exist_ok=True)
+        path = EXPORT_DIR / f"comparison-{ids[0]}.csv"
+        path.write_text(csv_text(traces))
+        return gr.File(str(path), visible=True), f"Exported <code>{html.escape(path.name)}</code>."
+
+    go.click(run, [prompt, modes, variants, reference, layout, max_new],
+             [status, aligned, table, diffs, run_ids, max_new])
+    save.click(store, [prompt, label, run_ids, reference], [status, saved], concurrency_limit=None)
+    refresh.click(list_saved, None, saved, concurrency_limit=None)
+    tab.select(list_saved, None, saved, concurrency_limit=None)
+    reopen.click(open_saved, saved, [status, aligned, table, diffs, run_ids, prompt, modes, variants, max_new,
+                                     reference], concurrency_limit=None)
+    export.click(export_csv, run_ids, [download, status], concurrency_limit=None)
+    for trigger in (max_new.blur, max_new.submit):
+        trigger(lambda v: clamp_max_new(v), max_new, max_new, queue=False)
+    return CompareTab(modes=modes, reference=reference, examples=examples)

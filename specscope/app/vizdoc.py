@@ -1,0 +1,77 @@
+"""The visualizer's document: one run as compact JSON, sent to the browser once; app/static/viz.js renders each round
+from it, so stepping never goes back to the server. Pure functions, no I/O."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from specscope.app.figures import (
+    DEFINITIONS,
+    acceptance_position_figure,
+    accepted_length_figure,
+    isd_case_figure,
+    kv_figure,
+    kv_time_figure,
+    phase_timeline_figure,
+)
+from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
+from specscope.app.trace import Event, Piece, RunTrace
+
+
+def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, Any]:
+    """A round event without its envelope, plus per-round fold ratios; records every token's text in `pieces`."""
+    out = {k: v for k, v in r.items() if k not in ("v", "run_id", "seq", "type") and v is not None}
+    qkv, ffn = fold_ratios(r)
+    if qkv is not None:
+        out["fold_qkv"] = qkv
+    if ffn is not None:
+        out["fold_ffn_ratio"] = ffn
+    ids = list(r.get("tokens") or []) + list(r.get("committed") or [])
+    ids += [t for b in r.get("branches") or [] for t in b.get("tokens") or []]
+    ids += [e.get("token") for e in r.get("pq") or [] if e.get("token") is not None]
+    extra = r.get("extra") or {}
+    ids += list(extra.get("guess") or [])
+    ids += [t for cell in r.get("topk") or [] for entry in cell or [] for t, _ in entry.get("top") or []]
+    if extra.get("replaced_draft") is not None:
+        ids.append(extra["replaced_draft"])
+    for token in ids:
+        if token not in pieces:
+            pieces[token] = piece(token)
+    return out
+
+
+def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: str = "",
+                 fit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the visualizer shows of one run; the per-run charts come as Plotly JSON. `explain`: what a
+    round means in the run's mode (its `explain` in /api/modes); `fit`: the served model's rating of the answer
+    (GET /api/runs/{id}/fit: its own pick and the NLL at each output token), when it has one."""
+    pieces: dict[int, str] = {t: piece(t) for t in trace.prompt_ids}
+    rounds = [compact_round(r, piece, pieces) for r in trace.rounds]
+    for token in [*trace.output_ids, *(fit or {}).get("picks", [])]:
+        pieces.setdefault(token, piece(token))
+    mask_ids = sorted({t for r in trace.rounds for t, s in zip(r.get("tokens") or [], r.get("states") or [],
+                                                               strict=False) if s == "mask"})
+    n_rounds = len(trace.rounds)
+    figures = {"accepted": accepted_length_figure(trace.rounds), "kv": kv_figure(trace.kv, n_rounds),
+               "timeline": phase_timeline_figure(trace.rounds)}
+    if trace.kv:
+        figures["kv_time"] = kv_time_figure(trace.kv, trace.rounds)
+    metrics = spec_metrics(trace)
+    if metrics:
+        figures["positions"] = acceptance_position_figure(metrics["acceptance_rate_per_position"])
+    if any(r.get("case") for r in trace.rounds):
+        figures["cases"] = isd_case_figure(trace.rounds)
+    return {"run_id": trace.run_id, "mode": trace.mode, "model": trace.model, "model_hash": trace.model_hash,
+            "matmul": trace.matmul, "tiers": trace.tiers, "status": trace.status,
+            "error": trace.error, "prompt": trace.prompt, "params": trace.params, "prompt_ids": trace.prompt_ids,
+            "output_ids": trace.output_ids, "text": trace.text, "metrics": trace.metrics, "spec": metrics,
+            "definitions": DEFINITIONS,
+            "step_map": step_map(trace), "rounds": rounds, "pieces": {str(k): v for k, v in pieces.items()},
+            "mask_ids": mask_ids, "explain": explain, "start_round": start_round,
+            "fit": None if fit is None else {k: fit[k] for k in ("picks", "nll", "greedy", "tokens", "nll_mean")},
+            "figures": {k: json.loads(f.to_json()) for k, f in figures.items()}}
+
+
+def document_json(doc: dict[str, Any] | None) -> str:
+    """The document as JSON text with `<` escaped (it travels as an HTML component's value)."""
+    return json.dumps(doc, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c") if doc else ""

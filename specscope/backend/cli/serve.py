@@ -1,0 +1,89 @@
+"""`specscope serve`: the engine in its own process, the REST and websocket server, and the UI."""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specscope.backend.cli.common import CLIError, build_engine, first_model, folder_options
+from specscope.backend.cli.options import model_options, store_options
+from specscope.backend.engine.params import ParamError
+from specscope.backend.store import LEASE_TIMEOUT_S, Store
+
+if TYPE_CHECKING:
+    from specscope.backend.engine.engine import Engine
+    from specscope.backend.server.app import UIMount
+
+PARENTS = (store_options, model_options)
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--token", default=os.environ.get("SPECSCOPE_TOKEN"),
+                   help="bearer token required by every request (default $SPECSCOPE_TOKEN)")
+    p.add_argument("--no-ui", action="store_true", help="do not mount the Gradio UI")
+    p.add_argument("--backend", help="websocket URL the UI talks to (default ws://127.0.0.1:PORT)")
+    p.add_argument("--models", metavar="DIR", help="a folder of checkpoint folders: the UI and /api/models switch "
+                                                   "between them (default served model: --model, else DIR's first "
+                                                   "loadable folder)")
+    p.add_argument("--max-queued", type=int, help="runs queued or running at once before new ones get a busy "
+                                                  "error (default: MAX_QUEUED_RUNS in backend/server/protocol.py)")
+    p.add_argument("--lease-timeout", type=float, default=LEASE_TIMEOUT_S, metavar="S",
+                   help="this server renews a lease in the store every S/5 seconds; the running runs of a server "
+                        "whose lease is older than S seconds are marked interrupted (default %(default)s)")
+
+
+
+def serve_build(args: argparse.Namespace, folder: str | Path | None) -> Engine:
+    """The engine process's builder: the model options for `folder` (the started model when None)."""
+    return build_engine(args if folder is None else folder_options(args, folder))
+
+
+def installed_ui() -> UIMount | None:
+    """The Gradio UI's mount (app/ui.py), or None where it is not installed (no app package or no Gradio): the
+    CLI composes the server and the UI, so the server never imports upward."""
+    try:
+        from specscope.app.ui import mount_ui
+    except ImportError:
+        return None
+    return mount_ui
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from specscope.backend.model.config import CheckpointError
+    from specscope.backend.server import BindError, check_bind, create_app
+    from specscope.backend.server.engine_process import EngineProcess
+    from specscope.backend.server.protocol import MAX_MESSAGE_BYTES, MAX_QUEUED_RUNS
+    try:
+        check_bind(args.host, args.token)
+    except BindError as e:
+        raise CLIError(str(e)) from None
+    if args.token:
+        os.environ["SPECSCOPE_TOKEN"] = args.token  # the mounted UI reaches this server with it
+    if args.models and not Path(args.models).is_dir():
+        raise CLIError(f"--models {args.models}: no such directory")
+    if args.models and not args.model:
+        args.model = first_model(args.models)
+    engine = EngineProcess(functools.partial(serve_build, args), max_queued=args.max_queued or MAX_QUEUED_RUNS)
+    try:
+        engine.start()
+    except (ParamError, CheckpointError) as e:
+        raise CLIError(str(e)) from None
+    try:
+        store = Store(args.db, server=f"{socket.gethostname()}:{args.port}")
+        app = create_app(engine, store, token=args.token, ui=None if args.no_ui else installed_ui(),
+                         backend_url=args.backend or f"ws://127.0.0.1:{args.port}", models_dir=args.models,
+                         lease_timeout_s=args.lease_timeout)
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, ws_max_size=4 * MAX_MESSAGE_BYTES,
+                        ws_per_message_deflate=False)  # small JSON events: compressing each cost the engine time
+        finally:
+            store.close()
+    finally:
+        engine.stop()
+    return 0

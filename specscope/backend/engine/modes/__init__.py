@@ -1,0 +1,52 @@
+"""The mode registry: every module in this package registers its mode on import."""
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+
+from specscope.backend.engine.modes.base import Mode
+from specscope.backend.engine.params import COMMON_PARAMS, Param, ParamError
+
+REGISTRY: dict[str, type[Mode]] = {}
+
+
+def register(cls: type[Mode]) -> type[Mode]:
+    if cls.name in REGISTRY:
+        raise ValueError(f"mode {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_mode(name: str) -> Mode:
+    _load_all()
+    if name not in REGISTRY:
+        raise ParamError(f"unknown mode {name!r}; available: {sorted(REGISTRY)}")
+    return REGISTRY[name]()
+
+
+def mode_names() -> list[str]:
+    _load_all()
+    return sorted(REGISTRY)
+
+
+def param_specs(mode: Mode) -> tuple[Param, ...]:
+    return COMMON_PARAMS + mode.params
+
+
+def describe_modes(mask_token: bool = True) -> list[dict]:
+    """Registry + parameter schema, as served by GET /api/modes, with whether a model with (or without) a mask
+    token can run each mode."""
+    _load_all()
+    return [{"name": name, "summary": cls.summary, "nfe": cls.nfe_note, "explain": cls.explain,
+             "lossless_vs": cls.lossless_vs, "lossless_params": cls.lossless_params,
+             "available": mask_token or not cls.needs_mask,
+             "unavailable": None if mask_token or not cls.needs_mask else "the model has no mask token",
+             "params": [p.schema() for p in param_specs(cls())]} for name, cls in sorted(REGISTRY.items())]
+
+
+@functools.cache
+def _load_all() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        if info.name != "base":
+            importlib.import_module(f"{__name__}.{info.name}")

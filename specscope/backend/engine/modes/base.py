@@ -1,0 +1,73 @@
+"""What a decoding mode is: a stateless policy with declared parameters, whose `start` returns the request's
+mode state and whose `round` turns that state into a result the scheduler applies."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from specscope.backend.engine.params import Param
+from specscope.backend.tracing import RoundEvent
+
+if TYPE_CHECKING:
+    from specscope.backend.engine.request import Request
+    from specscope.backend.engine.runtime import Runtime
+
+
+@dataclass
+class SlotRelease:
+    slots: list[int]
+    positions: list[int]
+    reason: str
+
+
+@dataclass
+class RoundResult:
+    """One round's outcome, applied by the scheduler: free and commit slots, emit tokens (cut at EOS and at
+    max_new_tokens), record `view` (built only when tracing is on)."""
+    emitted: list[int]
+    accepted_len: int
+    commit: list[int] = field(default_factory=list)
+    free: list[SlotRelease] = field(default_factory=list)
+    view: RoundEvent | None = None
+
+
+class Mode:
+    """Base of every decoding mode. Subclasses register themselves with @register.
+
+    A mode holds no request data: everything a run needs between rounds lives in the state `start` returns
+    (stored on the request), so requests of one mode with different parameters can share a step."""
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    nfe_note: ClassVar[str] = ""
+    explain: ClassVar[str] = ""          # what a round, "accepted" and "committed" mean here (the visualizer shows it)
+    lossless_vs: ClassVar[str | None] = None
+    """The mode whose greedy output this one must reproduce token for token, if any."""
+    lossless_params: ClassVar[dict[str, Any]] = {}
+    """Parameters under which the lossless claim holds (e.g. SpecFold: δ = 0 with the strict FFN gate)."""
+    drafter: ClassVar[tuple[str, float] | None] = None
+    """(run metric, minimum of its mean over held-out prompts) that shows the drafting side works."""
+    params: ClassVar[tuple[Param, ...]] = ()
+    needs_mask: ClassVar[bool] = True
+    batchable: ClassVar[bool] = False
+
+    def check(self, params: dict[str, Any], rt: Runtime) -> None:
+        """Refuse parameters this model cannot run (raise ParamError naming the parameter)."""
+
+    def extra_positions(self, params: dict[str, Any]) -> int:
+        """How many positions past the emitted ones a round may touch (for context and KV sizing)."""
+        return params.get("block_size", 1)
+
+    def start(self, req: Request, rt: Runtime) -> Any:
+        """The request's mode state, set up after the prefill."""
+        return None
+
+    def round(self, req: Request, rt: Runtime) -> RoundResult:
+        raise NotImplementedError
+
+    def metrics(self, req: Request) -> dict[str, Any]:
+        """Mode-specific run metrics merged into run_end (e.g. ISD case frequencies, SpecFold's fold ratio)."""
+        return {}
+
+    def round_batch(self, reqs: list[Request], rt: Runtime) -> list[RoundResult]:
+        """One round for several requests of this mode; batched where the mode allows it."""
+        return [self.round(r, rt) for r in reqs]

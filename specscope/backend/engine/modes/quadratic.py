@@ -1,0 +1,114 @@
+"""`quadratic`: Nemotron quadratic self-speculation (the "Your LLM Knows the Future" layout; reference A.6 and
+multibranch.md §4.3), one forward per round.
+
+Round input: the pending token d0 and the k speculative tokens d1..dk of the last round, each followed by a
+group of k masks, `[d0, M×k, d1, M×k, …, dk, M×k]`; group j sits at positions P+j .. P+j+k. Attention: every
+row sees the committed prefix; the d's form a causal chain (d_j sees d_0..d_j); a mask sees d_0..d_j of its
+own group and the earlier masks of its group (strict causal, as the model's MASK stream was trained). So
+d_j's logits are the causal (AR) prediction for P+j+1, and the masks of group j predict P+j+2 .. P+j+k+1
+from exactly the prefix d_0..d_j. Accept the longest a with d_{i+1} == AR(d_i) for i < a, emit d_1..d_a plus
+the AR token of d_a (the bonus; the next pending token), and take the next k specs from group a's masks (a chain
+after the bonus through the adapter's sampler head, when it ships one: backend/engine/draft_chain.py):
+whatever prefix is accepted, fresh specs conditioned on exactly it are ready. The first round after the
+prefill has no specs (one group). KV: only d_0..d_a's (valid causal KV) is committed; rejected d's and all
+masks are freed. Greedy output equals `ar`. NFE = one forward per round; prefill not counted. At T > 0 a
+spec is accepted when it equals the token drawn from the AR logits (as Nemotron's linear_spec does).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specscope.backend.engine.blocks import longest_match
+from specscope.backend.engine.draft_chain import SAMPLER_PARAM
+from specscope.backend.engine.modes import register
+from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
+from specscope.backend.engine.params import Param
+from specscope.backend.engine.request import Request
+from specscope.backend.engine.runtime import Runtime
+from specscope.backend.model.transformer import interleaved_mask
+from specscope.backend.tracing import RoundEvent
+
+
+@dataclass
+class QuadraticState:
+    specs: list[int] = field(default_factory=list)   # d1..dk for the next round (empty: cold start)
+    seeded_by: int | None = None                     # the group whose masks drafted them (trace)
+
+
+def interleaved(drafts: list[int], k: int, mask_id: int) -> tuple[list[int], list[int]]:
+    """Token ids and position offsets of [d0, M×k, d1, M×k, …]: group j at offsets j .. j+k."""
+    ids, offsets = [], []
+    for j, d in enumerate(drafts):
+        ids += [d] + [mask_id] * k
+        offsets += list(range(j, j + k + 1))
+    return ids, offsets
+
+
+@register
+class Quadratic(Mode):
+    name = "quadratic"
+    summary = "quadratic self-speculation: k masks after each of the k specs, fresh specs for any accepted prefix"
+    nfe_note = "one forward per round ((k+1)² query rows); prefill not counted"
+    explain = ("One forward per round over [d0, M×k, d1, M×k, …]: each spec d_j is followed by k masks that "
+               "see exactly d0..d_j. Accepted = the specs the causal rows confirm, then the correction (bonus); "
+               "the accepted group's masks become the next k specs (drafts). Cells are in input order; the small "
+               "number under a cell is its position. Masks and rejected specs have their KV freed.")
+    lossless_vs = "ar"
+    drafter = ("accept_len_mean", 1.3)
+    params = (Param("k", int, 4, 1, 8, "speculative tokens per round; each is followed by k masks"), SAMPLER_PARAM)
+
+    def extra_positions(self, params: dict) -> int:
+        return (params["k"] + 1) ** 2
+
+    def start(self, req: Request, rt: Runtime) -> QuadraticState:
+        return QuadraticState()
+
+    def round(self, req: Request, rt: Runtime) -> RoundResult:
+        st: QuadraticState = req.state
+        k, start = req.params["k"], req.cached
+        drafts = [req.tokens[-1]] + st.specs
+        ids, offsets = interleaved(drafts, k, rt.mask)
+        slots = rt.alloc(req, [start + o for o in offsets])
+        scores = rt.score(req, ids, start, "strict_causal", kind="verify", write=slots,
+                          mask=interleaved_mask(len(drafts), k, start), offsets=offsets)
+        firsts = [j * (k + 1) for j in range(len(drafts))]
+        ar = scores.rows(firsts).tokens()
+        accepted = longest_match(ar, st.specs)
+        seeded = st.seeded_by
+        group = firsts[accepted]
+        st.specs, _ = rt.drafts(scores.rows(slice(group + 1, group + k + 1)), ar[accepted],
+                                chained=req.params["sampler"])
+        st.seeded_by = accepted
+        keep = firsts[:accepted + 1]
+        rejected = firsts[accepted + 1:]
+        masks = [u for u in range(len(ids)) if u % (k + 1)]
+        free = [SlotRelease([slots[u] for u in rejected], [start + offsets[u] for u in rejected], "rejected"),
+                SlotRelease([slots[u] for u in masks], [start + offsets[u] for u in masks], "mask")]
+        emitted = drafts[1:accepted + 1] + [ar[accepted]]
+        view = self._view(start, ids, offsets, k, accepted, ar, st.specs, seeded) if req.tracer.enabled else None
+        return RoundResult(emitted, accepted + 1, commit=[slots[u] for u in keep], free=free, view=view)
+
+    @staticmethod
+    def _view(start: int, ids: list[int], offsets: list[int], k: int, accepted: int, ar: list[int],
+              next_specs: list[int], seeded: int | None) -> RoundEvent:
+        """The interleaved layout in input order (`extra.offsets`: each cell's position - block_start): d_0
+        pending, accepted / rejected specs, masks as padding except group `accepted`, whose masks show the
+        next round's specs as drafts; the bonus follows."""
+        tokens, states = [], []
+        for u, tok in enumerate(ids):
+            j, i = divmod(u, k + 1)
+            if i == 0:
+                tokens.append(tok)
+                states.append("pending" if j == 0 else "accepted" if j <= accepted else "rejected")
+            elif j == accepted:
+                tokens.append(next_specs[i - 1])
+                states.append("draft")
+            else:
+                tokens.append(tok)
+                states.append("padding")
+        tokens.append(ar[accepted])
+        states.append("bonus")
+        return RoundEvent(start, tokens, states, extra={
+            "k": k, "groups": len(ids) // (k + 1), "accepted_group": accepted, "seeded_by_group": seeded,
+            "replaced_draft": ids[(accepted + 1) * (k + 1)] if (accepted + 1) * (k + 1) < len(ids) else None,
+            "layout": "interleaved", "offsets": offsets + [accepted + 1]})

@@ -1,0 +1,261 @@
+"""The model runner: the only place that builds tensors for a forward, allocates slots and records phases."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import cast
+
+import torch
+from torch import Tensor
+
+from specscope.backend.engine.draft_chain import draft_chain
+from specscope.backend.engine.kv import KVPool
+from specscope.backend.engine.request import Request
+from specscope.backend.engine.sampling import alternatives
+from specscope.backend.engine.scores import Scores
+from specscope.backend.forward.folded import folded_backend
+from specscope.backend.forward.fused_step import fused_decode
+from specscope.backend.forward.plan import Eager, Fold, FoldCounts, ForwardBackend, ForwardPlan, ForwardResult
+from specscope.backend.model.checkpoint import LoadedModel
+from specscope.backend.model.transformer import KVContext
+from specscope.backend.tracing import Phase
+
+EAGER_MATMUL = {torch.float32: "float32", torch.bfloat16: "bf16", torch.float16: "float16"}
+"""The eager backend's matmul precision: its weights' dtype, named as MATMULS names them."""
+MAX_ALTERNATIVES = 8   # top-k entries kept per position and round (one per forward that predicted it)
+
+
+def shifted(rows: Tensor) -> Tensor:
+    """Rows [R, Q, ...] of a model whose row i predicts position i, moved so row i predicts i + 1 (the last row,
+    which has no successor, repeated)."""
+    return torch.cat([rows[:, 1:], rows[:, -1:]], dim=1)
+
+
+class Runtime:
+    def __init__(self, loaded: LoadedModel, num_slots: int, matmul: str = "float32"):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.mask_id = loaded.mask_token_id
+        self.eos_id = loaded.eos_token_id
+        self.context = self.model.cfg.max_position_embeddings
+        param = next(self.model.parameters())
+        self.device = param.device
+        if self.device.type == "cpu":
+            self.model.store_weights_input_major()   # the eager backend's layout: x @ W for CPU matmuls
+        self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
+        self.eager = Eager(self.model)
+        fused = fused_decode(self.model, self.pool.memory, self.eager, matmul)
+        self.backend: ForwardBackend = fused or self.eager
+        """Every plan but a fold: the fused CPU step (float32 models on the CPU, its matmuls in `matmul`
+        precision; what it cannot take runs on self.eager), else the eager backend."""
+        self.matmul = fused.matmul if fused else EAGER_MATMUL.get(param.dtype, str(param.dtype))
+        """The precision of the forwards' matmuls: the fused step's ("float32" or "bf16", `matmul` resolved), else
+        the weights' dtype. Runs record it (run_start), as their tokens depend on it."""
+        self._folded: dict[str, ForwardBackend] = {}
+        self.chain = draft_chain(self.model, loaded.adapter_dir, self.mask_id)
+        """The adapter's sampler head, if it ships one: chained MASK drafts (`drafts`)."""
+
+    @property
+    def mask(self) -> int:
+        """The mask token id; modes that need it refuse to start (Mode.check) when the model has none."""
+        if self.mask_id is None:
+            raise RuntimeError("this model has no mask token")
+        return self.mask_id
+
+    # -- slots ---------------------------------------------------------------------------------------
+    def alloc(self, req: Request, positions: Sequence[int]) -> list[int]:
+        slots = self.pool.alloc(req.rid, len(positions))
+        if req.tracer.enabled:
+            req.tracer.kv("alloc", slots, positions, req.round)
+        return slots
+
+    def commit(self, req: Request, slots: list[int]) -> None:
+        """Append freshly written slots to the committed prefix, in position order."""
+        start = req.cached
+        self._extend_slot_index(req, slots)
+        req.slots.extend(slots)
+        if req.tracer.enabled and slots:
+            req.tracer.kv("commit", slots, range(start, start + len(slots)), req.round)
+
+    def release(self, req: Request, slots: list[int], positions: list[int], reason: str) -> None:
+        if not slots:
+            return
+        self.pool.free(req.rid, slots)
+        if req.tracer.enabled:
+            req.tracer.kv("free", slots, positions, req.round, reason)
+
+    def release_all(self, req: Request, reason: str) -> None:
+        """Free every slot the request still holds (committed or not): finish, cancel and error paths."""
+        owned = self.pool.owned_by(req.rid)
+        committed = set(req.slots)
+        self.release(req, [s for s in req.slots if s in owned], list(range(len(req.slots))), reason)
+        stray = [s for s in owned if s not in committed]
+        self.release(req, stray, [-1] * len(stray), reason)
+        req.slots = []
+        req.slot_index = None
+
+    # -- forwards ------------------------------------------------------------------------------------
+    def forward(self, reqs: list[Request], ids: Tensor, start: Sequence[int], attn: str, *,
+                kind: str, write: list[list[int]] | None = None, lora: bool = False,
+                kv_op: str = "write", mask: Tensor | None = None, offsets: Sequence[int] | None = None) -> Tensor:
+        """Logits [R, Q, V] of query rows ids [R, Q], one row per request, shifted: row j predicts position
+        start[r] + j + 1 (realigned here for a model whose logits in `attn` predict their own position). Row r
+        sits at positions start[r] + offsets (default 0..Q-1) and attends to reqs[r]'s committed prefix. `write`
+        gives each row's slots (None = read-only forward); `mask` [R, 1, Q, P+Q] replaces the attention mode's
+        mask. `lora` asks for a draft-scope adapter in this pass. One call is one forward on the critical path:
+        +1 NFE for each request (not for prefill)."""
+        return self.run(reqs, ids, start, attn, self._context(reqs, write), kind=kind, write=write, lora=lora,
+                        kv_op=kv_op, mask=mask, offsets=offsets).logits
+
+    def branches(self, req: Request, states: Sequence[Sequence[int]], start: int) -> list[Scores]:
+        """One read-only `block` forward of R states of one request's open block (row 0 the main state), as R
+        row groups over the request's one committed prefix (read once, `KVContext.shared`): +1 NFE."""
+        result = self.branch_forward(req, states, start, None, self.backend)
+        return [Scores(row, req, self.mask_id) for row in result.logits]
+
+    def folded_branches(self, req: Request, states: Sequence[Sequence[int]], start: int, fold: Fold,
+                        backend: str) -> tuple[list[Scores], FoldCounts]:
+        """`branches`, with the row groups folded along the fold's tree (SpecFold) by the named folded backend
+        (backend.forward.folded.FOLD_BACKENDS); also the fold counts."""
+        if backend not in self._folded:
+            self._folded[backend] = folded_backend(self.model, backend)
+        result = self.branch_forward(req, states, start, fold, self._folded[backend])
+        return [Scores(row, req, self.mask_id) for row in result.logits], cast(FoldCounts, result.folds)
+
+    def branch_forward(self, req: Request, states: Sequence[Sequence[int]], start: int, fold: Fold | None,
+                       backend: ForwardBackend) -> ForwardResult:
+        """The forward under `branches` and `folded_branches`, on the given backend."""
+        r = len(states)
+        kv = self._context([req], None)
+        kv.prefix_slots, kv.shared = kv.prefix_slots.expand(r, -1), True
+        return self.run([req], torch.tensor(states), [start] * r, "block", kv,
+                        kind="verify" if r > 1 else "denoise", fold=fold, backend=backend)
+
+    def run(self, owners: list[Request], ids: Tensor, start: Sequence[int], attn: str, kv: KVContext, *,
+             kind: str, write: list[list[int]] | None = None, lora: bool = False, kv_op: str = "write",
+             mask: Tensor | None = None, fold: Fold | None = None, backend: ForwardBackend | None = None,
+             offsets: Sequence[int] | None = None) -> ForwardResult:
+        """The one forward every verb goes through: builds its plan and runs it on `backend` (default: the
+        runtime's); `owners` are the distinct requests it serves (NFE, phases)."""
+        t0 = time.perf_counter()
+        q = ids.shape[1]
+        steps = range(q) if offsets is None else offsets
+        rows_at = [[s + j for j in steps] for s in start]
+        ids = ids.to(self.device)
+        adapter = self.adapter(ids, lora)
+        chained = self.chain is not None and fold is None and adapter is not False   # the chain reads the states
+        plan = ForwardPlan(ids, torch.tensor(rows_at, device=self.device), attn, kv,
+                           None if mask is None else mask.to(self.device), adapter, fold, hidden=chained)
+        with torch.inference_mode():
+            result = (backend or self.backend).run(plan)
+        if not self.loaded.logits_shifted.get(attn, True):
+            result = ForwardResult(shifted(result.logits), result.folds,
+                                   None if result.hidden is None else shifted(result.hidden))
+        logits = result.logits
+        ms = (time.perf_counter() - t0) * 1000
+        if any(r.params.get("trace_topk") for r in owners):
+            self._note_alternatives(owners, rows_at, logits, kind)
+        adapter_on = bool(adapter.any()) if isinstance(adapter, Tensor) else adapter
+        for req in owners:
+            if kind != "prefill":
+                req.nfe += 1
+            req.phases.append(Phase(kind, attn, adapter_on, q, round(ms, 3)))
+        if write is not None:
+            for req, slots, row in zip(owners, write, rows_at, strict=True):
+                if req.tracer.enabled:
+                    req.tracer.kv(kv_op, slots, row, req.round)
+        return result
+
+    def score(self, req: Request, ids: list[int], start: int, attn: str, *, kind: str,
+              write: list[int] | None = None, lora: bool = False, kv_op: str = "write", mask: Tensor | None = None,
+              offsets: Sequence[int] | None = None) -> Scores:
+        """One request's forward of the query row `ids` at positions start + offsets (see `forward`), its logits
+        as Scores."""
+        writes = None if write is None else [write]
+        result = self.run([req], torch.tensor([ids]), [start], attn, self._context([req], writes), kind=kind,
+                          write=writes, lora=lora, kv_op=kv_op, mask=mask, offsets=offsets)
+        return Scores(result.logits[0], req, self.mask_id, None if result.hidden is None else result.hidden[0])
+
+    def decode(self, reqs: list[Request], slots: list[list[int]]) -> list[Scores]:
+        """One causal decode step of several requests: each feeds its last token, writing its K/V to its slot."""
+        ids = torch.tensor([[r.tokens[-1]] for r in reqs])
+        logits = self.forward(reqs, ids, [r.cached for r in reqs], "causal", kind="decode", write=slots)
+        return [Scores(row, r, self.mask_id) for r, row in zip(reqs, logits, strict=True)]
+
+    def _note_alternatives(self, reqs: list[Request], rows_at: list[list[int]], logits: Tensor, kind: str) -> None:
+        """For each traced request that asked (params.trace_topk): the top-k of every row's next position, kept per
+        position until its round is recorded. A request's first row group only (its main state, in a branched
+        verify); a prefill's last row only (it predicts the first new token)."""
+        n = len(reqs)     # a branched verify has one owner: its first row group
+        for req, positions, rows in zip(reqs, rows_at[:n], logits[:n], strict=True):
+            k = req.params.get("trace_topk", 0)
+            if not k or not req.tracer.enabled:
+                continue
+            if kind == "prefill":
+                positions, rows = positions[-1:], rows[-1:]
+            for pos, entry in zip(positions, alternatives(rows, k, self.mask_id), strict=True):
+                kept = req.alternatives.setdefault(pos + 1, [])
+                if len(kept) < MAX_ALTERNATIVES:
+                    kept.append({"kind": kind, **entry})
+
+    def drafts(self, masks: Scores, previous: int, argmax: bool = False,
+               chained: bool = True) -> tuple[list[int], Scores]:
+        """The tokens a run of MASK rows drafts after the token `previous`, and the rows they were drawn from (their
+        proposal): chained through the sampler head when the adapter ships one and `chained`, else each row's own
+        pick (its argmax if `argmax`, else the request's rule)."""
+        if chained and self.chain is not None:
+            return self.chain.draw(masks, previous, argmax)
+        return (masks.argmax() if argmax else masks.tokens()), masks
+
+    def adapter(self, ids: Tensor, draft: bool) -> bool | Tensor:
+        """Where the model's adapter is on in this forward, by its declared scope: `draft` passes that ask for
+        it (Nemotron's linear-spec LoRA), or MASK positions only in every forward (I-DLM's R-ISD)."""
+        scope = self.loaded.adapter_scope      # None unless the model was loaded with an adapter
+        if scope == "mask" and self.mask_id is not None:
+            on = ids == self.mask_id
+            return on if bool(on.any()) else False
+        return draft and scope == "draft"
+
+    def _extend_slot_index(self, req: Request, slots: list[int]) -> None:
+        """Mirror the committed slot table in a persistent device tensor (grown by doubling), so a forward
+        reads its prefix as a view instead of rebuilding it from a Python list."""
+        start, end = req.cached, req.cached + len(slots)
+        index = req.slot_index
+        if index is None or index.numel() < end:
+            grown = torch.empty(max(64, 2 * end), dtype=torch.long, device=self.device)
+            if index is not None:
+                grown[:start] = index[:start]
+            index = req.slot_index = grown
+        if index.device.type == "cpu":
+            index.numpy()[start:end] = slots   # a few times cheaper than a torch copy, once per token
+        else:
+            index[start:end] = torch.tensor(slots, dtype=torch.long)
+
+    def _context(self, reqs: list[Request], write: list[list[int]] | None) -> KVContext:
+        lengths = [r.cached for r in reqs]
+        width = max(lengths)
+        valid = None
+        if width == 0:
+            prefix = torch.zeros(len(reqs), 0, dtype=torch.long, device=self.device)
+        elif len(reqs) == 1:
+            prefix = cast(Tensor, reqs[0].slot_index)[None, :width]
+        elif min(lengths) == width:
+            prefix = torch.stack([cast(Tensor, r.slot_index)[:width] for r in reqs])
+        else:
+            prefix = torch.zeros(len(reqs), width, dtype=torch.long, device=self.device)
+            for i, r in enumerate(reqs):
+                prefix[i, :lengths[i]] = cast(Tensor, r.slot_index)[:lengths[i]]
+            held = torch.tensor(lengths, device=self.device)
+            valid = torch.arange(width, device=self.device)[None, :] < held[:, None]
+        write_t = None if write is None else torch.tensor(write, dtype=torch.long, device=self.device)
+        return KVContext(self.pool.memory, prefix, valid, write_t)
+
+    def prefill(self, req: Request) -> int:
+        """Write the prompt's KV (causal) and return the first generated token (not yet in the KV)."""
+        positions = list(range(len(req.prompt_ids)))
+        slots = self.alloc(req, positions)
+        scores = self.score(req, req.prompt_ids, 0, "causal", kind="prefill", write=slots)
+        self.commit(req, slots)
+        (first,) = scores.rows(slice(-1, None)).tokens()
+        return first
