@@ -34,4 +34,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(addprefix specscope/backend/,engine tracing.py model/checkpoint.py model/config.py \
 		model/transformer.py model/sampler_head.py bench.py server store forward verify_rows.py) specscope/kernels \
-		specscope/app tools/throughput.py tools/kernel_bench.py tools/compile_check.py
+		specscope/app specscope/backend/cli/throughput.py specscope/backend/kernel_bench.py tools/compile_check.py

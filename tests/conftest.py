@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from specscope.backend.model.checkpoint import load_checkpoint  # noqa: E402
-from specscope.backend.model.tasks import task_set  # noqa: E402
+from specscope.backend.train.tasks import task_set  # noqa: E402
 
 # Under pytest-xdist (`make test`, `make test-fast`: one worker a core) each worker gets one thread.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)

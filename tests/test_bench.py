@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from specscope.backend import bench
-from tools.bench_compare import compare, load
+from specscope.backend.bench import headline, write_summary
+from specscope.backend.bench_compare import compare, load
 
 
 def test_parse_variant_types_values():
@@ -73,7 +74,7 @@ def test_verify_rows_leaves_the_kv_pool_as_it_found_it(loaded):
 
 
 def test_bench_compare_flags_a_token_change_and_takes_medians(tmp_path):
-    """tools.bench_compare: the same tokens only when every run of both sets agrees; tok/s as medians per set."""
+    """`specscope bench-diff`: the same tokens only when every run of both sets agrees; tok/s as medians per set."""
     def report(name: str, tok_per_s: float, outputs: list[list[int]]) -> Path:
         folder = tmp_path / name
         folder.mkdir()
@@ -121,3 +122,16 @@ def test_answer_fit_rates_an_answer_as_transformers_does(shared_engine, heldout_
     both = summed(fits)
     assert both["greedy_share"] == (fits[0].greedy + fits[1].greedy) / (2 * len(greedy))
     assert summed([answer_fit(shared_engine, prompt_ids, [])]) == {"greedy_share": None, "nll": None}
+
+
+def test_the_readme_bench_table_is_the_one_bench_writes(tmp_path):
+    """The README's headline table is `specscope bench --summary docs/bench/bench.json`, word for word, and --into
+    rewrites only the section between its markers."""
+    root = Path(__file__).resolve().parents[1]
+    table = headline(json.loads((root / "docs" / "bench" / "bench.json").read_text()))
+    readme = (root / "README.md").read_text()
+    assert table in readme
+    stale = tmp_path / "README.md"
+    stale.write_text(readme.replace(table, "| an old table |\n"))
+    write_summary(root / "docs" / "bench" / "bench.json", stale)
+    assert stale.read_text() == readme

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from specscope.backend.model import data, tasks
-from specscope.backend.model.card import model_card
-from specscope.backend.model.domain import FAMILIES, code, numbers
-from specscope.backend.model.domain.phrasing import expand, phrasing_split
 from specscope.backend.model.tokenizer import MASK
+from specscope.backend.train import tasks, tiny_data
+from specscope.backend.train.card import model_card
+from specscope.backend.train.domain import TASK_FAMILIES, code, numbers
+from specscope.backend.train.domain.phrasing import expand, phrasing_split
 
 
 def test_task_splits_are_disjoint_and_fixed_by_seed():
@@ -25,7 +25,7 @@ def test_task_splits_are_disjoint_and_fixed_by_seed():
 
 
 def test_phrasing_split_is_honoured():
-    for kind, family in FAMILIES.items():
+    for kind, family in TASK_FAMILIES.items():
         for variant in family.patterns:
             train = set(tasks.family_wordings(kind, variant, "train"))
             held = set(tasks.family_wordings(kind, variant, "heldout"))
@@ -34,7 +34,7 @@ def test_phrasing_split_is_honoured():
         assert all(t.phrasing == "train" and phrasing_split(t.wording) == "train" for t in tasks.task_set(s, 20))
     held = tasks.task_set("heldout", 20)
     assert all(phrasing_split(t.wording) == t.phrasing for t in held)
-    for kind in FAMILIES:     # held-out prompts alternate trained and never-trained wordings
+    for kind in TASK_FAMILIES:     # held-out prompts alternate trained and never-trained wordings
         assert {t.phrasing for t in held if t.kind == kind} == {"train", "heldout"}
 
 
@@ -112,7 +112,7 @@ def _check(t: tasks.Task) -> None:
             fn([3, 1, 4, 2])
 
 
-@pytest.mark.parametrize("kind", list(FAMILIES))
+@pytest.mark.parametrize("kind", list(TASK_FAMILIES))
 def test_task_answers_are_checkable(kind):
     for split in tasks.SPLITS:
         for t in tasks.task_set(split, 40, kinds=(kind,)):
@@ -141,18 +141,18 @@ def test_expand_takes_every_alternative():
 
 def test_model_card_names_every_family_with_examples():
     card = model_card()
-    assert [f["name"] for f in card["families"]] == list(FAMILIES) and card["out_of_domain"]
+    assert [f["name"] for f in card["families"]] == list(TASK_FAMILIES) and card["out_of_domain"]
     assert all(f["examples"] for f in card["families"])
 
 
 def test_text_documents_split_by_name():
-    names = {s: {n for n, _ in data.text_documents(s)} for s in ("train", "heldout")}
+    names = {s: {n for n, _ in tiny_data.text_documents(s)} for s in ("train", "heldout")}
     assert names["heldout"] and names["train"] and not names["train"] & names["heldout"]
 
 
 def test_tri_stream_mask_layout():
     t, bd, idlm = 8, 4, 2
-    m = data.tri_stream_mask(t, bd, idlm)
+    m = tiny_data.tri_stream_mask(t, bd, idlm)
     clean, noisy_bd, noisy_id = slice(0, t), slice(t, 2 * t), slice(2 * t, 3 * t)
     assert torch.equal(m[clean, clean], torch.ones(t, t, dtype=torch.bool).tril())
     assert not m[clean, t:].any()                                   # clean never sees noisy streams
@@ -173,20 +173,20 @@ def tok(loaded):
 
 def test_batches_are_a_pure_function_of_seed_and_step(tok):
     stream = np.arange(1000, dtype=np.uint16) % 500 + 10
-    spec = data.BatchSpec(seq_len=64, batch_size=4)
+    spec = tiny_data.BatchSpec(seq_len=64, batch_size=4)
     mask_id = tok.convert_tokens_to_ids(MASK)
-    a = data.make_batch(tok, stream, spec, seed=3, step=7, mask_id=mask_id)
-    b = data.make_batch(tok, stream, spec, seed=3, step=7, mask_id=mask_id)
-    c = data.make_batch(tok, stream, spec, seed=3, step=8, mask_id=mask_id)
+    a = tiny_data.make_batch(tok, stream, spec, seed=3, step=7, mask_id=mask_id)
+    b = tiny_data.make_batch(tok, stream, spec, seed=3, step=7, mask_id=mask_id)
+    c = tiny_data.make_batch(tok, stream, spec, seed=3, step=8, mask_id=mask_id)
     assert torch.equal(a.ids, b.ids) and torch.equal(a.labels, b.labels) and torch.equal(a.mask, b.mask)
     assert not torch.equal(a.ids, c.ids)
 
 
 def test_labels_are_shifted_and_bd_loss_only_on_masked_targets(tok):
     stream = np.arange(5000, dtype=np.uint16) % 1500 + 10
-    spec = data.BatchSpec(seq_len=64, batch_size=6, task_fraction=0.5)
+    spec = tiny_data.BatchSpec(seq_len=64, batch_size=6, task_fraction=0.5)
     mask_id = tok.convert_tokens_to_ids(MASK)
-    b = data.make_batch(tok, stream, spec, seed=0, step=1, mask_id=mask_id)
+    b = tiny_data.make_batch(tok, stream, spec, seed=0, step=1, mask_id=mask_id)
     t = spec.seq_len
     x0, x_bd, x_id = b.ids[:, :t], b.ids[:, t:2 * t], b.ids[:, 2 * t:]
     assert torch.equal(b.labels[:, :t - 1], x0[:, 1:])              # AR: position i predicts x0[i+1]
@@ -195,7 +195,7 @@ def test_labels_are_shifted_and_bd_loss_only_on_masked_targets(tok):
     seeds = torch.arange(t) % b.bd_block == 0
     assert (x_bd[:, seeds] == x0[:, seeds]).all()                     # block seeds stay clean
     bd_labels = b.labels[:, t:2 * t]
-    has = bd_labels != data.IGNORE
+    has = bd_labels != tiny_data.IGNORE
     target_masked = torch.zeros_like(has)
     target_masked[:, :-1] = x_bd[:, 1:] == mask_id
     assert (~has | target_masked).all()                               # loss only where the target is masked
@@ -205,7 +205,7 @@ def test_labels_are_shifted_and_bd_loss_only_on_masked_targets(tok):
 @pytest.mark.parametrize("block", [8, 32])
 def test_task_rows_pad_every_task_with_eos_to_the_block_end(tok, block):
     import random
-    row = data.task_row(tok, random.Random(5), 512, block=block)
+    row = tiny_data.task_row(tok, random.Random(5), 512, block=block)
     user, eos = tok.convert_tokens_to_ids("<|user|>"), tok.convert_tokens_to_ids("<|eos|>")
     starts = [i for i, t in enumerate(row) if t == user]
     assert len(starts) > 3 and all(i % block == 0 for i in starts)

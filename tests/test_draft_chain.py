@@ -31,6 +31,7 @@ from specscope.backend.model.transformer import LoRALinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
+TRAIN = [sys.executable, "-m", "specscope.backend.cli", "train"]
 CHAINED = [m for m in mode_names() if SAMPLER_PARAM in get_mode(m).params]
 VOCAB, DIM, MASK = 512, 32, 5
 
@@ -161,11 +162,11 @@ def test_tiny_pipeline_trains_a_head_that_keeps_every_chained_mode_lossless(tmp_
     data = write_answers(engine, tmp_path / "train.jsonl")
     more = write_answers(engine, tmp_path / "more.jsonl", count=4)
     adapter = tmp_path / "adapter"
-    subprocess.run([sys.executable, "-m", "tools.train_selfspec", "--model", "tiny", "--workdir", str(tmp_path / "a"),
+    subprocess.run([*TRAIN, "adapter", "--model", "tiny", "--workdir", str(tmp_path / "a"),
                     "--data", str(data), "--heldout", str(data), "--batch", "2", "--rank", "4", "--steps", "2",
                     "--export", str(adapter)], cwd=ROOT, check=True, capture_output=True, timeout=300)
     work = tmp_path / "s"
-    common = [sys.executable, "-m", "tools.train_sampler", "--model", "tiny", "--adapter", str(adapter),
+    common = [*TRAIN, "head", "--model", "tiny", "--adapter", str(adapter),
               "--workdir", str(work), "--data", str(data), "--heldout", str(data), "--batch", "16",
               "--width", "64", "--candidates", "8", "--eval-sequences", "4", "--eval-every", "1000",
               "--export", str(adapter)]
@@ -224,7 +225,7 @@ def test_the_head_trains_together_with_the_adapter(tmp_path):
     start = SamplerHead(base.model.cfg.hidden_size, 64, candidates=8)
     save_sampler(start, tmp_path / "start")
     work, adapter = tmp_path / "joint", tmp_path / "adapter"
-    common = [sys.executable, "-m", "tools.train_selfspec", "--model", "tiny", "--workdir", str(work),
+    common = [*TRAIN, "adapter", "--model", "tiny", "--workdir", str(work),
               "--data", str(data), "--heldout", str(data), "--batch", "2", "--rank", "4", "--eval-every", "1",
               "--eval-sequences", "4", "--head", str(tmp_path / "start" / SAMPLER_FILE), "--head-rows", "64",
               "--lr", "1e-2", "--export", str(adapter)]

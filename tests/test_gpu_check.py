@@ -1,4 +1,4 @@
-"""`python -m tools.gpu_check --tiny`: every registered mode on the shipped model and on the tiny synthetic
+"""`specscope gpu-check --tiny`: every registered mode on the shipped model and on the tiny synthetic
 Nemotron-shaped model, on CPU, with its report and the kernels bench."""
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import json
 import pytest
 import torch
 
+from specscope.backend.cli import main
 from specscope.backend.engine.modes import describe_modes, mode_names
-from tools.gpu_check import main, variants
+from specscope.backend.gpu_check import variants
 
 
 @pytest.mark.extended
 @pytest.mark.usefixtures("one_thread")
 def test_gpu_check_tiny(tmp_path):
-    assert main(["--tiny", "--out", str(tmp_path)]) == 0
+    assert main(["gpu-check", "--tiny", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "report.json").read_text())
     rows = {(r["target"], r["mode"]): r for r in report["modes"]}
     rows_per_model = [row for m in describe_modes() for row, _ in variants(m)]
@@ -35,7 +36,7 @@ def test_gpu_check_tiny(tmp_path):
 def test_gpu_check_on_cuda(tmp_path):
     """On a GPU: every mode on the shipped model (fp32, lossless equalities hard) and the synthetic 8B (bf16), then
     the kernels bench."""
-    assert main(["--out", str(tmp_path)]) == 0
+    assert main(["gpu-check", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["modes"] and all(r["status"] == "ok" for r in report["modes"])
     assert json.loads((tmp_path / "kernels.json").read_text())

@@ -1,5 +1,5 @@
-"""The project's imports point one way (model and kernels <- forward <- engine <- store <- server, bench, calibrate
-<- selfspec <- app <- CLI <- tools, the developer scripts): a walk of every module's imports (ast; TYPE_CHECKING
+"""The project's imports point one way (model and kernels <- forward <- engine <- store and train <- server, bench,
+calibrate <- app <- CLI <- tools, the developer scripts): a walk of every module's imports (ast; TYPE_CHECKING
 blocks left out) finds no cycle and no upward import other than the ones docs/deviations.md lists, and no library
 module but the CLI has a script entry of its own."""
 from __future__ import annotations
@@ -13,26 +13,27 @@ PACKAGES = ("specscope", "tools")
 ENTRY_POINT = ROOT / "specscope" / "backend" / "cli" / "__main__.py"
 # The server and the modules behind the CLI's bench, compare and calibrate commands (verify_rows and answer_fit are
 # the bench's figures; compare rates its answers with answer_fit too).
-COMMANDS = tuple(f"specscope.backend.{name}" for name in ("server", "bench", "verify_rows", "answer_fit", "calibrate"))
+COMMANDS = tuple(f"specscope.backend.{name}" for name in ("server", "bench", "verify_rows", "answer_fit", "calibrate",
+                                                           "bench_compare", "kernel_bench", "loadtest",
+                                                           "gpu_check"))
 # Upward imports docs/deviations.md explains (importer prefix, imported prefix).
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def layer(module: str) -> int:
-    """0 model, kernels and tracing; 1 forward; 2 engine; 3 store; 4 server and the CLI's bench and calibrate; 5 the
-    self-speculation adapter's pipeline; 6 the UI; 7 the CLI, which composes the server and the UI; 8 the developer
-    scripts (tools/), which may import anything and which nothing imports."""
+    """0 model, kernels and tracing; 1 forward; 2 engine; 3 store, and training (the tiny model, the self-speculation
+    adapter and its head, and their data); 4 server and the CLI's bench and calibrate; 5 the UI; 6 the CLI, which
+    composes the server and the UI; 7 the developer scripts (tools/), which may import anything and which nothing
+    imports."""
     if module.partition(".")[0] == "tools":
-        return 8
-    if module.startswith("specscope.backend.cli"):
         return 7
-    if module.startswith("specscope.app"):
+    if module.startswith("specscope.backend.cli"):
         return 6
-    if module.startswith("specscope.selfspec"):
+    if module.startswith("specscope.app"):
         return 5
     if module.startswith(COMMANDS):
         return 4
-    if module.startswith("specscope.backend.store"):
+    if module.startswith(("specscope.backend.store", "specscope.backend.train")):
         return 3
     if module.startswith("specscope.backend.engine"):
         return 2
@@ -128,7 +129,7 @@ def test_the_walk_sees_a_cycle_and_an_upward_import() -> None:
     edges = {a: {b}, b: {a, ui}, ui: set()}
     assert cycles(edges) == [[a, b]]
     assert layer(ui) > layer(b)
-    assert layer("tools.gpu_check") > layer("specscope.backend.cli") > layer(ui)
+    assert layer("tools.compile_check") > layer("specscope.backend.cli") > layer(ui)
 
 
 def script_entry(path: Path) -> bool:
@@ -145,4 +146,4 @@ def test_no_script_entry_inside_the_package() -> None:
     files = sorted((ROOT / "specscope").rglob("*.py"))
     assert [str(path.relative_to(ROOT)) for path in files if script_entry(path)] == []
     assert [path for path in files if path.name == "__main__.py"] == [ENTRY_POINT]
-    assert script_entry(ROOT / "tools" / "kernel_bench.py")   # the check itself sees an entry where one is
+    assert script_entry(ROOT / "tools" / "compile_check.py")   # the check itself sees an entry where one is

@@ -1,10 +1,9 @@
 """Sharded checkpoints are memory-mapped: loading at the file's dtype reads (almost) nothing, and neither that
-nor a dtype conversion ever holds twice the weights (measured in a fresh process by backend.model.loadcheck)."""
+nor a dtype conversion ever holds twice the weights (measured in a fresh process by support/loadcheck.py)."""
 from __future__ import annotations
 
 import pytest
-
-from specscope.backend.model.loadcheck import measure, synthetic_config, write_sharded
+from support.loadcheck import measure, synthetic_config, write_sharded
 
 
 @pytest.mark.extended

@@ -6,7 +6,7 @@ import shlex
 import pytest
 from postgres import own_cluster
 
-from tools import loadtest
+from specscope.backend.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 pytest_plugins = ["postgres"]  # the pg_cluster fixture
@@ -14,7 +14,7 @@ pytest_plugins = ["postgres"]  # the pg_cluster fixture
 
 def test_small_load_run_passes_every_check(tmp_path, capsys):
     out = tmp_path / "load.json"
-    code = loadtest.main(["--spawn", "--model", "tiny", "--clients", "4", "--requests", "8", "--max-tokens", "8",
+    code = main(["loadtest", "--spawn", "--model", "tiny", "--clients", "4", "--requests", "8", "--max-tokens", "8",
                           "--max-queued", "4", "--modes", "ar,linear_spec", "--out", str(out)])
     report = json.loads(out.read_text())
     assert code == 0 and report["ok"], capsys.readouterr().out
@@ -31,7 +31,7 @@ def test_store_outage_phase_loses_no_acknowledged_run(tmp_path, capsys) -> None:
     """The outage phase on a PostgreSQL server of its own, stopped and started by the script's shell commands."""
     with own_cluster() as cluster:
         out = tmp_path / "outage.json"
-        code = loadtest.main([
+        code = main(["loadtest",
             "--spawn", "--model", "tiny", "--db", cluster.new_database(), "--phases", "outage", "--clients", "4",
             "--max-tokens", "400", "--outage-s", "3", "--out", str(out),
             "--store-stop", shlex.join(cluster.pg_ctl_command("-m", "fast", "-w", "stop")),

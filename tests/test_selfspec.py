@@ -14,19 +14,21 @@ import pytest
 import torch
 from support.selfspec_data import write_answers
 
+from specscope.backend.cli import main
 from specscope.backend.engine.engine import Engine
 from specscope.backend.model.adapters import save_adapter
-from specscope.backend.model.chat_prompts import HELD_OUT, TEMPLATES, prompt_set
 from specscope.backend.model.checkpoint import load_checkpoint
 from specscope.backend.model.source import TINY
 from specscope.backend.model.transformer import KVContext, PagedKV
-from specscope.selfspec.batch import chunk_logits, pack
-from specscope.selfspec.layouts import IGNORE, Mix, block_chunk, causal_chunk, chunks_for, partial_chunk
-from specscope.selfspec.train import prepare_model
-from tools.selfspec_data import generate
+from specscope.backend.train.adapter import prepare_model
+from specscope.backend.train.answers import generate
+from specscope.backend.train.layouts import IGNORE, Mix, block_chunk, causal_chunk, chunks_for, partial_chunk
+from specscope.backend.train.packing import chunk_logits, pack
+from specscope.backend.train.prompts import HELD_OUT, TEMPLATES, prompt_set
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
+TRAIN = [sys.executable, "-m", "specscope.backend.cli", "train"]
 
 
 def test_layout_targets_are_the_tokens_each_row_drafts():
@@ -53,6 +55,24 @@ def test_held_out_templates_cover_every_category_and_stay_apart():
     assert {r["template"] for r in held} <= HELD_OUT
     assert len({(r["template"], r["messages"][0]["content"]) for r in train}) == 300   # no prompt twice
     assert prompt_set(50, 3) == prompt_set(50, 3)
+
+
+def test_the_data_commands_write_the_prompt_set_and_its_answers(tmp_path, capsys):
+    """`specscope data prompts` writes the prompt set as JSONL; `specscope data answers` the model's own ar
+    answers to a split's prompts, resumably (a rerun appends nothing)."""
+    prompts = tmp_path / "prompts.jsonl"
+    assert main(["data", "prompts", "--count", "20", "--seed", "3", "--out", str(prompts)]) == 0
+    assert [json.loads(line) for line in prompts.read_text().splitlines()] == prompt_set(20, 3)
+    out = tmp_path / "answers.jsonl"
+    argv = ["data", "answers", "--model", "tiny", "--split", "heldout", "--count", "2", "--batch", "2",
+            "--max-new-tokens", "6", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["template"] for r in rows} <= HELD_OUT and len(rows) >= 2
+    assert main(argv) == 0 and len(out.read_text().splitlines()) == len(rows)
+    engine = Engine(load_checkpoint(TINY), num_slots=2048)
+    assert engine.generate(rows[0]["messages"], "ar", {"max_new_tokens": 6}).output_ids == rows[0]["answer_ids"]
+    capsys.readouterr()
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +151,7 @@ def test_training_resumes_exports_and_keeps_ar_exact(tmp_path):
     engine = Engine(base, num_slots=2048)
     data = write_answers(engine, tmp_path / "train.jsonl")
     work, export = tmp_path / "run", tmp_path / "adapter"
-    common = [sys.executable, "-m", "tools.train_selfspec", "--model", "tiny", "--workdir", str(work),
+    common = [*TRAIN, "adapter", "--model", "tiny", "--workdir", str(work),
               "--data", str(data), "--heldout", str(data), "--batch", "2", "--rank", "4", "--eval-every", "2",
               "--save-every", "2", "--export", str(export)]
     for steps in ("2", "4"):
@@ -168,7 +188,7 @@ def test_init_adapter_starts_from_a_saved_adapter(trainee, tmp_path):
 def test_bf16_autocast_losses_follow_float32_and_train_the_adapter(trainee):
     """--bf16: the training forward under bf16 autocast (bf16 KV for the packed cache) gives each layout kind's
     loss within bf16 rounding of float32's, and its gradients reach the LoRA and the MASK row."""
-    from specscope.selfspec.train import draw_batch, losses
+    from specscope.backend.train.adapter import draw_batch, losses
     model, embed = trainee
     rows = [{"seq": torch.randint(3, 1000, (40,), generator=torch.Generator().manual_seed(i)).tolist(),
              "prompt_len": 12} for i in range(4)]
@@ -188,7 +208,8 @@ def test_bf16_autocast_losses_follow_float32_and_train_the_adapter(trainee):
 def test_a_kind_weighted_zero_gets_no_chunks():
     """--kind-weights causal=0 (the draft-scope recipe): no causal chunks are built, and the export score is the
     block figure alone."""
-    from specscope.selfspec.train import kind_weights, mix_for, score
+    from specscope.backend.cli.train import kind_weights
+    from specscope.backend.train.adapter import mix_for, score
     weights = kind_weights("causal=0")
     chunks = chunks_for(list(range(100, 160)), 10, 0, mix_for(weights), random.Random(0))
     assert chunks and {c.kind for c in chunks} == {"block", "partial"}
@@ -198,7 +219,8 @@ def test_a_kind_weighted_zero_gets_no_chunks():
 
 def test_chunk_scale_multiplies_the_layouts_a_sequence_gets():
     """--chunk-scale 2: twice the chunks of every trained kind, none of a kind weighted 0."""
-    from specscope.selfspec.train import kind_weights, mix_for
+    from specscope.backend.cli.train import kind_weights
+    from specscope.backend.train.adapter import mix_for
     x = list(range(100, 160))
     kinds = [[c.kind for c in chunks_for(x, 10, 0, mix_for(kind_weights(w), scale), random.Random(0))]
              for w, scale in (("", 1), ("", 2), ("partial=0", 3))]

@@ -13,8 +13,8 @@ from specscope.backend.engine.draft_graph import GRAPH_FILE, GraphError, load_gr
 from specscope.backend.engine.modes.spiffy import graph_nodes
 from specscope.backend.engine.params import ParamError
 from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT
-from specscope.backend.model.domain import FAMILIES
 from specscope.backend.tracing import RecordingTracer
+from specscope.backend.train.domain import TASK_FAMILIES
 
 GEN = {"max_new_tokens": 32}
 
@@ -166,7 +166,7 @@ def test_calibration_writes_a_valid_graph_spiffy_can_use(loaded, tmp_path, heldo
     loaded_graph = load_graph(tmp_path / GRAPH_FILE)
     assert loaded_graph == graph and len(graph.nodes) == 4
     assert {"prompts", "steps", "block_size", "threshold"} <= set(graph.calibration)
-    assert graph.calibration["prompts"] == len(FAMILIES) and graph.calibration["steps"] > 0
+    assert graph.calibration["prompts"] == len(TASK_FAMILIES) and graph.calibration["steps"] > 0
     assert all(0 <= n.hit_rate <= 1 and n.pos_rank < 3 and n.vocab_rank < 2 for n in graph.nodes)
     eng = engine_with_graph(loaded, tmp_path)
     prompt = heldout_prompts[0]

@@ -1,4 +1,5 @@
-"""The project as a built wheel installs it: every file the code reads at run time is in the wheel (the C sources
+"""The project as a built wheel installs it, under the one top-level import `specscope` (so Hugging Face's `kernels`,
+which transformers requires, installs beside it): every file the code reads at run time is in the wheel (the C sources
 the CPU kernels compile, the UI's scripts and styles, the shipped adapter and its card), and the installed
 package builds its fused CPU step from there, outside this checkout, and runs every mode (the lossless ones equal
 to their references)."""
@@ -27,6 +28,9 @@ import specscope.app.ui as ui, specscope.kernels.native as native
 assert not str(Path(native.__file__)).startswith(sys.argv[1]), native.__file__   # the installed copy, not the checkout
 assert ui.STATIC.joinpath("viz.js").is_file(), ui.STATIC
 assert native.library() is not None   # the C kernels built from the installed package
+import kernels as hf_kernels, transformers, transformers.activations   # Hugging Face's `kernels` beside ours
+assert hasattr(hf_kernels, "get_kernel"), hf_kernels.__file__
+assert int(transformers.__version__.split(".")[0]) >= 5
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.modes import get_mode, mode_names
 from specscope.backend.model.checkpoint import load_checkpoint

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specscope.backend.engine.engine import Engine
-from specscope.backend.model.tasks import Task, task_set
+from specscope.backend.train.tasks import Task, task_set
 
 GEN = {"max_new_tokens": 48}
 

@@ -3,7 +3,8 @@
 `python -m tools.loadcheck --layers 8 --shards 4 --dtype float16` writes a random sharded
 checkpoint (model-0000i-of-0000n.safetensors + index) to a temporary folder, loads it in a fresh process and
 prints the peak resident memory the load added, the resident memory once every weight has been used and the
-overall peak, next to the size of the loaded weights.
+overall peak, next to the size of the loaded weights. The checkpoint and the measurement are
+tests/support/loadcheck.py's, whose figures tests/test_lazy_loading.py bounds.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from specscope.backend.model.loadcheck import measure, synthetic_config, write_sharded
+from tests.support.loadcheck import measure, synthetic_config, write_sharded
 
 
 def main() -> None:

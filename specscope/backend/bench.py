@@ -5,7 +5,7 @@
                     [--no-tracing] [--no-peer] [--out bench_results]
 
 Prompts: a checkpoint that ships tasks.jsonl (the tiny model) is benched on its held-out tasks; any other model
-on held-out chat prompts (backend/model/chat_prompts.py: templates never trained on by the self-speculation
+on held-out chat prompts (backend/train/prompts.py: templates never trained on by the self-speculation
 adapter), one user message each, through the model's chat template.
 
 Per mode: NFE, TPF, tokens/s, accepted-length histogram, exact-match accuracy on the synthetic tasks, token
@@ -39,16 +39,16 @@ from tqdm import tqdm
 
 from specscope.backend.answer_fit import answer_fit, summed
 from specscope.backend.bench_cells import model_pick, same_as_reference
-from specscope.backend.engine.blocks import longest_match
 from specscope.backend.engine.engine import Engine, RunResult
+from specscope.backend.engine.lossless import Claim, Outcome, Verdict, claim_of, verdict
 from specscope.backend.engine.modes import get_mode, mode_names
 from specscope.backend.forward.fused_step import MATMULS
-from specscope.backend.model.chat_prompts import prompt_set
 from specscope.backend.model.checkpoint import DTYPES, load_checkpoint
 from specscope.backend.model.families import ADAPTER_SCOPES
 from specscope.backend.model.source import DEFAULT_MODEL, resolve
-from specscope.backend.model.tasks import Task, checkpoint_tasks
 from specscope.backend.tracing import NULL_TRACER, RecordingTracer
+from specscope.backend.train.prompts import prompt_set
+from specscope.backend.train.tasks import Task, checkpoint_tasks
 from specscope.backend.verify_rows import markdown as verify_rows_markdown
 from specscope.backend.verify_rows import verify_rows
 
@@ -60,6 +60,8 @@ FLOAT32_AR = "ar (float32)"
 """With --matmul bf16: `ar` with the float32 fused step, the exact model's fastest path, in the same run."""
 BENCH_SEED = 7
 """The held-out chat prompts' draw (the adapter's held-out figures use seed 0 of the same templates)."""
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+"""The lscpu flags that decide which matmul path runs (a figure names them with its machine)."""
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 """cpu: this process's CPU time, robust to other processes on a shared machine (use it with --threads 1: with
 more threads it also counts their spinning)."""
@@ -98,6 +100,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", action="append", default=[], metavar="MODE:KEY=VALUE[,KEY=VALUE]",
                    help="also bench MODE with these parameters as a row of its own, e.g. specfold:ffn_gate=strict")
     p.add_argument("--out", default="bench_results")
+    p.add_argument("--lossless", action="store_true",
+                   help="check the lossless claims instead of timing: every mode that declares one (or --modes), "
+                        "at its claim's parameters, against its reference on the prompts, once, with the "
+                        "drafter's figure beside it; exits 1 where a claim fails or a drafter does not draft")
+    p.add_argument("--summary", metavar="BENCH_JSON",
+                   help="print the headline table of a stored bench.json (no run); with --into FILE, write it "
+                        "between the file's bench-table markers instead")
+    p.add_argument("--into", metavar="FILE", help="with --summary: the file whose bench-table section it replaces")
 
 
 def paired_pass(engine: Engine, mode: str, tasks: list[Task], params: dict, clock: Clock,
@@ -195,6 +205,7 @@ class ModeBench:
         checked = any(t.answer for t in tasks)   # chat prompts have no reference answer
         t_off = statistics.median(self.times[False])
         extra = mode_metrics(runs)
+        drafter = get_mode(self.mode).drafter
         fit = summed([answer_fit(self.engine, self.engine.encode_prompt(t.prompt, raw=False), r.output_ids)
                       for t, r in zip(tasks, runs, strict=True)])
         return {
@@ -214,6 +225,7 @@ class ModeBench:
             "fold_ratio": extra.get("fold_ratio"),        # the UI's bench tab reads it here
             "verify_forward_ms": statistics.median(verify) if verify else None,
             "time_split": time_split(self.forward_ms, sum(self.times[False]) + sum(self.times[True])),
+            "drafter_mean": sum(r.metrics.get(drafter[0]) or 0.0 for r in runs) / len(runs) if drafter else None,
             "outputs": [r.output_ids for r in runs],
         }
 
@@ -294,15 +306,20 @@ def llama_cpp_peer(gguf: Path, eos: int | None, threads: int) -> Generate | None
 
 def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None) -> None:
     """Fill same_as_reference (fraction of prompts with identical tokens), agreed_prefix (per prompt, the share of
-    the reference's tokens given before the first difference, averaged), tokens/s ratios to ar (speedup_vs_ar)
-    and to the peer (vs_peer), and the verify-forward speed-up over the reference mode."""
+    the reference's tokens given before the first difference, averaged), lossless (where the row's mode claims
+    equality with its reference and the claim covers its parameters: the prompts checked and those identical,
+    from `verdict`), tokens/s ratios to ar (speedup_vs_ar) and to the peer (vs_peer), and the verify-forward
+    speed-up over the reference mode."""
     for row in rows.values():
-        ref = get_mode(row["mode"]).lossless_vs or "ar"
+        claim = claim_of(row["mode"])
+        ref = claim.reference if claim else "ar"
         row["reference"] = ref
         if ref in rows:
-            pairs = list(zip(row["outputs"], rows[ref]["outputs"], strict=True))
-            row["same_as_reference"] = sum(a == b for a, b in pairs) / len(pairs)
-            row["agreed_prefix"] = sum(longest_match(b, a[:len(b)]) / max(len(b), 1) for a, b in pairs) / len(pairs)
+            found = pair_verdicts(row, rows[ref], claim)
+            row["same_as_reference"] = sum(v.identical for v in found) / len(found)
+            row["agreed_prefix"] = sum(agreed_share(v) for v in found) / len(found)
+            if claim is not None and all(v.checked for v in found):
+                row["lossless"] = {"prompts": len(found), "identical": sum(v.identical for v in found)}
             ref_ms, ms = rows[ref].get("verify_forward_ms"), row.get("verify_forward_ms")
             if ref_ms and ms:
                 row["verify_speedup_vs_reference"] = ref_ms / ms
@@ -313,6 +330,18 @@ def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] 
     if peer is not None and "ar" in rows:
         pairs = list(zip(peer["outputs"], rows["ar"]["outputs"], strict=True))
         peer["same_as_ar"] = sum(a == b for a, b in pairs) / len(pairs)
+
+
+def pair_verdicts(row: dict[str, Any], ref: dict[str, Any], claim: Claim | None) -> list[Verdict]:
+    """The lossless verdict on each prompt of a bench row against its reference row (same engine and prompts)."""
+    mine, theirs = row.get("params", {}), ref.get("params", {})
+    return [verdict(Outcome(row["mode"], out, mine), Outcome(ref["mode"], ref_out, theirs), claim)
+            for out, ref_out in zip(row["outputs"], ref["outputs"], strict=True)]
+
+
+def agreed_share(v: Verdict) -> float:
+    """The share of the reference's tokens given before the first difference."""
+    return 1.0 if v.identical else min(v.first_difference or 0, v.reference_length) / max(v.reference_length, 1)
 
 
 def fmt(x: float | None, spec: str, suffix: str = "") -> str:
@@ -387,8 +416,11 @@ def provenance() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in command("lscpu").splitlines()
                 if line.startswith("Model name")), platform.processor())
     dirty = bool(command("git", "status", "--porcelain", "--untracked-files=no"))
+    flags = next((line.split(":", 1)[1].split() for line in command("lscpu").splitlines()
+                  if line.startswith("Flags")), [])
     return {"commit": command("git", "rev-parse", "--short", "HEAD") + ("+dirty" if dirty else ""), "cpu": cpu,
-            "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d", time.gmtime())}
+            "cpu_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
 def bench_prompts(folder: Path, args: argparse.Namespace) -> tuple[list[Task], str]:
@@ -411,6 +443,15 @@ def llama_cpp_lines(rows: dict[str, dict[str, Any]], llama: dict[str, Any] | Non
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.summary:
+        return write_summary(Path(args.summary), Path(args.into) if args.into else None)
+    if args.lossless:
+        return check_lossless(args)
+    return bench(args)
+
+
+def bench(args: argparse.Namespace, runs: list[tuple[str, str, dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """The timed bench of `runs` (label, mode, parameters; default: --modes, then each --variant)."""
     modes = [m for m in args.modes.split(",") if m] or mode_names()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -421,8 +462,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                     name=source.name), num_slots=8192, matmul=args.matmul)
     tasks, prompt_kind = bench_prompts(source.folder, args)
     params = {"max_new_tokens": args.max_new_tokens}
-    runs: list[tuple[str, str, dict[str, Any]]] = [(m, m, {}) for m in modes]
-    runs += [(spec, *parse_variant(spec)) for spec in args.variant]
+    if runs is None:
+        runs = [(m, m, {}) for m in modes] + [(spec, *parse_variant(spec)) for spec in args.variant]
     clock = CLOCKS[args.clock]
     traced = not args.no_tracing
     benches: dict[str, ModeBench | PeerBench] = {
@@ -469,3 +510,86 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     (out / "bench.md").write_text(text)
     print(text)
     return rows
+
+
+def claimed_runs(modes: list[str]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Bench rows for a lossless check: each mode that claims equality, at its claim's parameters, and each
+    claim's reference mode at its defaults."""
+    claims = {m: claim for m in modes if (claim := claim_of(m)) is not None}
+    references = sorted({c.reference for c in claims.values()} - set(claims))
+    return [(r, r, {}) for r in references] + [(m, m, dict(c.params)) for m, c in claims.items()]
+
+
+def drafter_works(mode: str, row: dict[str, Any]) -> bool | None:
+    """Whether the mode's drafter figure (its declared run metric, averaged over the prompts) reaches its minimum,
+    so an equality is never the trivial one of a drafter that is always rejected; None where the mode declares
+    none, or where its claim fixes parameters that switch the drafting off (SpecFold folds nothing at δ = 0)."""
+    drafter, claim = get_mode(mode).drafter, claim_of(mode)
+    if drafter is None or claim is None or claim.params:
+        return None
+    return row["drafter_mean"] >= drafter[1]
+
+
+def check_lossless(args: argparse.Namespace) -> dict[str, Any]:
+    """`bench --lossless`: one untraced pass of every claim and its reference; lossless.json and a table; exit
+    status 1 where a claim fails."""
+    args.no_peer, args.no_tracing, args.repeats, args.adapter_off = True, True, 1, False
+    rows = bench(args, claimed_runs([m for m in args.modes.split(",") if m] or mode_names()))
+    report = []
+    for label, row in rows.items():
+        claim = claim_of(row["mode"])
+        if claim is None or label == claim.reference:
+            continue
+        checked = row.get("lossless")
+        report.append({"row": label, "reference": claim.reference, "params": row["params"],
+                       "prompts": checked["prompts"] if checked else 0,
+                       "identical": checked["identical"] if checked else 0, "tpf": row["tpf"],
+                       "drafter": get_mode(row["mode"]).drafter, "drafter_works": drafter_works(row["mode"], row)})
+    Path(args.out, "lossless.json").write_text(json.dumps({"meta": provenance(), "rows": report}, indent=1) + "\n")
+    failed = [r["row"] for r in report
+              if not r["prompts"] or r["identical"] != r["prompts"] or r["drafter_works"] is False]
+    for r in report:
+        print(f"{r['row']}: {r['identical']}/{r['prompts']} identical to {r['reference']}, TPF {r['tpf']:.2f}, "
+              f"drafter {DRAFTER_VERDICT[r['drafter_works']]} {r['drafter'] or ''}".rstrip())
+    if failed:
+        raise SystemExit(f"lossless check failed: {failed}")
+    return rows
+
+
+DRAFTER_VERDICT = {True: "works", False: "FAILS", None: "not checked"}
+SUMMARY_MARKERS = ("<!-- bench-table:", "<!-- /bench-table -->")
+
+
+def headline(doc: dict[str, Any]) -> str:
+    """A stored bench as a compact table (the peers first, then every row), under a line saying where, when and
+    how it was measured."""
+    meta, rows = doc["meta"], doc["modes"]
+    ar = rows.get("ar", {}).get("tok_per_s")
+    flags = ", ".join(meta.get("cpu_flags") or []) or "flags not recorded"
+    lines = [f"`specscope bench` at commit {meta['commit']}, {meta['date']}, on {meta['cpu']} ({meta['cores']} cores; "
+             f"{flags}); {meta['model']}, {meta['dtype']}{matmul_note(meta)}; {meta['prompts']} held-out "
+             f"{meta['prompt_kind']}, max_new_tokens {meta['max_new_tokens']}, greedy, {meta['threads']} thread(s).",
+             "", "| row | TPF | tok/s | vs ar | same as reference | model's pick (NLL) |", "|---|---|---|---|---|---|"]
+    for name, peer in ((LLAMA_CPP, doc.get("llama_cpp")), (PEER, doc.get("peer"))):
+        if peer:
+            same = same_as_reference({"same_as_reference": peer.get("same_as_ar"), "reference": "ar"})
+            lines.append(f"| {name} (peer) | — | {peer['tok_per_s']:.0f} | "
+                         f"{fmt(ar and peer['tok_per_s'] / ar, '.2f', '×')} | {same} | — |")
+    for label, r in rows.items():
+        lines.append(f"| {label} | {r['tpf']:.2f} | {r['tok_per_s']:.0f} | {fmt(r.get('speedup_vs_ar'), '.2f', '×')} "
+                     f"| {same_as_reference(r)} | {model_pick(r)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(path: Path, into: Path | None) -> dict[str, Any]:
+    """Print a stored bench's headline table, or write it between the bench-table markers of `into`."""
+    doc = json.loads(path.read_text())
+    table = headline(doc)
+    if into is None:
+        print(table)
+        return doc["modes"]
+    text = into.read_text()
+    start, end = text.index(SUMMARY_MARKERS[0]), text.index(SUMMARY_MARKERS[1])
+    opening = text[start:text.index("\n", start) + 1]
+    into.write_text(text[:start] + opening + table + text[end:])
+    return doc["modes"]

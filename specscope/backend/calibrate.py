@@ -29,10 +29,10 @@ from specscope.backend.engine.modes.block_diffusion import BlockDiffusion
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.scores import Scores
-from specscope.backend.model.chat_prompts import CATEGORIES, prompt_set
 from specscope.backend.model.checkpoint import load_checkpoint
 from specscope.backend.model.source import resolve
-from specscope.backend.model.tasks import task_set
+from specscope.backend.train.prompts import CATEGORIES, prompt_set
+from specscope.backend.train.tasks import task_set
 
 CALIBRATION_SEED = 11
 

@@ -1,12 +1,12 @@
 """Training answers for the self-speculation pipelines' tests: the tiny model's own greedy answers to training
-prompts, in tools.selfspec_data's JSONL layout."""
+prompts, in `specscope data answers`' JSONL layout."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from specscope.backend.engine.engine import Engine
-from specscope.backend.model.chat_prompts import prompt_set
+from specscope.backend.train.prompts import prompt_set
 
 
 def write_answers(engine: Engine, path: Path, count: int = 8) -> Path:

@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from specscope.backend.cli.common import CLIError, conversation, fmt, load_engine, parse_params, run_traced, table
 from specscope.backend.cli.options import generation_options, model_options, store_options
+from specscope.backend.engine.lossless import Outcome, claim_of, verdict
 from specscope.backend.engine.messages import last_user
 from specscope.backend.store import Store, StoreWriter
 
@@ -40,22 +41,34 @@ def run(args: argparse.Namespace) -> int:
 
     engine = load_engine(args)
     with Store(args.db) as store, StoreWriter(store) as writer:
-        results = {}
+        results, used = {}, {}
         for mode in tqdm(modes, desc="compare", unit="mode", file=sys.stderr):
-            mode_params = {k: v for k, v in params.items() if k in declared[mode]}
-            results[mode] = run_traced(engine, writer, prompt, mode, mode_params)
+            used[mode] = {k: v for k, v in params.items() if k in declared[mode]}
+            results[mode] = run_traced(engine, writer, prompt, mode, used[mode])
         comparison_id = store.create_comparison(args.label or " vs ".join(modes),
                                                 prompt if isinstance(prompt, str) else last_user(prompt),
                                                 [r.run_id for r in results.values()])
-    ref_ids = results[reference].output_ids
+    outcomes = {mode: Outcome(mode, r.output_ids, used[mode], r.status) for mode, r in results.items()}
     prompt_ids = engine.encode_prompt(prompt, bool(params.get("raw")))
     fits = {mode: answer_fit(engine, prompt_ids, r.output_ids) for mode, r in results.items()}
     rows = [[mode, r.metrics["nfe"], fmt(r.metrics["tpf"]), fmt(r.metrics["tok_per_s"], ".1f"),
              fmt(r.metrics["accept_len_mean"]), r.metrics["kv_peak"],
-             "(ref)" if mode == reference else ("yes" if r.output_ids == ref_ids else "no"),
-             pick_count(fits[mode].summary()), r.status, r.run_id]
+             "(ref)" if mode == reference else ("yes" if r.output_ids == results[reference].output_ids else "no"),
+             claim_cell(outcomes, mode), pick_count(fits[mode].summary()), r.status, r.run_id]
             for mode, r in results.items()]
-    print(table(["mode", "NFE", "TPF", "tok/s", "mean acc", "KV peak", f"same as {reference}", "model's pick (NLL)",
-                 "status", "run"], rows))
+    print(table(["mode", "NFE", "TPF", "tok/s", "mean acc", "KV peak", f"same as {reference}", "lossless claim",
+                 "model's pick (NLL)", "status", "run"], rows))
     print(f"comparison {comparison_id}")
     return 0
+
+
+def claim_cell(outcomes: dict[str, Outcome], mode: str) -> str:
+    """The mode's own lossless claim on this prompt: 'holds', 'FAILS (first 3 of 32 tokens as ar)', why it could
+    not be checked, or '-' where the mode claims nothing or its reference did not run."""
+    claim = claim_of(mode)
+    if claim is None or claim.reference not in outcomes:
+        return "-"
+    found = verdict(outcomes[mode], outcomes[claim.reference], claim)
+    if not found.checked:
+        return "not checked (" + ", ".join(found.blockers) + ")"
+    return "holds" if found.identical else f"FAILS ({found.agreement()})"

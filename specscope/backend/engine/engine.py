@@ -20,8 +20,8 @@ from specscope.backend.tracing import NULL_TRACER, RecordingTracer, Tracer, new_
 
 def freeze_long_lived() -> None:
     """Collect what is garbage now, then exempt every object left (the models, tokenizers and tables loaded so
-    far) from the cyclic GC's scans, which a traced run's many event dicts set off (measured: ~2 % of a traced ar
-    run). Call again after dropping an engine: unfreezing first lets its cycles be collected."""
+    far) from the cyclic GC's scans, which a traced run's many event dicts set off (docs/performance.md, "Tracing").
+    Call again after dropping an engine: unfreezing first lets its cycles be collected."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()

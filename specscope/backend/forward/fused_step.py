@@ -32,7 +32,7 @@ CAUSAL = ("causal", "strict_causal")
 which the runtime applies)."""
 MAX_CHUNK = 32
 """Query rows per request the float32 fused step takes (verify chunks, short prompts' prefills); longer chunks are
-compute-bound, where eager GEMMs win (measured crossover ~40 rows at prefix 60, one thread)."""
+compute-bound, where eager GEMMs win (the crossover: docs/performance.md)."""
 MAX_AMX_CHUNK = 256
 """The same with bf16 matmuls: AMX tiles stay far ahead of float32 GEMMs at any width (a prompt's prefill, spiffy's
 8 branches of 32 rows)."""

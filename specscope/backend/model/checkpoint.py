@@ -28,6 +28,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 """The weight and KV dtypes a checkpoint loads in, by the name the commands take."""
 ADAPTER_META = "specscope.json"
 """Beside a PEFT adapter: what PEFT's config cannot say, e.g. {"adapter_scope": "mask"}."""
+CARD_FILE = "model_card.json"
+"""Beside the weights: the model card (what the model was trained on and knows), served as /api/model_card."""
 
 
 @dataclass

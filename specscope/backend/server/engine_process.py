@@ -1,7 +1,7 @@
 """The engine in a process of its own (vLLM's EngineCore layout), as `specscope serve` runs it.
 
-In one process the event loop, the store writer and the engine thread shared one GIL: every websocket frame and
-store batch made the engine wait, and a run through the server ran at ~0.85× its in-process speed. Here the
+In one process the event loop, the store writer and the engine thread would share one GIL: every websocket frame
+and store batch would make the engine wait (docs/performance.md, "Serving"). Here the
 server process only receives, stores and streams events; the engine process runs the same `Worker` as
 `LocalEngine` and sends each run's events over a pipe, a tracer's batch of them in one message.
 
@@ -53,10 +53,9 @@ def portable(exc: BaseException) -> BaseException:
 FLUSH_S = 0.05
 """A message goes at most every FLUSH_S: each run's tracer hands on its events in batches at least ~50 ms apart
 (`RecordingTracer.hold_s`), and the batches of concurrent runs that end within FLUSH_S of the last message go with
-the next one. Each message costs the engine thread more than its pickling: a message per round (~1400 a second
-for a fused ar token of ~0.7 ms) slowed the engine by 12-15 %, and a message every 20 ms still cost 128-token runs
-~1 % more than one every 50 ms (`python -m tools.throughput --repeat 8` with each FLUSH_S;
-docs/performance.md). run_end and errors go at once."""
+the next one. Each message costs the engine thread more than its pickling, so a message per round would slow the
+engine, and a shorter FLUSH_S costs more than it gains (measured: docs/performance.md, "Serving"). run_end and
+errors go at once."""
 
 
 # ---- the engine process ----

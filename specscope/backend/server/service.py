@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from specscope.backend.answer_fit import AnswerFit
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.messages import Prompt
-from specscope.backend.model.card import CARD_FILE
+from specscope.backend.model.checkpoint import CARD_FILE
 from specscope.backend.server.protocol import MAX_QUEUED_RUNS
 from specscope.backend.server.worker import Worker
 from specscope.backend.tracing import RecordingTracer

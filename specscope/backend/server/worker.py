@@ -84,8 +84,8 @@ class Worker:
         thread that loaded the model should call it: OpenMP keeps a thread team for each thread that opens a
         parallel region, and once two teams hold more threads than there are cores, libgomp's waiting threads spin
         ~3,000 times less before they sleep (its throttled spin count). A forward's short parallel regions then
-        wake sleeping threads each time: the default model's `ar` ran at 41 instead of 92 tok/s on a thread other
-        than the loader's (2-core Sapphire Rapids guest, float32 matmuls)."""
+        wake sleeping threads each time, and a run stepped on a thread other than the loader's runs far slower
+        (docs/performance.md, "Serving")."""
         self._loop()
 
     def close(self) -> None:

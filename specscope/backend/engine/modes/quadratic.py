@@ -1,5 +1,5 @@
-"""`quadratic`: Nemotron quadratic self-speculation (the "Your LLM Knows the Future" layout; reference A.6 and
-multibranch.md §4.3), one forward per round.
+"""`quadratic`: Nemotron quadratic self-speculation (the "Your LLM Knows the Future" layout, as Nemotron's
+`sbd_inference_diffusion_quadratic` runs it), one forward per round.
 
 Round input: the pending token d0 and the k speculative tokens d1..dk of the last round, each followed by a
 group of k masks, `[d0, M×k, d1, M×k, …, dk, M×k]`; group j sits at positions P+j .. P+j+k. Attention: every

@@ -1,0 +1,151 @@
+"""Does serving slow the engine? A mode's tok/s in-process (untraced, traced, traced + stored) vs through a server.
+
+    specscope throughput [--mode ar] [--db sqlite:///sessions/throughput.db]
+                                [--max-new-tokens 128] [--threads 1] [--repeat 3] [--model tiny] [--matmul bf16]
+
+Both sides serve the same model with the same options (--model, --adapter, --dtype, --matmul, --slots: the
+model options every command takes; the KV pool defaults to 4096 slots a side, not half the free memory each).
+Every in-process run steps on this process's main thread, which loaded the model: an engine stepped on a second
+thread would give this process a second OpenMP team and slow every in-process path (`Worker.run` says why).
+
+The server is `specscope serve --no-ui` (its engine in a process of its own), as users run it, with this process
+as its websocket client (a client sharing the server's process would tax its GIL with work a browser does elsewhere),
+once with a message per event (the protocol's default) and once with batched frames (`?frames=batch`, as the UI's
+client asks).
+Each prompt runs twice per path per repeat, the second run counting (steady state: see main), one run at a time,
+the paths interleaved in a shuffled order, after a warm-up run of each.
+In-process tok/s is the engine's own figure (run_end metrics); through the server both the engine's figure from
+run_end and the client's (tokens over the time from sending `generate` to receiving run_end, a new connection per
+run as the UI's client makes) are reported, each also as the median of its per-run ratios to the untraced in-process run
+of the same prompt in the same repeat, and to the traced in-process run (what serving adds to tracing).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+
+from websockets.asyncio.client import connect
+
+from specscope.backend.cli.common import build_engine
+from specscope.backend.cli.options import add_model_args
+from specscope.backend.engine.engine import Engine
+from specscope.backend.store import Store, StoreWriter, Tee
+from specscope.backend.tracing import NULL_TRACER
+
+Path = Callable[[str], dict[str, float]]
+"""One way to run a prompt: its figures (tok/s) by row label."""
+PROMPTS = ["What is 12 + 30?", "Reverse: a b c d e f", "Write a haiku about rivers.",
+           "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "]
+
+
+def in_process(engine: Engine, tee: Tee | None, mode: str, prompt: str, n: int) -> float:
+    """tok/s of one run in this process: untraced (tee None), or traced into `tee` (stored when it has a writer)."""
+    res = engine.generate(prompt, mode, {"max_new_tokens": n}, tee.tracer() if tee else NULL_TRACER)
+    if tee is not None and tee.writer is not None:
+        tee.writer.flush()
+    return res.metrics["tokens"] / (res.metrics["wall_ms"] / 1000)
+
+
+async def through_server(port: int, mode: str, prompt: str, n: int, frames: str = "event") -> tuple[float, float]:
+    """(tok/s as the client sees it, the engine's own tok/s from run_end) of one run through the server."""
+    async with connect(f"ws://127.0.0.1:{port}/ws/generate?frames={frames}", max_size=None) as ws:
+        began = time.perf_counter()
+        await ws.send(json.dumps({"type": "generate", "prompt": prompt, "mode": mode,
+                                  "params": {"max_new_tokens": n}}))
+        async for raw in ws:   # parse only run_end: the client's own work shares this machine's cores
+            if '"type":"run_end"' not in raw:
+                continue
+            event = json.loads(raw)
+            event = event[-1] if isinstance(event, list) else event
+            if event["type"] == "run_end":
+                tokens, wall = event["metrics"]["tokens"], time.perf_counter() - began
+                return tokens / wall, tokens / (event["metrics"]["wall_ms"] / 1000)
+    raise RuntimeError("the server closed the socket before run_end")
+
+
+def model_flags(args: argparse.Namespace) -> list[str]:
+    """The model options of this command, for the server's command line."""
+    named = {"--model": args.model, "--adapter": args.adapter, "--adapter-scope": args.adapter_scope,
+             "--device": args.device, "--dtype": args.dtype, "--slots": args.slots, "--matmul": args.matmul}
+    return [str(x) for flag, value in named.items() if value is not None for x in (flag, value)]
+
+
+def serve_in_process(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """`specscope serve --no-ui` on this command's model options as a child process, once its health endpoint
+    answers."""
+    server = subprocess.Popen([sys.executable, "-m", "specscope.backend.cli", "serve", "--no-ui", "--db", args.db,
+                               "--port", str(args.port), "--threads", str(args.threads), *model_flags(args)])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with status {server.returncode}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{args.port}/api/health", timeout=1).close()
+            return server
+        except OSError:
+            time.sleep(0.2)
+    server.terminate()
+    raise RuntimeError("the server did not answer within 120 s")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", default="ar")
+    p.add_argument("--db", default="sqlite:///sessions/throughput.db")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--port", type=int, default=7871)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, here and in the server")
+    add_model_args(p)
+    p.set_defaults(slots=4096, block_size_tiers=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    engine, mode, n = build_engine(args), args.mode, args.max_new_tokens   # sets torch's threads to --threads
+    server = serve_in_process(args)
+    rows: dict[str, list[float]] = {}
+    try:
+        with Store(args.db, server="throughput:0") as store, StoreWriter(store) as writer:
+            def through(label: str, frames: str) -> Path:
+                def one(q: str) -> dict[str, float]:
+                    client, engine_side = asyncio.run(through_server(args.port, mode, q, n, frames))
+                    return {f"through the server{label} (engine's figure)": engine_side,
+                            f"through the server{label} (client)": client}
+                return one
+
+            paths: list[Path] = [lambda q: {"in-process, untraced": in_process(engine, None, mode, q, n)},
+                                 lambda q: {"in-process, traced": in_process(engine, Tee(None), mode, q, n)},
+                                 lambda q: {"in-process, traced + stored": in_process(engine, Tee(writer), mode, q, n)},
+                                 through("", "event"), through(", batched", "batch")]
+            for path in paths:   # warm-up; also fixes the rows' order
+                rows |= {label: [] for label in path(PROMPTS[0])}
+            # Every path in turn, in a shuffled order: a run is slower right after some paths than after others
+            # (a fixed or rotated order put the untraced run after a server run every time, at -10 %). Each path
+            # runs the prompt twice and the second run counts: the server's engine process and this process hold
+            # two copies of the model, and a run right after the other copy's runs finds its weights evicted from
+            # the shared L3 (a 3-token run through the server at 0.65 of untraced, 0.89 when it follows another).
+            order = random.Random(0)
+            for _ in range(args.repeat):
+                for q in PROMPTS:
+                    for path in order.sample(paths, len(paths)):
+                        path(q)
+                        for label, figure in path(q).items():
+                            rows[label].append(figure)
+    finally:
+        server.terminate()
+        server.wait(60)
+    untraced, traced = rows["in-process, untraced"], rows["in-process, traced"]
+    print(f"{'':47s} {'median tok/s':>12s} {'min':>7s} {'max':>7s}  vs untraced  vs traced (medians of per-run ratios)")
+    for label, figures in rows.items():
+        vs_untraced, vs_traced = (statistics.median(f / b for f, b in zip(figures, base, strict=True))
+                                  for base in (untraced, traced))
+        print(f"{label:47s} {statistics.median(figures):12.1f} {min(figures):7.1f} {max(figures):7.1f}  "
+              f"{vs_untraced:10.3f}x  {vs_traced:8.3f}x")
+    return 0
