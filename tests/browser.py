@@ -71,11 +71,19 @@ def choose(page: Any, dropdown: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
+def open_params(page: Any) -> None:
+    """Open the chat's parameters, collapsed at first (once opened they stay open in every mode)."""
+    if not page.locator("#param-max_new_tokens").is_visible():
+        page.click("#chat-params > button.label-wrap")
+        page.locator("#param-max_new_tokens").wait_for()
+
+
 def chat(page: Any, mode: str) -> None:
     """Send PROMPT in `mode` (12 new tokens) and wait for its answer's stats."""
     choose(page, "#chat-mode", mode)
     page.wait_for_function("m => document.querySelector('#chat-mode input').value === m", arg=mode)
     page.wait_for_selector(f"text={mode}:")  # that mode's parameters have rendered
+    open_params(page)
     set_number(page, "#param-max_new_tokens", 12)
     answers = page.locator("#chat-bot .bot").count()
     page.fill("#chat-input textarea", PROMPT)
@@ -99,6 +107,7 @@ def start_long_raw_run(page: Any, mode: str, max_new_tokens: int) -> None:
     """Send CODE_PROMPT raw in `mode` and return once its run has started (its id is in #chat-run)."""
     choose(page, "#chat-mode", mode)
     page.wait_for_selector(f"text={mode}:")
+    open_params(page)
     set_number(page, "#param-max_new_tokens", max_new_tokens)
     page.check("#param-raw input[type=checkbox]")
     before = page.input_value("#chat-run textarea")

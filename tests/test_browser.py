@@ -172,7 +172,7 @@ def test_model_card_and_one_click_examples(page) -> None:
 
 
 def test_param_widgets_show_the_values_the_run_uses(page) -> None:
-    """Issue 16.1: values set for a mode survive switching to another mode and back, and reach the run."""
+    """Values set for a mode survive switching to another mode and back, and reach the run."""
     choose(page, "#chat-mode", "isd")
     page.wait_for_selector("text=isd:")
     set_number(page, "#param-max_new_tokens", 5)
@@ -188,13 +188,13 @@ def test_param_widgets_show_the_values_the_run_uses(page) -> None:
 
 
 def test_out_of_range_numbers_are_clamped_not_errors(page) -> None:
-    """Issue 16.9: 0 and 99999 become the nearest bound, shown in the box; no 500 (the console test checks)."""
+    """0 and 99999 become the nearest bound, shown in the box; no 500 (the console test checks)."""
     set_number(page, "#param-max_new_tokens", 99999)
     page.locator("#param-max_new_tokens input[type=number]").blur()
     page.wait_for_function("() => document.querySelector('#param-max_new_tokens input[type=number]').value === "
-                           "'1024'")   # issue 31.8: the server's cap, not the engine's 4096
+                           "'1024'")   # the server's cap, not the engine's 4096
     set_number(page, "#param-max_new_tokens", 12)
-    # Issue 31.10: a slider's number box (temperature, [0, 10]) clamps too, where Gradio's slider answered 500
+    # A slider's number box (temperature, [0, 10]) clamps too, where Gradio's slider answered 500
     responses = []
     page.on("response", lambda r: responses.append(r.status))
     set_number(page, "#param-temperature", 50)
@@ -205,8 +205,8 @@ def test_out_of_range_numbers_are_clamped_not_errors(page) -> None:
 
 
 def test_raw_answers_are_text_conversation_answers_markdown(page) -> None:
-    """Issue 16.3: the user's `**bold**` stays literal; a raw answer keeps its line breaks, indentation and quotes;
-    a conversation's answer renders as Markdown (issue 31.3; escaping is test_figures')."""
+    """The user's `**bold**` stays literal; a raw answer keeps its line breaks, indentation and quotes;
+    a conversation's answer renders as Markdown (escaping is test_figures')."""
     choose(page, "#chat-mode", "ar")
     page.wait_for_selector("text=ar:")
     set_number(page, "#param-max_new_tokens", 24)
@@ -225,7 +225,7 @@ def test_raw_answers_are_text_conversation_answers_markdown(page) -> None:
 
 
 def test_stop_ends_the_run_and_shows_it(page) -> None:
-    """Issue 16.6: Stop cancels the run; the answer keeps its text with a "stopped" note and the run's stats."""
+    """Stop cancels the run; the answer keeps its text with a "stopped" note and the run's stats."""
     start_long_raw_run(page, "spiffy", 256)
     page.click("#chat-stop")
     wait_last_answer(page, "stopped")
@@ -258,7 +258,7 @@ def test_visualizer_steps_and_moves_cursor(page) -> None:
     assert cursor_x(page, "#viz-kv") == 1
     layout = page.evaluate("() => document.querySelector('#viz-kv').layout")
     n_rounds = int(page.eval_on_selector("#viz-slider", "e => e.max")) + 1
-    assert layout["xaxis"]["range"] == [-0.5, n_rounds - 0.5]  # issue 16.10: no round past the last
+    assert layout["xaxis"]["range"] == [-0.5, n_rounds - 0.5]  # no round past the last
     assert layout["xaxis"]["tickformat"] == "d" and layout["yaxis"]["title"]["text"]  # integer ticks, y titles
     shot(page, "visualizer")
     page.locator("#viz-summary").click()
@@ -278,7 +278,7 @@ def test_visualizer_steps_and_moves_cursor(page) -> None:
 
 
 def test_visualizer_follows_a_chat_run_live(page) -> None:
-    """Issue 16.2: a run opened while it streams is followed round by round and settles when it ends (here: when
+    """A run opened while it streams is followed round by round and settles when it ends (here: when
     the chat's Stop cancels it)."""
     page.get_by_role("tab", name="Chat").click()
     start_long_raw_run(page, "specfold", 900)   # ~870 traced rounds, near the context: still going when Stop comes
@@ -290,7 +290,7 @@ def test_visualizer_follows_a_chat_run_live(page) -> None:
     page.wait_for_function("n => Number(document.querySelector('#viz-slider').max) > n", arg=seen, timeout=90_000)
     page.get_by_role("tab", name="Chat").click()
     page.click("#chat-stop")
-    wait_last_answer(page, "⏹ stopped", timeout=90_000)
+    wait_last_answer(page, "stopped", timeout=90_000)
     page.get_by_role("tab", name="Visualizer").click()
     page.wait_for_function("() => document.querySelector('#viz-summary').innerText.includes(' cancelled ')",
                            timeout=60_000)
@@ -334,11 +334,11 @@ def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
 
 
 def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
-    """Issue 16.7: N for isd swept beside ar; results of the last comparison vanish at once; stable mode colours,
+    """N for isd swept beside ar; results of the last comparison vanish at once; stable mode colours,
     a distinct dash per run of a mode; the chart's token counts equal the table's; CSV export; SVG figures."""
     page.evaluate("""() => { window.__whileRunning = [];  // each frame: while progress shows, is the old table gone?
         const tick = () => {
-          if (document.querySelector('#cmp-status').innerText.includes('running'))
+          if (/running|queued/.test(document.querySelector('#cmp-status').innerText))
             window.__whileRunning.push(!document.querySelector('#cmp-table .ss-table'));
           if (!window.__stopWatching) requestAnimationFrame(tick);
         };
@@ -374,7 +374,7 @@ def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
 
 
 def test_phone_compare_table_scrolls_in_its_box(page) -> None:
-    """Issue 16.8: at 390×844 the wide metrics table scrolls sideways in its own box; the page does not."""
+    """At 390×844 the wide metrics table scrolls sideways in its own box; the page does not."""
     page.set_viewport_size({"width": 390, "height": 844})
     try:
         page.wait_for_timeout(300)
@@ -390,7 +390,7 @@ def test_phone_compare_table_scrolls_in_its_box(page) -> None:
 
 
 def test_compare_gives_no_verdict_to_failed_runs_or_unclaimed_settings(page) -> None:
-    """Issue 31.1-2: a variant the server refuses shows its error and no "same output" or lossless verdict; a run at
+    """A variant the server refuses shows its error and no "same output" or lossless verdict; a run at
     T>0 reads "not claimed (T=…)" with its measured agreement, never a red "≠ ar"."""
     if not page.locator("#cmp-variants textarea").is_visible():   # run alone: open the tab (the suite is there)
         page.get_by_role("tab", name="Compare").click()
@@ -407,7 +407,7 @@ def test_compare_gives_no_verdict_to_failed_runs_or_unclaimed_settings(page) -> 
 
 
 def test_race_streams_two_modes_side_by_side(page) -> None:
-    """Issue 31.3: one message, two modes at once; both panes tick (tokens, tokens per forward, tok/s) while they
+    """One message, two modes at once; both panes tick (tokens, tokens per forward, tok/s) while they
     stream, each run is stored with the same conversation, and the first to finish is marked."""
     page.get_by_role("tab", name="Race").click()
     page.wait_for_function("() => document.querySelector('#race-mode-b input').value === 'isd'")   # the defaults:
@@ -415,11 +415,11 @@ def test_race_streams_two_modes_side_by_side(page) -> None:
     set_number(page, "#race-max", 48)
     page.fill("#race-input textarea", "Count from one to twenty.")
     page.click("#race-start")
-    page.wait_for_function("() => document.querySelector('#race-a').innerText.includes('tokens/forward')")
+    page.wait_for_function("() => document.querySelector('#race-a').innerText.includes('TPF')")
     page.wait_for_function("() => ['#race-a', '#race-b'].every(id => / · (done|cancelled|error)/.test("
                            "document.querySelector(id).innerText))", timeout=120_000)
     panes = [page.locator(pane).inner_text() for pane in ("#race-a", "#race-b")]
-    assert all("tokens/forward" in p and "tok/s" in p and " · done" in p for p in panes), panes
+    assert all("TPF" in p and "tok/s" in p and " · done" in p for p in panes), panes
     assert page.locator("#race-a .ss-badge, #race-b .ss-badge").filter(has_text="finished first").count() == 1
     ids = [page.locator(pane).locator("code").first.inner_text() for pane in ("#race-a", "#race-b")]
     runs = [stored_run(page, run_id) for run_id in ids]
@@ -443,7 +443,7 @@ def test_runs_filter_export_delete(page) -> None:
     saved = httpx.get(f"{page.url.split('?')[0].rstrip('/')}/api/comparisons").json()
     doomed = next(c for c in saved if c["label"] == "three modes")["run_ids"][0]  # its ar run
     page.fill("#runs-selected textarea", doomed)
-    page.click("#runs-delete")  # issue 16.10: a delete asks first, naming the comparison it leaves (16.7)
+    page.click("#runs-delete")  # a delete asks first, naming the comparison it leaves
     page.wait_for_selector("#runs-confirm-text >> text=for good?")
     assert "three modes" in page.locator("#runs-confirm-text").inner_text()
     assert doomed in page.locator("#runs-table").inner_text()
@@ -453,7 +453,7 @@ def test_runs_filter_export_delete(page) -> None:
 
 
 def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -> None:
-    """Issue 31.3: a second and third Enter during a stream are answered in turn, not dropped; Stop ends the
+    """A second and third Enter during a stream are answered in turn, not dropped; Stop ends the
     running answer and drops what waits behind it."""
     page.get_by_role("tab", name="Chat").click()
     page.click("#chat-clear")
@@ -483,7 +483,7 @@ def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -
         page.wait_for_selector("#chat-queued >> text=never answered", timeout=60_000)   # shown as waiting
     finally:  # stopped also when the check fails: a 900-token stream would go on under the next test
         page.locator("#chat-stop").dispatch_event("click")  # as a user clicks: no wait for a still layout
-    wait_last_answer(page, "⏹ stopped", timeout=90_000)
+    wait_last_answer(page, "stopped", timeout=90_000)
     page.wait_for_timeout(1500)
     assert page.locator("#chat-bot .user").count() == 1 and page.locator("#chat-queued").count() == 0
     page.uncheck("#param-raw input[type=checkbox]")
@@ -555,8 +555,8 @@ def open_in_visualizer(page, run_id: str) -> None:
 
 
 def test_the_status_banner_follows_runs_within_two_seconds(page, server) -> None:
-    """Issue 31.10: the banner's active-run count catches up with a run's start and end within ~2 s (it polled
-    every 3 s, so a run could be over before the banner showed it)."""
+    """The banner's active-run count catches up with a run's start and end within ~2 s (a poll
+    every 3 s could miss a short run)."""
     import openai
 
     client = openai.OpenAI(base_url=server["url"] + "v1", api_key="none", max_retries=0)
@@ -610,9 +610,11 @@ def test_bench_tab_shows_the_stored_benchmarks(page) -> None:
     page.wait_for_function("m => document.querySelector('#bench-modes').innerText.includes(m)", arg=last)
     table = page.locator("#bench-modes").inner_text()
     assert all(name in table for name in stored["modes"])
-    assert page.locator("#bench-summary").inner_text().startswith(f"Modes: {stored['meta']['prompts']} prompts")
+    summary = page.locator("#bench-summary").inner_text()
+    assert summary.startswith("stored figures, measured on:") and stored["meta"]["commit"] in summary
+    assert f"Modes: {stored['meta']['prompts']} prompts" in summary
     assert "No kernel benchmark stored" in page.locator("#bench-summary").inner_text()
-    assert not page.locator("#bench-speedup").is_visible()  # issue 16.10: no empty kernel chart
+    assert not page.locator("#bench-speedup").is_visible()  # no empty kernel chart
     shot(page, "bench")
 
 
@@ -631,7 +633,7 @@ def test_choice_parameter_is_a_dropdown_and_reaches_the_run(page) -> None:
 
 
 def test_a_deep_link_to_a_run_not_stored_says_so(browser, server, errors) -> None:
-    """Issue 31.10: a link to a deleted run reads as such, not as a raw HTTP 404."""
+    """A link to a deleted run reads as such, not as a raw HTTP 404."""
     other = new_page(browser, errors)
     other.goto(server["url"] + "?run=r_deadbeefdeadbeef&round=3")
     other.wait_for_selector("#viz-message >> text=is not stored here")

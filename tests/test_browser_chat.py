@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from browser import ARTIFACTS, NEEDS_BROWSER, choose, new_page, set_number, shot
+from browser import ARTIFACTS, NEEDS_BROWSER, choose, new_page, open_params, set_number, shot
 from serve_process import Served
 
 pytest_plugins = ["browser"]
@@ -42,6 +42,7 @@ def test_multi_turn_chat_on_the_default_model(browser, server) -> None:
     page.wait_for_selector("#ss-up >> text=model smollm2-135m")
     choose(page, "#chat-mode", "quadratic")
     page.wait_for_selector("text=quadratic:")
+    open_params(page)
     set_number(page, "#param-max_new_tokens", 24)
     first = say(page, "What is the capital of France?", 1)
     page.fill("#chat-input textarea", "And of Japan?")

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from browser import ARTIFACTS, CODE_PROMPT, NEEDS_BROWSER, TIMEOUT_MS, new_page, shot
+from browser import ARTIFACTS, CODE_PROMPT, NEEDS_BROWSER, PROMPT, TIMEOUT_MS, new_page, shot
 from live_server import free_port, serving
 
 pytest_plugins = ["browser"]  # the browser and errors fixtures
@@ -41,6 +41,9 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
     tracer = RecordingTracer(sink=store.record)   # with each position's top-3 alternatives
     engine.generate(CODE_PROMPT, "linear_spec", {"max_new_tokens": 12, "raw": True, "trace_topk": 3}, tracer=tracer)
     runs["topk"] = tracer.run_id
+    tracer = RecordingTracer(sink=store.record)   # its last round accepts more than max_new_tokens leaves room for
+    engine.generate(PROMPT, "linear_spec", {"max_new_tokens": 5}, tracer=tracer)
+    runs["cut"] = tracer.run_id
     port = free_port()
     app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
     with serving(app, port):
@@ -131,7 +134,7 @@ def test_chart_click_jumps_and_token_history(page, server) -> None:
 
 
 def test_timelines_show_phases_and_kv_on_the_wall_clock_and_jump(page, server) -> None:
-    """Issue 31.6: every round's phases on a wall-clock axis, and KV slots held over time by how they ended."""
+    """Every round's phases on a wall-clock axis, and KV slots held over time by how they ended."""
     open_run(page, server, "linear_spec")
     page.wait_for_selector("#viz-timeline .main-svg")
     page.wait_for_selector("#viz-kv-time .main-svg")
@@ -157,7 +160,7 @@ def chart_overflow(page) -> dict[str, float]:
 
 
 def test_charts_fit_their_boxes_after_another_run_opens(page, server) -> None:
-    """Issue 31.7: a run whose charts share their row differently (isd adds its case chart) is drawn at its own
+    """A run whose charts share their row differently (isd adds its case chart) is drawn at its own
     boxes' widths, not the previous run's; every chart's legend sits under its plot, clear of the title."""
     open_run(page, server, "linear_spec", 1)
     page.wait_for_selector("#viz-accepted .main-svg")
@@ -172,7 +175,7 @@ def test_charts_fit_their_boxes_after_another_run_opens(page, server) -> None:
 
 
 def test_token_history_shows_the_recorded_top_k(page, server) -> None:
-    """Issue 31.5: a run with trace_topk = 3 shows, per round, each forward's three alternatives with entropy and
+    """A run with trace_topk = 3 shows, per round, each forward's three alternatives with entropy and
     margin; a run without says how to record them."""
     open_run(page, server, "topk", 1)
     page.locator("#viz-grid .ss-block .ss-tok").nth(1).click()
@@ -200,10 +203,52 @@ def test_linear_spec_shows_its_replaced_draft_and_vllm_metrics(page, server) -> 
     vllm = page.locator("#viz-vllm").inner_text()
     assert "mean acc. length (vLLM)" in vllm and "draft acc. rate (vLLM)" in vllm and "drafts accepted" in vllm
     hover = page.locator("#viz-vllm .ssv-metric", has_text="mean acc. length").get_attribute("title")
-    assert "mean_acceptance_length" in hover and "bonus" in hover        # issue 31.5: one definition, shown
+    assert "mean_acceptance_length" in hover and "bonus" in hover        # one definition, shown
     assert "accepted_len" in page.locator("#viz-summary .ssv-metric", has_text="tokens / round").get_attribute("title")
     page.wait_for_selector("#viz-positions .main-svg")
     assert "accepted" in page.locator("#viz-summary .ssv-explain").inner_text().lower()
+
+
+def counts(page) -> tuple[int, int]:
+    """The shown round's header counts: (accepted, committed)."""
+    return (int(page.locator('#viz-grid [data-count="accepted"] b').inner_text()),
+            int(page.locator('#viz-grid [data-count="committed"] b').inner_text()))
+
+
+def test_a_round_cut_by_max_new_tokens_draws_its_cut_cells(page, server) -> None:
+    """The last round of a run that max_new_tokens cut short: what the mode accepted past the limit is drawn cut
+    (and the legend says what that is), so its accepted and bonus cells are exactly the tokens the header says it
+    committed."""
+    open_run(page, server, "cut", 1)
+    block = page.locator("#viz-grid .ss-block")
+    assert block.locator(".ss-s-cut").count() > 0
+    accepted, committed = counts(page)
+    assert block.locator(".ss-s-accepted").count() == accepted
+    assert block.locator(".ss-s-accepted, .ss-s-bonus").count() == committed
+    assert committed == len(page.evaluate("() => document.querySelector('.ssv').ssViz.doc.rounds[1].committed"))
+    assert "pos" in block.locator(".ss-s-cut").first.get_attribute("title")
+    legend = page.locator("#viz-legend")
+    legend.locator("button, .label-wrap").first.click()
+    assert "max_new_tokens" in legend.locator(".ss-legend-item", has=page.locator(".ss-s-cut")).inner_text()
+    page.locator("#viz-grid").screenshot(path=str(ARTIFACTS / "viz-cut.png"))
+
+
+def test_rounds_show_accepted_and_committed_apart(page, server) -> None:
+    """committed = accepted + the correction: a linear_spec round that rejected a draft shows one more committed
+    than accepted, in its header (each count with its definition) and in the chart's two series."""
+    open_run(page, server, "linear_spec", 0)
+    shown = []
+    for k in range(int(page.eval_on_selector("#viz-slider", "e => e.max")) + 1):
+        page.evaluate("k => document.querySelector('.ssv').ssViz.go(k)", k)
+        page.wait_for_function(f"k => {LABEL}.startsWith(`round ${{k}} of`)", arg=k)
+        shown.append(counts(page))
+        if page.locator("#viz-grid .ss-s-rejected").count():
+            assert shown[-1][1] == shown[-1][0] + 1, shown[-1]
+    assert any(a != c for a, c in shown), shown
+    assert "correction" in page.locator('#viz-grid [data-count="committed"]').get_attribute("title")
+    page.wait_for_selector("#viz-accepted .main-svg")
+    series = page.evaluate("() => document.querySelector('#viz-accepted').data.map(t => [...t.y])")
+    assert series[0] == [a for a, _ in shown] and series[1] == [c for _, c in shown]
 
 
 def test_isd_shows_pq_acceptance_probability_and_why_none(page, server) -> None:
@@ -306,7 +351,7 @@ def test_phone_layout_keeps_every_value_reachable(browser, server) -> None:
         assert box and box["width"] >= 300, f"{chart} is squeezed: {box}"
     overflow = phone.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 1, "the page itself must not scroll sideways; wide tables scroll in their own box"
-    # Issue 31.10: no Plotly tool bar over the charts' right edge on a phone; the legend sits above the run
+    # No Plotly tool bar over the charts' right edge on a phone; the legend sits above the run
     assert phone.locator("#viz-accepted .modebar").count() == 0
     legend, grid = phone.locator("#viz-legend").bounding_box(), phone.locator("#viz-grid").bounding_box()
     assert legend and grid and legend["y"] < grid["y"]

@@ -26,12 +26,13 @@ from specscope.app.figures import (
     sparkline,
     token_diff_html,
 )
-from specscope.app.palette import KV_REASONS, STATES, kv_color, palette_css
+from specscope.app.palette import KV_REASONS, STATES, kv_color, palette_css, vocabulary
 from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
 from specscope.app.sweep import parse_variants
 from specscope.app.trace import RunTrace, make_piece
 from specscope.app.vizdoc import document_json, viz_document
 from specscope.backend.engine.modes import get_mode
+from specscope.backend.tracing import STATES as TRACE_STATES
 
 
 @pytest.fixture
@@ -43,9 +44,10 @@ def test_live_round_sends_the_round_as_data(trace: RunTrace) -> None:
     """The chat's latest round reaches the browser as data (app/static/viz.js draws it): the round itself, its
     context cells, and the piece of every token it names, markup and all, never as HTML."""
     live = json.loads(live_round(trace.rounds[1], piece, trace.context(1)))
-    assert live["round"] == trace.rounds[1] and live["hidden"] == 0 and live["missing"] == 0
+    assert live["round"] == {**trace.rounds[1], "accepted": 1} and live["hidden"] == 0 and live["missing"] == 0
     assert live["context"] == [list(c) for c in trace.context(1)]
     assert live["pieces"] == {"1": "Hi", "2": "<script>", "3": " there", "4": "\n", "9": "[M]"}
+    assert live["shown"]["3"] == "␣there" and live["shown"]["4"] == "⏎" and live["vocab"] == vocabulary()
     guessed = rnd(1, 0, [1, 9], ["committed", "mask"], [], extra={"guess": [5]})
     assert json.loads(live_round(guessed, piece))["pieces"]["5"] == "&amp;"
 
@@ -71,6 +73,18 @@ def test_every_state_has_a_colour() -> None:
     assert ".ss-s-prompt, .ss-s-committed { opacity" in open("specscope/app/static/specscope.css").read()
 
 
+def test_the_visualizer_reads_its_vocabulary_from_python() -> None:
+    """States, colours, the masked states and the context limit reach app/static/viz.js in its documents only:
+    none of them is written in the script, nor is the whitespace display."""
+    vocab = vocabulary()
+    assert list(vocab["states"]) == list(TRACE_STATES) and vocab["masked"] == ["mask", "padding"]
+    assert set(vocab["counts"]) == {"accepted", "committed"} and vocab["context_cells"] > 0
+    script = open("specscope/app/static/viz.js").read()
+    assert not all(f'"{state}"' in script for state in TRACE_STATES), "the state vocabulary is written in viz.js"
+    for word in ("48", "␣", "⏎", "--ss-"):
+        assert word not in script, word
+
+
 def test_show_piece_makes_whitespace_visible() -> None:
     assert show_piece(" a\n") == "␣a⏎"
     assert show_piece("") == "∅"
@@ -88,11 +102,11 @@ def cursor(fig) -> list:
 
 def test_accepted_length_has_cursor_and_integer_axes(trace: RunTrace) -> None:
     fig = accepted_length_figure(trace.rounds)
-    assert list(fig.data[0].y) == [1, 2, 2]
+    assert list(fig.data[0].y) == [1, 1, 1] and list(fig.data[1].y) == [1, 2, 2]   # accepted, then committed
     assert cursor(fig) and cursor(fig)[0].x0 == 0, "a cursor the browser moves to the current round"
     assert fig.layout.xaxis.tickformat == "d" and fig.layout.xaxis.dtick == 1  # no 0.5 ticks
     assert fig.layout.yaxis.title.text == "accepted"
-    # Issue 31.7: a block mode's commits (a whole block at once) have their own axis, so they do not flatten the
+    # A block mode's commits (a whole block at once) have their own axis, so they do not flatten the
     # accepted bars; the step line's levels are centred on their bars; the legend sits under the plot, clear of
     # the title.
     committed = fig.data[1]
@@ -237,7 +251,7 @@ def test_metrics_table_badges_and_escaping() -> None:
 
 
 def test_a_lossless_verdict_only_where_the_claim_holds() -> None:
-    """Issue 31.1-2: a failed run gets its error and no verdict; T>0 or parameters outside the claim read "not
+    """A failed run gets its error and no verdict; T>0 or parameters outside the claim read "not
     claimed" with the measured agreement; the reference must be a greedy run of the same prompt and length."""
     claims = mode_claims([{"name": "specfold", "lossless_vs": "spiffy",
                            "lossless_params": {"delta": 0.0, "ffn_gate": "strict"}},
@@ -276,6 +290,7 @@ def test_legend_explains_every_colour() -> None:
     legend = legend_html()
     for state in STATES:
         assert f"<b>{state}</b>" in legend
+    assert 'data-count="accepted"' in legend and 'data-count="committed"' in legend
     for reason in KV_REASONS:
         assert f"<b>{reason or 'held'}</b>" in legend
     for case in "VRC":
@@ -289,7 +304,8 @@ def test_stats_line_and_sparkline(trace: RunTrace) -> None:
     line = run_stats_html(trace)
     assert "stopped" not in line and "<b>linear_spec</b>" in line
     assert "TPF 1.25" in line and "NFE 4" in line and "50.0 tok/s" in line and "r_test" in line
-    for reason, note in (("client", "⏹ stopped"), ("model_switch", "switched models"), (None, "⏹ stopped")):
+    assert f'model <b class="ss-model">{trace.model or "?"}</b>' in line   # every answer names its model
+    for reason, note in (("client", "</svg> stopped"), ("model_switch", "switched models"), (None, "</svg> stopped")):
         ended = RunTrace.from_events([{**trace.end, "type": "run_start", "mode": "ar"},
                                       {**trace.end, "status": "cancelled", "reason": reason}])
         assert note in run_stats_html(ended) and ("switched" in run_stats_html(ended)) == (reason == "model_switch")

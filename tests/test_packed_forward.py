@@ -159,7 +159,7 @@ def test_packed_forward_equals_float64_reference_on_the_shipped_model(spiffy_eng
     compared = []
 
     def verify_compare(self, req, rt, start, states, parents):
-        scores = dense(self, req, rt, start, states, parents)
+        scores = yield from dense(self, req, rt, start, states, parents)
         r = len(states)
         if r > 1:
             for delta in (0.05, 0.2):

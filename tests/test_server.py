@@ -512,6 +512,19 @@ def test_bench_serves_the_stored_benchmarks(client, tmp_path):
     assert page.status_code == 200 and "not installed" in page.text
 
 
+def test_bench_here_runs_ar_and_a_mode_on_the_served_model(client, engine):
+    """POST /api/bench/here: a few short runs of ar and the mode through the engine, measured on this machine with
+    its precision named; nothing stored, nothing held; a mode it cannot run is a 400."""
+    body = client.post("/api/bench/here", json={"mode": "linear_spec"}).json()
+    assert set(body["modes"]) == {"ar", "linear_spec"} and body["matmul"] == engine.rt.matmul
+    assert body["cpu"] and body["date"] and body["prompts"] >= 1 and body["max_new_tokens"] <= 64
+    for m in body["modes"].values():
+        assert m["tokens"] > 0 and m["tok_per_s"] > 0 and m["tpf"] == m["tokens"] / m["nfe"]
+    assert body["modes"]["linear_spec"]["tpf"] > body["modes"]["ar"]["tpf"]
+    assert client.get("/api/runs").json() == []
+    assert client.post("/api/bench/here", json={"mode": "nope"}).status_code == 400
+
+
 def test_the_ui_the_caller_passes_is_mounted(engine, store):
     mounted = []
 
@@ -694,3 +707,25 @@ def test_check_bind_refuses_exposed_hosts_without_a_token(host):
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2"])
 def test_check_bind_allows_loopback(host):
     check_bind(host, None)
+
+
+def test_speculative_runs_of_two_clients_share_forwards(engine, store, monkeypatch):
+    """Two clients' isd and quadratic runs, admitted in one step, share their verify forwards (batch_requests 2 in
+    their round phases over /ws/generate) and give the tokens each gives alone."""
+    alone = {mode: engine.generate(PROMPT, mode, {"max_new_tokens": 12}).output_ids for mode in ("isd", "quadratic")}
+    with TestClient(create_app(engine, store)) as c:
+        gate = StepGate(engine.scheduler, monkeypatch)
+        try:
+            with c.websocket_connect("/ws/generate") as a, c.websocket_connect("/ws/generate") as b:
+                a.send_text(gen_msg(mode="isd", max_new_tokens=12))
+                b.send_text(gen_msg(mode="quadratic", max_new_tokens=12))
+                wait_for(lambda: c.get("/api/health").json()["queued_runs"] == 2)
+                gate.open()
+                runs = {"isd": receive_run(a), "quadratic": receive_run(b)}
+        finally:
+            gate.open()
+    for mode, events in runs.items():
+        assert events[-1]["output_ids"] == alone[mode], mode
+        shared = [p for e in events if e["type"] == "round" for p in e["phases"] if p["batch_requests"] == 2]
+        assert shared and all(p["batch_rows"] > p["n_query"] for p in shared), mode
+    assert engine.rt.pool.used == 0

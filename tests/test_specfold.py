@@ -38,7 +38,7 @@ def test_strict_delta_zero_logits_match_the_dense_forward_for_every_branch(spiff
     errors, paper_errors, folded_rows = [], [], []
 
     def verify_twice(self, req, rt, start, states, parents):
-        scores = dense(self, req, rt, start, states, parents)
+        scores = yield from dense(self, req, rt, start, states, parents)
         if len(states) > 1:
             logits = stacked(scores)
 
@@ -110,7 +110,7 @@ def test_kernel_pipeline_under_the_interpreter_equals_reference_and_dense(spiffy
     results = []
 
     def verify_and_compare(self, req, rt, start, states, parents):
-        scores = dense(self, req, rt, start, states, parents)
+        scores = yield from dense(self, req, rt, start, states, parents)
         if len(states) > 1 and not results:
             def run(backend, delta, gate="paper"):
                 return branch_logits(rt, req, start, states, backend, Fold(tuple(parents), delta, gate))

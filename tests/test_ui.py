@@ -190,3 +190,31 @@ def test_a_growing_answer_is_redrawn_less_often_within_bounds() -> None:
     intervals = [redraw_interval("x" * n) for n in sizes]
     assert intervals == sorted(intervals) and intervals[0] == REDRAW_EVERY_S and intervals[-1] == REDRAW_MAX_S
     assert REDRAW_EVERY_S < intervals[3] < REDRAW_MAX_S
+
+
+def test_the_model_card_shows_its_held_out_figures_as_a_table() -> None:
+    """A card's adapter facts: text as text, a mapping of records (the held-out figures per stage) as a table
+    with a column per field, numbers right-aligned; never raw JSON."""
+    from specscope.app.tabs.card import card_html
+
+    heldout = {"untrained": {"block8": 1.692, "answers": 16}, "step 240": {"block8": 2.681, "answers": 16}}
+    shown = card_html({"model": "m", "card": {"summary": "s", "adapter": {"what": "a <LoRA>", "heldout": heldout}}})
+    assert "{" not in shown and "a &lt;LoRA&gt;" in shown
+    assert "<th>block8</th><th>answers</th>" in shown and "<td>step 240</td>" in shown
+    assert '<td class="ss-num">2.681</td>' in shown
+
+
+def test_code_without_fences_keeps_its_whitespace_and_limits_are_said_in_words() -> None:
+    from specscope.app.limits import clamp_max_new, too_long
+    from specscope.app.tabs.chat import answer, code_shaped
+
+    code = "def f(x):\n    return x\n\n\nclass A:\n    pass"
+    assert code_shaped(code) and not code_shaped("Some text.\n\n- a list\n  - nested") and not code_shaped(
+        "```python\ndef f():\n    pass\n```")
+    trace = RunTrace.from_events([{"type": "run_start", "run_id": "r_1", "mode": "ar"},
+                                  {"type": "round", "run_id": "r_1", "round": 0, "text_delta": code}])
+    assert "&#10;&#32;&#32;&#32;&#32;return" in answer(trace, done=False)   # preformatted, indentation kept
+    failed = RunTrace.from_events([{"type": "error", "run_id": "r_2", "code": "bad_message", "message": "too long"}])
+    assert "(empty)" not in answer(failed, done=True) and "too long" in answer(failed, done=True)
+    assert too_long("x" * 16_000) is None and "at most 16,000 characters" in (too_long("x" * 20_000) or "")
+    assert [clamp_max_new(v) for v in (5000, 0, None, 12.4)] == [1024, 1, 1, 12]

@@ -86,6 +86,10 @@ class Client:
     def bench(self) -> dict[str, Any]:
         return self.get("/api/bench")
 
+    def bench_here(self, mode: str, timeout: float = 300.0) -> dict[str, Any]:
+        """A short benchmark of ar and `mode` on the served model, run now on the server's machine."""
+        return self.request("POST", "/api/bench/here", json={"mode": mode}, timeout=timeout).json()
+
     def runs(self, mode: str | None = None, status: str | None = None, limit: int = 100,
              offset: int = 0) -> list[dict[str, Any]]:
         return self.get("/api/runs", mode=mode, status=status, limit=limit, offset=offset)

@@ -9,16 +9,17 @@ import difflib
 import html
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
 from markdown_it import MarkdownIt
 
-from specscope.app.palette import CASES, KV_REASONS, STATES, kv_color, phase_color
+from specscope.app.palette import CASES, CONTEXT_CELLS, KV_REASONS, STATES, kv_color, phase_color, vocabulary
 from specscope.app.specmetrics import spec_metrics
 from specscope.app.trace import Cell, Event, Piece, RunTrace, id_piece
 from specscope.backend.bench_cells import pick_count
+from specscope.backend.engine.lossless import Claim, Outcome, model_difference, unmet, verdict
+from specscope.backend.tracing import ROUND_COUNTS
 
 VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
 # No Plotly template: naming one deep-copies it on every figure (~100 ms); Plotly.js defaults are plain white.
@@ -27,9 +28,15 @@ LAYOUT: dict[str, Any] = {"template": None, "plot_bgcolor": "white", "margin": {
                           "font": {"size": 11}, "modebar": {"orientation": "v"}}
 
 
+def visible(text: str) -> str:
+    """Whitespace made visible, the empty piece as ∅; not escaped. The one whitespace display: app/static/viz.js
+    gets each piece's (`shown` in its documents) and only shortens it."""
+    return text.translate(VISIBLE) or "∅"
+
+
 def show_piece(text: str, limit: int = 14) -> str:
-    """Whitespace made visible, long pieces cut; not escaped."""
-    text = text.translate(VISIBLE) or "∅"
+    """visible(text), long pieces cut; not escaped."""
+    text = visible(text)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
@@ -48,15 +55,11 @@ def esc(text: Any) -> str:
 # -- token grid -----------------------------------------------------------------------------------------------------
 
 
-LIVE_CONTEXT = 48
-"""Context cells the chat's latest round shows before its block (app/static/viz.js's MAX_CONTEXT)."""
-
-
-def live_round(round_ev: Event, piece: Piece, context: Sequence[Cell] = (), max_context: int = LIVE_CONTEXT) -> str:
+def live_round(round_ev: Event, piece: Piece, context: Sequence[Cell] = (), max_context: int = CONTEXT_CELLS) -> str:
     """The chat's latest round as JSON for app/static/viz.js (`specscopeViz.live`), the one token-grid renderer:
     the round, its last `max_context` context cells (prompt and committed), how many it left out, how many
     positions before the block the stream skipped (counted, never passed over in silence), and the pieces of
-    every token it names."""
+    every token it names (as written and as shown), with the visualizer's vocabulary."""
     hidden = max(0, len(context) - max_context)
     shown = [list(cell) for cell in context[hidden:]]
     missing = int(round_ev.get("block_start") or 0) - (context[-1][0] + 1 if context else 0)
@@ -65,8 +68,20 @@ def live_round(round_ev: Event, piece: Piece, context: Sequence[Cell] = (), max_
     named: list[int] = [cell[1] for cell in context[hidden:]] + list(round_ev.get("tokens") or []) \
         + list(round_ev.get("committed") or []) + list(extra.get("guess") or []) + replaced
     pieces = {str(t): piece(int(t)) for t in dict.fromkeys(named)}
-    return json.dumps({"round": dict(round_ev), "context": shown, "hidden": hidden, "missing": max(0, missing),
-                       "pieces": pieces})
+    return json.dumps({"round": {**round_ev, "accepted": accepted_count(round_ev)}, "context": shown,
+                       "hidden": hidden, "missing": max(0, missing), "pieces": pieces, "shown": shown_pieces(pieces),
+                       "vocab": vocabulary()})
+
+
+def shown_pieces(pieces: Mapping[str, str]) -> dict[str, str]:
+    """Each piece as a grid shows it (visible)."""
+    return {k: visible(v) for k, v in pieces.items()}
+
+
+def accepted_count(round_ev: Event) -> int:
+    """A round's accepted count: its `accepted`, or its accepted cells where a stored run has no such field."""
+    accepted = round_ev.get("accepted")
+    return int(accepted) if accepted is not None else list(round_ev.get("states") or []).count("accepted")
 
 
 # -- charts ---------------------------------------------------------------------------------------------------------
@@ -92,10 +107,10 @@ LEGEND_BELOW_MARGIN = {"l": 50, "r": 50, "t": 40, "b": 78}
 
 
 def accepted_length_figure(rounds: Sequence[Event]) -> go.Figure:
-    """Accepted length per round (bars) with the committed count on an axis of its own (a block mode commits a
+    """Accepted count per round (bars) with the committed count on an axis of its own (a block mode commits a
     whole block at once, which would flatten the bars); click a bar to jump to its round."""
     x = [r["round"] for r in rounds]
-    accepted = [r.get("accepted_len") or 0 for r in rounds]
+    accepted = [accepted_count(r) for r in rounds]
     committed = [len(r.get("committed") or []) for r in rounds]
     fig = go.Figure([
         go.Bar(x=x, y=accepted, name="accepted", marker_color="#22c55e",
@@ -276,6 +291,7 @@ def comparison_figure(runs: Sequence[RunTrace]) -> go.Figure:
 
 DEFINITIONS = {  # one definition per figure, shown as the hover of its label wherever it appears
     "tokens": "tokens generated (up to EOS)",
+    **ROUND_COUNTS,
     "NFE": "forward passes of the model, prefill excluded",
     "TPF": "tokens per forward: tokens / NFE",
     "tok/s": "tokens per second of wall clock, prefill included",
@@ -326,51 +342,16 @@ def badge(css: str, text: str) -> str:
     return f'<span class="ss-badge {css}">{esc(text)}</span>'
 
 
-def model_difference(a: RunTrace, b: RunTrace) -> str | None:
-    """Why two runs could not compute the same numbers: other weights (their weights hashes when both are recorded,
-    else their model names), or other matmul precisions where both recorded theirs; None when neither."""
-    if (a.model_hash != b.model_hash) if a.model_hash and b.model_hash else (a.model != b.model):
-        return "different model"
-    if a.matmul and b.matmul and a.matmul != b.matmul:
-        return f"{b.matmul} matmuls, not {a.matmul}"
-    return None
-
-
-def same_model(a: RunTrace, b: RunTrace) -> bool:
-    """Whether two runs used the same weights in the same matmul precision (model_difference)."""
-    return model_difference(a, b) is None
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A mode's lossless claim as /api/modes declares it: greedy, at `params`, its output equals `reference`'s."""
-    reference: str
-    params: Mapping[str, Any]
+def outcome(run: RunTrace) -> Outcome:
+    """What the lossless verdict reads of a run (its weights: the hash where recorded, else the model's name)."""
+    return Outcome(run.mode, run.output_ids, run.params, run.status, run.model_hash or run.model, run.matmul,
+                   run.prompt_ids)
 
 
 def mode_claims(modes: Sequence[Mapping[str, Any]]) -> dict[str, Claim]:
     """mode -> its claim, from /api/modes."""
     return {m["name"]: Claim(m["lossless_vs"], dict(m.get("lossless_params") or {})) for m in modes
             if m.get("lossless_vs")}
-
-
-def unmet(run: RunTrace, claim: Claim) -> list[str]:
-    """The run's settings outside its mode's claim (e.g. `T=0.8`, `delta=0.1`); empty when the claim applies."""
-    off = [f"T={run.params['temperature']:g}"] if float(run.params.get("temperature") or 0) > 0 else []
-    return off + [f"{k}={run.params.get(k)}" for k, v in claim.params.items() if run.params.get(k) != v]
-
-
-def comparable(a: RunTrace, b: RunTrace) -> bool:
-    """Same model, prompt and max_new_tokens: the runs could have made the same output."""
-    return (same_model(a, b) and a.prompt_ids == b.prompt_ids
-            and a.params.get("max_new_tokens") == b.params.get("max_new_tokens"))
-
-
-def agreement(run: RunTrace, base: RunTrace) -> str:
-    same = next((i for i, (x, y) in enumerate(zip(run.output_ids, base.output_ids, strict=False))
-                 if x != y),
-                min(len(run.output_ids), len(base.output_ids)))
-    return f"first {same} of {len(base.output_ids)} tokens as {base.mode}"
 
 
 def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str, Claim]) -> str:
@@ -383,22 +364,24 @@ def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str,
         return ""
     if run.status != "done":
         return badge("ss-bad", f"no verdict: the run {run.status}")
-    bases = [r for r in runs if r.mode == claim.reference and r.status == "done" and r is not run]
-    if not any(same_model(r, run) for r in bases) and bases:
-        why = model_difference(run, bases[0])
+    mine = outcome(run)
+    bases = [outcome(r) for r in runs if r.mode == claim.reference and r.status == "done" and r is not run]
+    if bases and all(model_difference(mine, b) for b in bases):
+        why = model_difference(mine, bases[0])
         return badge("ss-ref", f"{claim.reference} is of a different model" if why == "different model"
                      else f"{claim.reference} ran with {why}")
-    bases = [r for r in bases if comparable(r, run)]
-    greedy = [r for r in bases if float(r.params.get("temperature") or 0) == 0]
-    off = unmet(run, claim)
+    off = unmet(mine, claim)
+    sampled = f"{claim.reference} sampled"
+    found = [verdict(mine, b, claim) for b in bases]
+    comparable = [v for v in found if set(v.blockers) <= {*off, sampled}]
     if off:
-        measured = f" · {agreement(run, bases[0])}" if bases else ""
+        measured = f" · {comparable[0].agreement()}" if comparable else ""
         return badge("ss-ref", f"not claimed ({', '.join(off)}){measured}")
-    if not greedy:
+    checked = [v for v in comparable if v.checked]
+    if not checked:
         return badge("ss-ref", f"add a greedy {claim.reference} run of this prompt to check")
-    base = greedy[0]
-    return badge("ss-ok", f"== {claim.reference}") if base.output_ids == run.output_ids else \
-        badge("ss-bad", f"≠ {claim.reference} ({agreement(run, base)})")
+    return badge("ss-ok", f"== {claim.reference}") if checked[0].holds else \
+        badge("ss-bad", f"≠ {claim.reference} ({checked[0].agreement()})")
 
 
 def status_cell(run: RunTrace) -> str:
@@ -436,7 +419,7 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
             same = badge("ss-ref", "reference")
         elif run.status != "done" or reference.status != "done":
             same = badge("ss-bad", "no verdict: a run did not finish")
-        elif why := model_difference(reference, run):
+        elif why := model_difference(outcome(reference), outcome(run)):
             same = badge("ss-ref", why)
         elif run.output_ids == reference.output_ids:
             same = badge("ss-ok", "same output as reference")
@@ -506,9 +489,12 @@ def sparkline(values: Sequence[float], width: int = 48) -> str:
     return "".join(bars[min(int(v / top * (len(bars) - 1) + 0.5), len(bars) - 1)] for v in values)
 
 
-CANCELLED_BY = {"client": "⏹ stopped", "model_switch": "⏹ cancelled: the server switched models",
-                "shutdown": "⏹ cancelled: the server shut down"}
-"""What a cancelled run's note says, by run_end's reason."""
+STOP_ICON = ('<svg class="ss-icon" viewBox="0 0 10 10" width="10" height="10" aria-hidden="true">'
+             '<rect width="10" height="10" rx="1.5" fill="currentColor"/></svg>')
+"""The stop square as inline SVG: a glyph such as U+23F9 is an empty box where the fonts lack it."""
+CANCELLED_BY = {"client": "stopped", "model_switch": "cancelled: the server switched models",
+                "shutdown": "cancelled: the server shut down"}
+"""What a cancelled run's note says, by run_end's reason (after STOP_ICON)."""
 
 
 def run_stats_html(run: RunTrace) -> str:
@@ -517,13 +503,13 @@ def run_stats_html(run: RunTrace) -> str:
     if run.error:
         return f"⚠ {esc(run.error)}"
     accepted = run.accepted_lens[1:]  # round 0 is the prefill
-    note = f"{CANCELLED_BY.get(run.cancel_reason or 'client', CANCELLED_BY['client'])} · " \
+    note = f"{STOP_ICON} {CANCELLED_BY.get(run.cancel_reason or 'client', CANCELLED_BY['client'])} · " \
         if run.status == "cancelled" else ""
     return (f'<span class="ss-stats">{note}<b>{esc(run.mode)}</b> · TPF {fmt(m.get("tpf"), 2)} · NFE '
             f'{fmt(m.get("nfe"))} · {fmt(m.get("tok_per_s"), 1)} tok/s · '
             f'<span title="{esc(DEFINITIONS["tokens / round"])}">tokens/round</span> '
             f'{sparkline(accepted) or "—"} (max {max(accepted, default=0)}) · run <code>{esc(run.run_id)}</code> '
-            f'({esc(run.status)})</span>')
+            f'({esc(run.status)}) · model <b class="ss-model">{esc(run.model or "?")}</b></span>')
 
 
 def legend_html() -> str:
@@ -535,5 +521,7 @@ def legend_html() -> str:
     states = "".join(swatch(bg, s, m, f"ss-s-{s}") for s, (bg, _, m) in STATES.items())
     kv = "".join(swatch(c, r or "held", m) for r, (c, m) in KV_REASONS.items())
     cases = "".join(swatch(c, k, m) for k, (c, m) in CASES.items())
-    return (f'<div class="ss-legend"><div><b>token states</b> {states}</div>'
+    counts = "".join(f'<span class="ss-legend-item" data-count="{k}"><b>{esc(k)}</b> {esc(m)}</span>'
+                     for k, m in ROUND_COUNTS.items())
+    return (f'<div class="ss-legend"><div><b>token states</b> {states}</div><div><b>round counts</b> {counts}</div>'
             f'<div><b>KV slot end</b> {kv}</div><div><b>ISD round case</b> {cases}</div></div>')

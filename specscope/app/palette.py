@@ -1,18 +1,32 @@
-"""Colours of the state vocabulary, KV end reasons and ISD cases; one source for the CSS, the charts and the legend."""
+"""Colours of the state vocabulary, KV end reasons and ISD cases, and the visualizer's limits: one source for the
+CSS, the charts, the legend and app/static/viz.js (which reads them from its documents' `vocab`, `vocabulary()`)."""
 from __future__ import annotations
 
-# state -> (background, text colour, meaning); the order is the legend's
-STATES: dict[str, tuple[str, str, str]] = {
-    "prompt": ("#eef0f3", "#6b7280", "prompt token (dimmed)"),
-    "committed": ("#e2e8f0", "#475569", "committed in an earlier round (dimmed)"),
-    "mask": ("#4b5563", "#f9fafb", "still masked"),
-    "draft": ("#fde68a", "#78350f", "draft: tentative guess, not yet verified"),
-    "accepted": ("#86efac", "#14532d", "accepted / committed this round"),
-    "rejected": ("#fca5a5", "#7f1d1d", "rejected draft (its KV is freed)"),
-    "bonus": ("#93c5fd", "#1e3a8a", "bonus: AR bonus token or ISD correction"),
-    "pending": ("#d8b4fe", "#581c87", "pending (ISD): verified next round"),
-    "padding": ("#f8fafc", "#94a3b8", "padding (ISD unused masks)"),
+from typing import Any
+
+from specscope.backend.tracing import ROUND_COUNTS
+from specscope.backend.tracing import STATES as MEANINGS
+
+# state -> (background, text colour); the states and their meanings are the trace schema's (backend/tracing.py)
+COLOURS: dict[str, tuple[str, str]] = {
+    "prompt": ("#eef0f3", "#6b7280"),
+    "committed": ("#e2e8f0", "#475569"),
+    "mask": ("#4b5563", "#f9fafb"),
+    "draft": ("#fde68a", "#78350f"),
+    "accepted": ("#86efac", "#14532d"),
+    "rejected": ("#fca5a5", "#7f1d1d"),
+    "bonus": ("#93c5fd", "#1e3a8a"),
+    "pending": ("#d8b4fe", "#581c87"),
+    "padding": ("#f8fafc", "#94a3b8"),
+    "cut": ("#fed7aa", "#9a3412"),
 }
+STATES: dict[str, tuple[str, str, str]] = {state: (*COLOURS[state], meaning) for state, meaning in MEANINGS.items()}
+"""state -> (background, text colour, meaning), in the legend's order (a state without colours fails here)."""
+MASKED = ("mask", "padding")
+"""States whose cells show [M] instead of their token."""
+CONTEXT_CELLS = 48
+"""Context cells (prompt and committed) a round's grid shows before its block."""
+
 
 # KV interval end reason -> (colour, meaning); None = still held at the end of the run (a leak)
 KV_REASONS: dict[str | None, tuple[str, str]] = {
@@ -51,8 +65,12 @@ def phase_color(kind: str) -> str:
 
 
 def palette_css() -> str:
-    """CSS rules colouring token cells by state (`.ss-s-<state>`) and the same colours as `--ss-<state>` variables
-    (read by app/static/viz.js for its charts)."""
-    variables = ";".join(f"--ss-{state}:{bg}" for state, (bg, _, _) in STATES.items())
-    rules = "\n".join(f".ss-s-{state}{{background:{bg};color:{fg};}}" for state, (bg, fg, _) in STATES.items())
-    return f":root{{{variables}}}\n{rules}"
+    """CSS rules colouring token cells by state (`.ss-s-<state>`)."""
+    return "\n".join(f".ss-s-{state}{{background:{bg};color:{fg};}}" for state, (bg, fg, _) in STATES.items())
+
+
+def vocabulary() -> dict[str, Any]:
+    """What app/static/viz.js draws with, sent inside every document it renders: the states (colours, meanings),
+    the masked ones, the round counts' definitions and the context cells shown before a block."""
+    return {"states": {s: {"bg": bg, "fg": fg, "meaning": m} for s, (bg, fg, m) in STATES.items()},
+            "masked": list(MASKED), "counts": ROUND_COUNTS, "context_cells": CONTEXT_CELLS}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
@@ -23,6 +24,7 @@ class Backend:
         self._explain: dict[str, dict[str, str]] = {}  # backend -> mode -> what a round means there
         self._ratings: OrderedDict[tuple[str, str, str | None], dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
+        self.switching: str | None = None  # the model a switch made through this UI is loading, if one is
 
     def client(self, request: gr.Request | None = None) -> Client:
         if self.url is None and request is not None:
@@ -84,3 +86,25 @@ class Backend:
         if client.http_url not in self._explain:
             self._explain[client.http_url] = {m["name"]: m.get("explain", "") for m in client.modes()}
         return self._explain[client.http_url].get(mode, "")
+
+
+def session_of(request: gr.Request) -> str:
+    return request.session_hash or ""
+
+
+class StopFlags:
+    """The sessions that asked a tab to stop what it runs for them (a chat answer, a race, a comparison)."""
+
+    def __init__(self) -> None:
+        self._sessions: set[str] = set()
+
+    def request(self, request: gr.Request) -> None:
+        self._sessions.add(session_of(request))
+
+    def clear(self, request: gr.Request) -> None:
+        self._sessions.discard(session_of(request))
+
+    def checker(self, request: gr.Request) -> Callable[[], bool]:
+        """A test of whether the session asked to stop (a `stop` for Client.generate)."""
+        session = session_of(request)
+        return lambda: session in self._sessions

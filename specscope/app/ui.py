@@ -40,8 +40,9 @@ SYSTEM_FONTS = [gr.themes.Font("ui-sans-serif"), gr.themes.Font("system-ui"), gr
 MONO_FONTS = [gr.themes.Font("ui-monospace"), gr.themes.Font("monospace")]
 
 
-def status_html(health: dict[str, Any] | None, problem: str = "") -> str:
-    """The banner: backend unavailable (with why), or connected with the model and pool usage."""
+def status_html(health: dict[str, Any] | None, problem: str = "", switching: str | None = None) -> str:
+    """The banner: backend unavailable (with why), or connected with the model (and the one it switches to) and pool
+    usage."""
     if health is None:
         return (f'<div class="ss-status ss-status-down" id="ss-down">⚠ {html.escape(problem)} · retrying every '
                 f'{HEALTH_EVERY_S:g} s</div>')
@@ -49,9 +50,15 @@ def status_html(health: dict[str, Any] | None, problem: str = "") -> str:
     store = health.get("store") or {}
     outage = "" if store.get("status", "ok") == "ok" else (
         ' · <b id="ss-store-down">⚠ run store not answering: runs go on and are stored when it is back</b>')
+    moving = f' · <b id="ss-switching">switching to {html.escape(switching)}…</b>' if switching else ""
     return (f'<div class="ss-status ss-status-up" id="ss-up">● backend connected · model '
-            f'{html.escape(str(health.get("model", "?")))} · active runs {health.get("active_runs", 0)} · '
+            f'{html.escape(str(health.get("model", "?")))}{moving} · active runs {health.get("active_runs", 0)} · '
             f'KV slots in use {pool.get("used", "?")}/{pool.get("slots", "?")}{outage}</div>')
+
+
+def switching_html(name: str) -> str:
+    return (f'<div id="model-switching" class="ss-note">switching to <b>{html.escape(name)}</b>… (its runs are '
+            f'cancelled; sending waits until it is served)</div>')
 
 
 def build_ui(backend: Backend) -> gr.Blocks:
@@ -88,7 +95,7 @@ def build_ui(backend: Backend) -> gr.Blocks:
             except (BackendUnavailable, BackendError) as exc:
                 return [status_html(None, str(exc))] + [gr.skip()] * (len(checked) - 1)
             if specs is None:
-                return [status_html(health)] + [gr.skip()] * (len(checked) - 1)
+                return [status_html(health, switching=backend.switching)] + [gr.skip()] * (len(checked) - 1)
             names = [m["name"] for m in specs if m.get("available", True)]   # what the served model can run
             off = [f'{m["name"]} ({m["unavailable"]})' for m in specs if not m.get("available", True)]
             compared = [m for m in DEFAULT_MODES if m in names] or names[:3]
@@ -111,16 +118,29 @@ def build_ui(backend: Backend) -> gr.Blocks:
             """`/?run=<id>&round=<n>` opens that run in the visualizer (app/static/viz.js then goes to the round)."""
             return open_run(request.query_params.get("run", "").strip())
 
+        def begin_switch(name: str) -> tuple[str, Any]:
+            """At once: say the switch is under way and hold sending until the model is served."""
+            return switching_html(name), gr.Button(interactive=False, value="switching model…")
+
         def switch_model(name: str, chosen: str | None, request: gr.Request) -> list[Any]:
-            """Serve another model, then reload the banner, the mode lists and its card in the same update."""
-            return [*picker.switch(name, request), *check([], chosen, request), *card.load(request)]
+            """Serve another model, then reload the banner, the mode lists and its card in the same update, and let
+            the chat send again. Meanwhile the picker shows `name` (no health tick resets it) and no session's
+            message is sent (it would be answered by the old model)."""
+            backend.switching = name
+            try:
+                shown = picker.switch(name, request)
+            finally:
+                backend.switching = None
+            return [*shown, *check([], chosen, request), *card.load(request),
+                    gr.Button(interactive=True, value="Send")]
 
         checked = [status, chat.modes, chat.mode, compare.modes, compare.reference, runs.mode, race.mode_a,
                    race.mode_b]
         demo.load(picker.show, None, [picker.choice, picker.info], concurrency_limit=None, show_progress="hidden")
         carded = [card.html, chat.examples, compare.examples]
-        picker.choice.input(switch_model, [picker.choice, chat.mode], [picker.choice, picker.info, *checked, *carded],
-                            concurrency_limit=1)
+        picker.choice.input(begin_switch, picker.choice, [picker.info, chat.send], queue=False).then(
+            switch_model, [picker.choice, chat.mode], [picker.choice, picker.info, *checked, *carded, chat.send],
+            concurrency_limit=1, show_progress="hidden")
         demo.load(card.load, None, carded, concurrency_limit=None, show_progress="hidden")
         demo.load(check, [chat.modes, chat.mode], checked, concurrency_limit=None, show_progress="hidden")
         demo.load(open_from_url, None, [tabs, viz.run], concurrency_limit=None, show_progress="hidden")

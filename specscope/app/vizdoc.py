@@ -8,19 +8,24 @@ from typing import Any
 from specscope.app.figures import (
     DEFINITIONS,
     acceptance_position_figure,
+    accepted_count,
     accepted_length_figure,
     isd_case_figure,
     kv_figure,
     kv_time_figure,
     phase_timeline_figure,
+    shown_pieces,
 )
+from specscope.app.palette import vocabulary
 from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
 from specscope.app.trace import Event, Piece, RunTrace
 
 
 def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, Any]:
-    """A round event without its envelope, plus per-round fold ratios; records every token's text in `pieces`."""
+    """A round event without its envelope, plus per-round fold ratios and its accepted count (counted from its
+    states for a run stored before rounds recorded it); records every token's text in `pieces`."""
     out = {k: v for k, v in r.items() if k not in ("v", "run_id", "seq", "type") and v is not None}
+    out["accepted"] = accepted_count(r)
     qkv, ffn = fold_ratios(r)
     if qkv is not None:
         out["fold_qkv"] = qkv
@@ -42,7 +47,8 @@ def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, A
 
 def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: str = "",
                  fit: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Everything the visualizer shows of one run; the per-run charts come as Plotly JSON. `explain`: what a
+    """Everything the visualizer shows of one run, with what it draws with (`vocab`: states, colours, limits) and
+    each piece as shown (`shown`); the per-run charts come as Plotly JSON. `explain`: what a
     round means in the run's mode (its `explain` in /api/modes); `fit`: the served model's rating of the answer
     (GET /api/runs/{id}/fit: its own pick and the NLL at each output token), when it has one."""
     pieces: dict[int, str] = {t: piece(t) for t in trace.prompt_ids}
@@ -67,6 +73,7 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
             "output_ids": trace.output_ids, "text": trace.text, "metrics": trace.metrics, "spec": metrics,
             "definitions": DEFINITIONS,
             "step_map": step_map(trace), "rounds": rounds, "pieces": {str(k): v for k, v in pieces.items()},
+            "shown": shown_pieces({str(k): v for k, v in pieces.items()}), "vocab": vocabulary(),
             "mask_ids": mask_ids, "explain": explain, "start_round": start_round,
             "fit": None if fit is None else {k: fit[k] for k in ("picks", "nll", "greedy", "tokens", "nll_mean")},
             "figures": {k: json.loads(f.to_json()) for k, f in figures.items()}}

@@ -39,13 +39,15 @@ from tqdm import tqdm
 
 from specscope.backend.answer_fit import answer_fit, summed
 from specscope.backend.bench_cells import model_pick, same_as_reference
+from specscope.backend.bench_load import load_table
+from specscope.backend.bench_load import markdown as load_markdown
 from specscope.backend.engine.engine import Engine, RunResult
 from specscope.backend.engine.lossless import Claim, Outcome, Verdict, claim_of, verdict
 from specscope.backend.engine.modes import get_mode, mode_names
 from specscope.backend.forward.fused_step import MATMULS
 from specscope.backend.model.checkpoint import DTYPES, load_checkpoint
 from specscope.backend.model.families import ADAPTER_SCOPES
-from specscope.backend.model.source import DEFAULT_MODEL, resolve
+from specscope.backend.model.source import DEFAULT_MODEL, ModelSource, resolve
 from specscope.backend.tracing import NULL_TRACER, RecordingTracer
 from specscope.backend.train.prompts import prompt_set
 from specscope.backend.train.tasks import Task, checkpoint_tasks
@@ -58,6 +60,8 @@ PEER = "transformers"
 LLAMA_CPP = "llama.cpp"
 FLOAT32_AR = "ar (float32)"
 """With --matmul bf16: `ar` with the float32 fused step, the exact model's fastest path, in the same run."""
+LOAD_MODES = ("ar", "isd", "quadratic", "linear_spec")
+"""`--concurrency`'s default modes: the lossless self-speculative ones and their reference."""
 BENCH_SEED = 7
 """The held-out chat prompts' draw (the adapter's held-out figures use seed 0 of the same templates)."""
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
@@ -108,6 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print the headline table of a stored bench.json (no run); with --into FILE, write it "
                         "between the file's bench-table markers instead")
     p.add_argument("--into", metavar="FILE", help="with --summary: the file whose bench-table section it replaces")
+    p.add_argument("--concurrency", metavar="N,N,...",
+                   help="instead of the per-mode table: each of --modes (default ar,isd,quadratic,linear_spec) alone "
+                        "and mixed with N requests at once, e.g. 1,4,16 (load.json and load.md in --out)")
 
 
 def paired_pass(engine: Engine, mode: str, tasks: list[Task], params: dict, clock: Clock,
@@ -447,6 +454,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return write_summary(Path(args.summary), Path(args.into) if args.into else None)
     if args.lossless:
         return check_lossless(args)
+    if args.concurrency:
+        return bench_concurrency(args)
     return bench(args)
 
 
@@ -457,9 +466,7 @@ def bench(args: argparse.Namespace, runs: list[tuple[str, str, dict[str, Any]]] 
         torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
     source = resolve(args.model)
-    adapter = False if args.adapter == "none" else args.adapter or source.adapter
-    engine = Engine(load_checkpoint(source.folder, dtype, adapter=adapter, adapter_scope=args.adapter_scope,
-                                    name=source.name), num_slots=8192, matmul=args.matmul)
+    engine = bench_engine(args, source, 8192)
     tasks, prompt_kind = bench_prompts(source.folder, args)
     params = {"max_new_tokens": args.max_new_tokens}
     if runs is None:
@@ -510,6 +517,34 @@ def bench(args: argparse.Namespace, runs: list[tuple[str, str, dict[str, Any]]] 
     (out / "bench.md").write_text(text)
     print(text)
     return rows
+
+
+def bench_engine(args: argparse.Namespace, source: ModelSource, slots: int) -> Engine:
+    """The engine the bench options name: the model in --dtype, its adapter (or --adapter, or none), --matmul."""
+    adapter = False if args.adapter == "none" else args.adapter or source.adapter
+    return Engine(load_checkpoint(source.folder, DTYPES[args.dtype], adapter=adapter, adapter_scope=args.adapter_scope,
+                                  name=source.name), num_slots=slots, matmul=args.matmul)
+
+
+def bench_concurrency(args: argparse.Namespace) -> dict[str, Any]:
+    """`bench --concurrency`: bench_load's table on the bench's engine and prompts."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    source = resolve(args.model)
+    engine = bench_engine(args, source, 32768)
+    modes = [m for m in args.modes.split(",") if m] or list(LOAD_MODES)
+    levels = [int(n) for n in args.concurrency.split(",")]
+    tasks, _ = bench_prompts(source.folder, args)
+    table = load_table(engine, modes, levels, [t.prompt for t in tasks], args.max_new_tokens, args.repeats)
+    meta = {**provenance(), "model": engine.model_name, "matmul": engine.rt.matmul,
+            "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads()}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "load.json").write_text(json.dumps({"meta": meta, "rows": table}, indent=1))
+    text = load_markdown(table, meta)
+    (out / "load.md").write_text(text)
+    print(text)
+    return {"meta": meta, "rows": table}
 
 
 def claimed_runs(modes: list[str]) -> list[tuple[str, str, dict[str, Any]]]:

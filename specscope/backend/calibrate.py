@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from collections.abc import Generator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from specscope.backend.engine.ask import Ask
 from specscope.backend.engine.blocks import BlockState, Dense, candidates
 from specscope.backend.engine.draft_graph import GRAPH_FILE, DraftGraph, Eligible, Node, Ranking, State, child
 from specscope.backend.engine.engine import Engine
@@ -50,8 +52,8 @@ class RecordingDense(Dense):
     def __init__(self, top_k: int, steps: list[tuple[int, Step]]):
         self.top_k, self.steps = top_k, steps
 
-    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Scores:
-        scores = super().logits(req, rt, block)
+    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Generator[Ask, Any, Scores]:
+        scores = yield from super().logits(req, rt, block)
         self.steps.append((block.start, Step(tuple(block.tokens), Ranking.of(scores, self.top_k))))
         return scores
 

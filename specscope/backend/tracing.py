@@ -1,7 +1,7 @@
 """Trace schema v1: typed events, a null tracer (free when off) and a recording tracer.
 
 Every event is one JSON object {"v": 1, "run_id", "seq", "t_ms", "type", ...payload}; `seq` is dense per run.
-Event types: run_start, round, kv, run_end, error (DESIGN §6). JSON never holds NaN or Infinity.
+Event types: run_start, round, kv, run_end, error. JSON never holds NaN or Infinity.
 """
 from __future__ import annotations
 
@@ -15,18 +15,44 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 EVENT_TYPES = ("run_start", "round", "kv", "run_end", "error")
-STATES = ("prompt", "committed", "mask", "draft", "accepted", "rejected", "bonus", "pending", "padding")
+STATES = {  # a round cell's state -> what it means; the order is the legend's
+    "prompt": "a prompt token",
+    "committed": "a token kept before this round (a block's seed, or a position unmasked in an earlier round)",
+    "mask": "a position still masked",
+    "draft": "a drafted token not yet verified (the next round checks it)",
+    "accepted": "a drafted or unmasked token this round's check kept (ar and the prefill: the model's own pick)",
+    "rejected": "a drafted token the check refused (its KV is freed)",
+    "bonus": "the verifier's own token after the accepted drafts: the correction where a draft was rejected, "
+             "else the bonus (a block's next seed in the block modes)",
+    "pending": "the last committed token, fed again so this round writes its KV",
+    "padding": "an unused mask position of the round's input",
+    "cut": "a token the mode kept (accepted, bonus, or unmasked earlier) that the run dropped: it lies past "
+           "max_new_tokens",
+}
+ROUND_COUNTS = {  # a round event's two counts, as the visualizer names them
+    "accepted": "the round's cells in state accepted: drafts the verifier kept, or positions unmasked this round "
+                "(the block modes), after the cut at EOS and max_new_tokens; the event's `accepted`",
+    "committed": "the tokens the round appended to the output, after the cut at EOS and max_new_tokens: the "
+                 "accepted drafts plus the correction or bonus token, or in the block modes a whole block once "
+                 "its last mask is filled (the event's `committed` list; its length here)",
+}
 RUN_STATUSES = ("done", "cancelled", "error")
 
 
 @dataclass(slots=True)
 class Phase:
-    """One model forward inside a round."""
+    """One model forward inside a round: the request's own row group (`n_query` rows) and the forward it shared."""
     kind: str                           # prefill | draft | denoise | verify | refresh | decode
     attn: str
     lora: bool
     n_query: int
     ms: float
+    forward_id: int = 0
+    """The engine's forward counter: phases of one forward share it."""
+    batch_requests: int = 1
+    """Requests whose row groups shared the forward."""
+    batch_rows: int = 0
+    """Query rows of the forward, every request's."""
 
 
 @dataclass(slots=True)
@@ -48,9 +74,15 @@ class RoundEvent:
     round: int = 0
     phases: Sequence[Phase] = ()        # the bookkeeping fields are the recorder's, set when it emits the round
     accepted_len: int = 0
+    accepted: int = 0
     committed: Sequence[int] = ()
     nfe: int = 0
     text_delta: str = ""
+
+    def positions(self) -> Sequence[int]:
+        """Each cell's position: block_start + its index, or + `extra.offsets` where cells share positions."""
+        offsets = self.extra.get("offsets") or range(len(self.tokens))
+        return [self.block_start + int(off) for off in offsets[:len(self.tokens)]]
 
     def cut_after(self, index: int) -> None:
         """Drop every position after `index` (nothing after the first EOS is shown as drafted or accepted)."""
@@ -222,9 +254,10 @@ class RecordingTracer:
                "branches": None if e.branches is None else sanitize(e.branches),
                "fold": None if e.fold is None else [list(rows) for rows in e.fold],
                "block_size": e.block_size, "round": e.round,
-               "phases": [{"kind": p.kind, "attn": p.attn, "lora": p.lora, "n_query": p.n_query, "ms": p.ms}
+               "phases": [{"kind": p.kind, "attn": p.attn, "lora": p.lora, "n_query": p.n_query, "ms": p.ms,
+                           "forward_id": p.forward_id, "batch_requests": p.batch_requests, "batch_rows": p.batch_rows}
                           for p in e.phases],
-               "accepted_len": e.accepted_len, "committed": e.committed, "nfe": e.nfe,
+               "accepted_len": e.accepted_len, "accepted": e.accepted, "committed": e.committed, "nfe": e.nfe,
                "text_delta": e.text_delta}
         if e.extra:
             out["extra"] = sanitize(e.extra)

@@ -1,24 +1,33 @@
 // specscope visualizer: renders one run's document (app/vizdoc.py) round by round, entirely in the browser.
 // A step redraws only the round panels (grid, confidence, ISD p/q, branches, fold) and moves the chart cursors;
 // the per-run charts are drawn once per document. Everything shown is escaped text (esc) or Plotly data.
+// What it draws with (states, colours, the counts' definitions, limits) and each piece as shown come inside every
+// document (`vocab` and `shown`, from app/palette.py and app/figures.py): nothing of them is written here.
 window.specscopeViz = (() => {
-  const STATES = new Set(["prompt", "committed", "mask", "draft", "accepted", "rejected", "bonus", "pending",
-                          "padding"]);
-  const MASKED = new Set(["mask", "padding"]);
-  const VISIBLE = { " ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍" };
-  const MAX_CONTEXT = 48;
   const ESC = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
   const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ESC[c]);
-  const show = (text, limit = 14) => {
-    const t = String(text).replace(/[ \n\t\r]/g, (c) => VISIBLE[c]) || "∅";
-    return t.length <= limit ? t : t.slice(0, limit - 1) + "…";
-  };
+  const clip = (text, limit = 14) => (text.length <= limit ? text : text.slice(0, limit - 1) + "…");
   const fmt = (v, d = 3) => (v === null || v === undefined ? "—" : typeof v === "number" && !Number.isInteger(v)
     ? v.toFixed(d) : String(v));
   // a probability: three decimals, or three significant digits below 0.001 (never a 0.000 that is not zero)
   const prob = (v) => (typeof v === "number" && v > 0 && v < 1e-3 ? v.toExponential(2) : fmt(v));
   const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
-  const state = (s) => (STATES.has(s) ? s : "unknown");
+
+  // The drawing context of a document: its vocabulary, and each token's piece as written and as shown.
+  function context(doc) {
+    const vocab = doc.vocab || { states: {}, masked: [], counts: {}, context_cells: 0 };
+    const pieces = doc.pieces || {};
+    const shown = doc.shown || {};
+    return {
+      piece: (t) => (pieces[String(t)] ?? `#${t}`),
+      shown: (t) => (shown[String(t)] ?? `#${t}`),
+      state: (s) => (Object.hasOwn(vocab.states, s) ? s : "unknown"),
+      colour: (s) => (vocab.states[s] || { bg: "#0f172a" }).bg,
+      masked: new Set(vocab.masked),
+      counts: vocab.counts || {},
+      contextCells: Number(vocab.context_cells || 0),
+    };
+  }
   // On a phone Plotly's tool bar would cover the charts' right edge: it shows there only while a chart is touched
   // (hover), and the charts keep their SVG export on larger screens.
   const PHONE = window.matchMedia("(max-width: 640px)").matches;
@@ -62,9 +71,8 @@ window.specscopeViz = (() => {
 
   function prepare(doc) {
     for (const r of doc.rounds) {  // numbers drawn into markup are numbers, whatever an imported trace holds
-      for (const key of ["round", "block_start", "accepted_len", "nfe"]) r[key] = Number(r[key] || 0);
+      for (const key of ["round", "block_start", "accepted", "nfe"]) r[key] = Number(r[key] || 0);
     }
-    const piece = (t) => (doc.pieces[String(t)] ?? `#${t}`);
     const seq = [...doc.prompt_ids];
     const before = [];  // committed tokens before each round
     for (const r of doc.rounds) { before.push(seq.length); seq.push(...(r.committed || [])); }
@@ -76,7 +84,7 @@ window.specscopeViz = (() => {
       hits.get(b.verified_round).push({ id: b.id, round: r.round, k });
     }));
     const byRound = new Map(doc.rounds.map((r, k) => [r.round, k]));
-    return { piece, seq, before, maskIds, hits, byRound };
+    return { ...context(doc), seq, before, maskIds, hits, byRound };
   }
 
   // -- cells ---------------------------------------------------------------------------------------------------------
@@ -94,9 +102,9 @@ window.specscopeViz = (() => {
   function cell(ctx, pos, token, st, details = [], entropy = null) {
     const text = ctx.piece(token);
     const title = [`pos ${pos} · ${st}`, `token ${JSON.stringify(text)} (id ${token})`, ...details].join("\n");
-    const shown = MASKED.has(st) ? "[M]" : show(text);
+    const shown = ctx.masked.has(st) ? "[M]" : clip(ctx.shown(token));
     const tint = entropy === null ? "" : ` style="background:${entropyColour(entropy)}"`;
-    return `<span class="ss-tok ss-s-${state(st)}"${tint} title="${esc(title)}" data-pos="${pos}">` +
+    return `<span class="ss-tok ss-s-${ctx.state(st)}"${tint} title="${esc(title)}" data-pos="${pos}">` +
       `<span class="ss-txt">${esc(shown)}</span><span class="ss-pos">${pos}</span></span>`;
   }
 
@@ -108,11 +116,12 @@ window.specscopeViz = (() => {
   }
 
   // The cell of a position in a round: the one the position's token occupies (quadratic: its d cell, not a mask).
-  function cellIndex(r, pos) {
+  function cellIndex(ctx, r, pos) {
     const off = (r.extra || {}).offsets;
     if (!off) return pos - (r.block_start || 0);
     const at = pos - (r.block_start || 0);
-    const own = off.findIndex((o, j) => o === at && !["padding", "draft"].includes((r.states || [])[j]));
+    const own = off.findIndex((o, j) => o === at && !ctx.masked.has((r.states || [])[j]) &&
+                                        (r.states || [])[j] !== "draft");
     return own >= 0 ? own : off.indexOf(at);
   }
 
@@ -124,7 +133,7 @@ window.specscopeViz = (() => {
     return (r.tokens || []).map((token, i) => {
       const st = (r.states || [])[i];
       const details = [`round ${r.round}`, `confidence ${fmt(conf[i])}`];
-      if (MASKED.has(st) && i > 0 && i <= guess.length) details.push(`guess ${JSON.stringify(ctx.piece(guess[i - 1]))}`);
+      if (ctx.masked.has(st) && i > 0 && i <= guess.length) details.push(`guess ${JSON.stringify(ctx.piece(guess[i - 1]))}`);
       const e = pq.get(i);
       if (e) details.push(`p ${prob(e.p)} · q ${prob(e.q)} · ${e.accepted ? "accepted" : "rejected"}`);
       const h = entropyOf(r, i);
@@ -137,8 +146,11 @@ window.specscopeViz = (() => {
     const x = r.extra || {};
     const size = r.block_size ?? x.block_size;
     const facts = [size != null ? `block at ${r.block_start} · block size ${esc(size)}`
-                     : `block at ${r.block_start} (size ${(r.tokens || []).length})`, `accepted ${r.accepted_len}`,
-                   `committed ${(r.committed || []).length}`, `NFE +${r.nfe}`];
+                     : `block at ${r.block_start} (size ${(r.tokens || []).length})`,
+                   `<span class="ss-count" data-count="accepted" title="${esc(ctx.counts.accepted)}">accepted ` +
+                   `<b>${r.accepted}</b></span>`,
+                   `<span class="ss-count" data-count="committed" title="${esc(ctx.counts.committed)}">committed ` +
+                   `<b>${(r.committed || []).length}</b></span>`, `NFE +${r.nfe}`];
     if (r.case) facts.push(`case <b>${esc(r.case)}</b>`);
     if (x.threshold !== undefined) facts.push(`τ ${esc(fmt(x.threshold))}`);
     if (x.n !== undefined) facts.push(`n ${esc(x.n)}`);
@@ -148,8 +160,8 @@ window.specscopeViz = (() => {
     if (r.fold_qkv !== undefined) facts.push(`fold QKV ${pct(r.fold_qkv)}`);
     if (r.fold_ffn_ratio !== undefined) facts.push(`fold FFN ${pct(r.fold_ffn_ratio)}`);
     if (x.replaced_draft != null) {
-      facts.push(`<span class="ssv-replaced">rejected draft <s>${esc(show(ctx.piece(x.replaced_draft), 24))}</s> → ` +
-                 `correction ${esc(show(ctx.piece(bonusToken(r)), 24))}</span>`);
+      facts.push(`<span class="ssv-replaced">rejected draft <s>${esc(clip(ctx.shown(x.replaced_draft), 24))}</s> → ` +
+                 `correction ${esc(clip(ctx.shown(bonusToken(r)), 24))}</span>`);
     }
     const hit = (r.branches || []).find((b) => b.cache_hit);
     if (hit) facts.push(`<span class="ss-badge ss-ok">cache hit: branch b${esc(hit.id)} verified in round ` +
@@ -178,7 +190,7 @@ window.specscopeViz = (() => {
     const r = doc.rounds[k];
     const n = doc.prompt_ids.length;
     const stop = Math.min(ctx.before[k], r.block_start || 0);
-    const from = Math.max(0, stop - MAX_CONTEXT);
+    const from = Math.max(0, stop - ctx.contextCells);
     let parts = earlier(from);
     for (let pos = from; pos < stop; pos++) parts += cell(ctx, pos, ctx.seq[pos], pos < n ? "prompt" : "committed");
     return roundGrid(ctx, r, parts, byEntropy,
@@ -190,12 +202,12 @@ window.specscopeViz = (() => {
   }
 
   // The chat's latest round, as app/figures.py:live_round sends it: {round, context: [[pos, token, state], ...]
-  // (the last MAX_CONTEXT cells before the block), hidden (context cells left out), missing (positions before the
-  // block that the stream skipped), pieces: {token id: text}}.
+  // (the last vocab.context_cells cells before the block), hidden (context cells left out), missing (positions
+  // before the block that the stream skipped), pieces and shown: {token id: text}, vocab}.
   function liveHtml(live) {
     const r = live.round || {};
-    for (const key of ["round", "block_start", "accepted_len", "nfe"]) r[key] = Number(r[key] || 0);
-    const ctx = { piece: (t) => ((live.pieces || {})[String(t)] ?? `#${t}`) };
+    for (const key of ["round", "block_start", "accepted", "nfe"]) r[key] = Number(r[key] || 0);
+    const ctx = context(live);
     const missing = Number(live.missing || 0);
     const parts = earlier(Number(live.hidden || 0)) +
       (live.context || []).map(([pos, token, st]) => cell(ctx, Number(pos), token, st)).join("") +
@@ -220,7 +232,7 @@ window.specscopeViz = (() => {
     if (temp > 0) head.push("min(1, p/(αq))", "u");
     head.push("verdict");
     const rows = pq.map((e, i) => {
-      const cells = [esc(e.i ?? i), esc(show(ctx.piece(e.token), 24)), esc(prob(e.p)), esc(prob(e.q))];
+      const cells = [esc(e.i ?? i), esc(clip(ctx.shown(e.token), 24)), esc(prob(e.p)), esc(prob(e.q))];
       if (temp > 0) {
         const accept = e.accept_prob ?? (e.q ? Math.min(1, Number(e.p) / (alpha * Number(e.q))) : null);
         cells.push(accept != null ? esc(prob(accept)) : "—");
@@ -293,7 +305,7 @@ window.specscopeViz = (() => {
   function historyHtml(doc, ctx, pos) {
     const entries = [];  // one per round whose block holds the position; unchanged runs are merged below
     doc.rounds.forEach((r, k) => {
-      const i = cellIndex(r, pos);
+      const i = cellIndex(ctx, r, pos);
       if (i < 0 || i >= (r.tokens || []).length) return;
       const st = r.states[i];
       const guess = (r.extra || {}).guess || [];
@@ -301,17 +313,17 @@ window.specscopeViz = (() => {
       const drafts = new Set((r.branches || []).map((b) => (b.tokens || [])[i]).filter((t) => t !== undefined &&
         !ctx.maskIds.has(t) && t !== r.tokens[i]));
       const notes = [];
-      if (MASKED.has(st) && i > 0 && i <= guess.length) notes.push(`guess ${show(ctx.piece(guess[i - 1]), 20)}`);
+      if (ctx.masked.has(st) && i > 0 && i <= guess.length) notes.push(`guess ${clip(ctx.shown(guess[i - 1]), 20)}`);
       if (e) notes.push(`p ${fmt(e.p)} q ${fmt(e.q)} ${e.accepted ? "accepted" : "rejected"}`);
       if (st === "bonus" && (r.extra || {}).replaced_draft != null) {
-        notes.push(`replaced draft ${show(ctx.piece(r.extra.replaced_draft), 20)}`);
+        notes.push(`replaced draft ${clip(ctx.shown(r.extra.replaced_draft), 20)}`);
       }
-      if (drafts.size) notes.push(`branch drafts ${[...drafts].map((t) => show(ctx.piece(t), 12)).join(", ")}`);
+      if (drafts.size) notes.push(`branch drafts ${[...drafts].map((t) => clip(ctx.shown(t), 12)).join(", ")}`);
       for (const alt of ((r.topk || [])[i] || [])) {  // params.trace_topk: each forward that predicted the position
-        const top = (alt.top || []).map(([t, p]) => `${show(ctx.piece(t), 12)} ${prob(p)}`).join(", ");
+        const top = (alt.top || []).map(([t, p]) => `${clip(ctx.shown(t), 12)} ${prob(p)}`).join(", ");
         notes.push(`${alt.kind}: ${top} (entropy ${fmt(alt.entropy, 2)}, margin ${fmt(alt.margin, 2)})`);
       }
-      const token = MASKED.has(st) ? "[M]" : show(ctx.piece(r.tokens[i]), 24);
+      const token = ctx.masked.has(st) ? "[M]" : clip(ctx.shown(r.tokens[i]), 24);
       const entry = { k, from: r.round, to: r.round, st, token, conf: fmt((r.conf || [])[i]), notes: notes.join(" · ") };
       const last = entries[entries.length - 1];
       if (last && last.to === r.round - 1 && last.st === st && last.token === token && last.conf === entry.conf &&
@@ -319,7 +331,7 @@ window.specscopeViz = (() => {
       else entries.push(entry);
     });
     const rows = entries.map((x) => `<tr data-jump="${x.k}" data-from="${x.from}" data-to="${x.to}"><td>` +
-      `${x.from === x.to ? x.from : `${x.from}–${x.to}`}</td><td><span class="ss-badge ss-s-${state(x.st)}">` +
+      `${x.from === x.to ? x.from : `${x.from}–${x.to}`}</td><td><span class="ss-badge ss-s-${ctx.state(x.st)}">` +
       `${esc(x.st)}</span></td><td>${esc(x.token)}</td><td>${esc(x.conf)}</td><td>${esc(x.notes)}</td></tr>`);
     const n = doc.prompt_ids.length;
     const where = pos < n ? "a prompt token" : `output token ${pos - n}`;
@@ -406,9 +418,9 @@ window.specscopeViz = (() => {
       if (i % every === 0) ticks += `<text x="${x + bw / 2}" y="${H - B + 14}" class="ssv-tick">${start + i}</text>`;
       const c = conf[i];
       if (c === null || c === undefined) continue;
-      const st = state((r.states || [])[i]);
+      const st = ctx.state((r.states || [])[i]);
       const h = entropyOf(r, i);
-      const fill = byEntropy && h !== null ? entropyColour(h) : `var(--ss-${st})`;
+      const fill = byEntropy && h !== null ? entropyColour(h) : ctx.colour(st);
       bars += `<rect x="${x + bw * 0.1}" y="${y(c)}" width="${bw * 0.8}" height="${y(0) - y(c)}" ` +
         `class="ssv-bar" style="fill:${fill}" data-pos="${start + i}"><title>pos ${start + i} · ${esc(st)}\n` +
         `token ${esc(JSON.stringify(ctx.piece(r.tokens[i])))}\nconf ${esc(fmt(c))}` +

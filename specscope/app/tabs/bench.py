@@ -1,4 +1,4 @@
-"""Bench tab: the stored results of `specscope bench` (modes on the shipped model) and `python -m tools.kernel_bench`
+"""Bench tab: the stored results of `specscope bench` (modes on the shipped model) and `specscope bench-kernels`
 (dense vs folded verification on a GPU), read from the backend's /api/bench."""
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def mode_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
 
 
 def kernel_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
-    """One row per (branches, prefix, fold target) of a `tools.kernel_bench` document."""
+    """One row per (branches, prefix, fold target) of a `specscope bench-kernels` document."""
     keys = ["branches", "prefix", "target_fold", "fold_qkv", "fold_ffn", "dense_ms", "folded_ms", "speedup",
             "dense_tflops", "folded_tflops", "dense_gbps", "folded_gbps"]
     return [[r[k] if isinstance(r[k], int) else fmt(float(r[k]), 2) for k in keys] for r in (doc or {}).get("rows", [])]
@@ -55,11 +55,27 @@ def speedup_figure(doc: dict[str, Any] | None) -> go.Figure:
     return fig
 
 
+PROVENANCE = (("cpu", "machine"), ("cores", "cores"), ("cpu_flags", "ISA"), ("matmul", "matmuls"),
+              ("dtype", "weights"), ("commit", "commit"), ("date", "date"))
+"""What a stored benchmark's label names, from its meta (backend/bench.py's provenance and options)."""
+
+
+def provenance_html(meta: dict[str, Any]) -> str:
+    """Where, on what and when a stored benchmark was measured; a field its meta lacks is named as missing."""
+    shown = {k: " ".join(v) if isinstance(v, list) else str(v) for k, v in meta.items()}
+    known = [f"{label} <b>{html.escape(shown[key])}</b>" for key, label in PROVENANCE if meta.get(key)]
+    missing = [label for key, label in PROVENANCE if not meta.get(key)]
+    note = f" ({', '.join(missing)} not recorded)" if missing else ""
+    return (f'<div id="bench-provenance" class="ss-badge ss-ref">stored figures, measured on: '
+            f'{" · ".join(known)}{note}</div>')
+
+
 def summary_html(bench: dict[str, Any]) -> str:
     parts = []
     modes, kernels = bench.get("modes"), bench.get("kernels")
     if modes:
         meta = modes.get("meta") or {}
+        parts.append(provenance_html(meta))
         parts.append(f"Modes: {html.escape(str(meta.get('prompts', '?')))} prompts, "
                      f"max_new_tokens {html.escape(str(meta.get('max_new_tokens', '?')))}, model "
                      f"{html.escape(str(meta.get('model', '?')))}.")
@@ -71,20 +87,41 @@ def summary_html(bench: dict[str, Any]) -> str:
         parts.append(f"Kernels on {html.escape(where)}: ceilings {fmt(c.get('matmul_tflops'), 1)} TFLOP/s, "
                      f"{fmt(c.get('copy_gbps'), 0)} GB/s.")
     else:
-        parts.append("No kernel benchmark stored: run <code>python -m tools.kernel_bench</code> on a GPU.")
+        parts.append("No kernel benchmark stored: run <code>specscope bench-kernels</code> on a GPU.")
     parts += [f"⚠ {html.escape(p)}" for p in bench.get("problems", [])]
     return "<br>".join(parts)
+
+
+def here_html(here: dict[str, Any], stored: dict[str, Any] | None) -> str:
+    """This server's short benchmark beside the stored figures of the same modes."""
+    rows = []
+    for name, m in here["modes"].items():
+        s = ((stored or {}).get("modes") or {}).get(name) or {}
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{fmt(m['tok_per_s'], 1)}</td>"
+                    f"<td>{fmt(s.get('tok_per_s'), 1)}</td><td>{fmt(m['tpf'], 2)}</td><td>{fmt(s.get('tpf'), 2)}</td>"
+                    f"<td>{m['tokens']}</td></tr>")
+    where = (f"here: {html.escape(str(here['cpu']))} ({here['cores']} cores) · {html.escape(here['matmul'])} matmuls"
+             f" · model {html.escape(here['model'])} · {here['prompts']} prompts × {here['max_new_tokens']} "
+             f"tokens · {html.escape(here['date'])} UTC")
+    return (f'<div class="ssv-note">{where}</div><div class="ss-scroll"><table class="ss-table"><thead><tr>'
+            f"<th>mode</th><th>tok/s here</th><th>tok/s stored</th><th>TPF here</th><th>TPF stored</th>"
+            f"<th>tokens here</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
 
 
 def build_bench(backend: Backend, tab: gr.Tab) -> None:
     with gr.Row():
         summary = gr.HTML(elem_id="bench-summary")
         refresh = gr.Button("↻ reload", elem_id="bench-refresh", scale=0, min_width=100)
+    with gr.Row():
+        mode = gr.Dropdown(label="run it here: ar against", choices=["linear_spec"], value="linear_spec",
+                           elem_id="bench-here-mode", scale=2)
+        run_here = gr.Button("run it here", elem_id="bench-here-run", scale=0, min_width=120)
+    here = gr.HTML(elem_id="bench-here")
     modes = gr.Dataframe(headers=MODE_COLUMNS, value=[], interactive=False, elem_id="bench-modes",
                          label="decoding modes (specscope bench)")
     speedup = gr.Plot(elem_id="bench-speedup", label="kernels", visible=False)
     kernels = gr.Dataframe(headers=KERNEL_COLUMNS, value=[], interactive=False, elem_id="bench-kernels",
-                           label="SpecFold verification (python -m tools.kernel_bench)")
+                           label="SpecFold verification (specscope bench-kernels)")
 
     def load(request: gr.Request) -> list[Any]:
         try:
@@ -96,5 +133,23 @@ def build_bench(backend: Backend, tab: gr.Tab) -> None:
                 gr.Plot(speedup_figure(kernels), visible=True) if kernels else gr.Plot(None, visible=False),
                 gr.Dataframe(kernel_rows(kernels), visible=bool(kernels))]
 
+    def modes_here(request: gr.Request) -> Any:
+        """The modes the served model can run, beside ar."""
+        try:
+            names = [m["name"] for m in backend.client(request).modes() if m["available"] and m["name"] != "ar"]
+        except (BackendUnavailable, BackendError):
+            return gr.skip()
+        return gr.Dropdown(choices=names, value="linear_spec" if "linear_spec" in names else next(iter(names), None))
+
+    def measure(name: str, request: gr.Request) -> str:
+        client = backend.client(request)
+        try:
+            return here_html(client.bench_here(name), client.bench().get("modes"))
+        except (BackendUnavailable, BackendError) as exc:
+            return warning_html(exc)
+
     for trigger in (refresh.click, tab.select):
         trigger(load, None, [summary, modes, speedup, kernels], concurrency_limit=None)
+    tab.select(modes_here, None, mode, concurrency_limit=None)
+    run_here.click(lambda: "running ar and the mode on this server…", None, here, concurrency_limit=None).then(
+        measure, mode, here)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ def card_html(answer: Card) -> str:
                    for f in card.get("families", []))
     outside = "".join(f"<li>{html.escape(x)}</li>" for x in card.get("out_of_domain", []))
     style = card.get("answer_style")
-    adapter = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(shown(v))}</td></tr>"
+    adapter = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{value_html(v)}</td></tr>"
                       for k, v in (card.get("adapter") or {}).items())
     return (f'<div class="ss-card" id="ss-card"><p><b>{name}</b>: {html.escape(card.get("summary", ""))}</p>'
             f'<table class="ss-table"><thead><tr><th>family</th><th>what it knows</th></tr></thead>'
@@ -36,8 +35,28 @@ def card_html(answer: Card) -> str:
             + f"<p><b>out of its domain</b></p><ul>{outside}</ul></div>")
 
 
-def shown(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+def value_html(value: Any) -> str:
+    """A card value as escaped HTML: text as it is, a list as a list, a mapping of records (the held-out figures
+    per adapter stage) as a table with a column per field, another mapping as a two-column table."""
+    if isinstance(value, list):
+        return f"<ul>{''.join(f'<li>{value_html(v)}</li>' for v in value)}</ul>"
+    if not isinstance(value, dict):
+        return html.escape(str(value))
+    if value and all(isinstance(v, dict) for v in value.values()):
+        fields = list(dict.fromkeys(k for record in value.values() for k in record))
+        head = "".join(f"<th>{html.escape(f)}</th>" for f in fields)
+        rows = "".join(f"<tr><td>{html.escape(name)}</td>" + "".join(cell(r.get(f)) for f in fields) + "</tr>"
+                       for name, r in value.items())
+        return f'<table class="ss-table"><thead><tr><th></th>{head}</tr></thead><tbody>{rows}</tbody></table>'
+    rows = "".join(f"<tr><td>{html.escape(k)}</td>{cell(v)}</tr>" for k, v in value.items())
+    return f'<table class="ss-table"><tbody>{rows}</tbody></table>'
+
+
+def cell(value: Any) -> str:
+    """A table cell: numbers right-aligned, anything else as value_html, left-aligned."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f'<td class="ss-num">{html.escape(str(value))}</td>'
+    return f"<td>{'' if value is None else value_html(value)}</td>"
 
 
 def example_samples(answer: Card) -> list[list[str]]:

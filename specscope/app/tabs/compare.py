@@ -1,6 +1,7 @@
 """Compare tab, an experiment bench: one prompt through several modes and parameter variants (one after another or
-side by side), aligned on NFE, with a metrics table (CSV export), a "same output as reference" badge, token diffs
-and a link that opens each run in the visualizer; comparisons are saved and reopened with their settings."""
+side by side; Stop cancels what runs and skips what waits), aligned on NFE, with a metrics table (CSV export), a
+"same output as reference" badge, token diffs and a link that opens each run in the visualizer; comparisons are
+saved and reopened with their settings."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ import csv
 import html
 import io
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,16 +26,15 @@ from specscope.app.figures import (
     token_diff_html,
     warning_html,
 )
+from specscope.app.limits import LENGTH_NOTE, MAX_NEW_LABEL, clamp_max_new, too_long
 from specscope.app.plot import chart, figure_json
-from specscope.app.session import Backend
+from specscope.app.session import Backend, StopFlags
 from specscope.app.sweep import EXAMPLE, Variant, parse_variants
 from specscope.app.tabs.card import example_picker
 from specscope.app.trace import RunTrace
-from specscope.backend.server.protocol import MAX_NEW_TOKENS
 
 DEFAULT_MODES = ["ar", "block_diffusion", "linear_spec"]
 SIDE_BY_SIDE = "side by side (concurrently)"
-MAX_NEW = (1, MAX_NEW_TOKENS)   # the server's cap
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
 
 
@@ -47,11 +47,6 @@ class CompareTab:
 
 def pick_reference(traces: list[RunTrace], mode: str | None) -> RunTrace | None:
     return next((t for t in traces if t.mode == mode), traces[0] if traces else None)
-
-
-def clamp_max_new(value: float | None) -> int:
-    """max_new_tokens within the backend's range (an empty box means the smallest)."""
-    return int(min(max(round(value or MAX_NEW[0]), MAX_NEW[0]), MAX_NEW[1]))
 
 
 def plan(modes: list[str], variants: list[Variant]) -> list[Variant]:
@@ -110,16 +105,30 @@ def csv_text(traces: list[RunTrace]) -> str:
     return out.getvalue()
 
 
-def progress_html(traces: list[RunTrace]) -> str:
-    return " · ".join(f"<b>{html.escape(label)}</b> {t.status} ({len(t.rounds)} rounds)"
+def started(trace: RunTrace) -> bool:
+    """Whether the backend took the run (it has an id) or refused it (an error)."""
+    return bool(trace.run_id or trace.error)
+
+
+def run_state(trace: RunTrace, stopped: bool) -> str:
+    """A planned run's state: queued until the backend starts it (not run, once the comparison was stopped), then
+    its status and rounds."""
+    if started(trace):
+        return f"{trace.status} ({len(trace.rounds)} rounds)"
+    return "not run (stopped)" if stopped else "queued"
+
+
+def progress_html(traces: list[RunTrace], stopped: bool = False) -> str:
+    return " · ".join(f"<b>{html.escape(label)}</b> {run_state(t, stopped)}"
                       for t, label in zip(traces, run_labels(traces), strict=True))
 
 
 def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
+    stops = StopFlags()
     with gr.Row():
-        prompt = gr.Textbox(label="prompt", value="What is 12 + 30?", elem_id="cmp-prompt", scale=3)
-        max_new = gr.Number(label=f"max_new_tokens [{MAX_NEW[0]}, {MAX_NEW[1]}]", value=16, precision=0,
-                            elem_id="cmp-max-new", scale=1)
+        prompt = gr.Textbox(label=f"prompt ({LENGTH_NOTE})", value="What is 12 + 30?", elem_id="cmp-prompt",
+                            scale=3)
+        max_new = gr.Number(label=MAX_NEW_LABEL, value=16, precision=0, elem_id="cmp-max-new", scale=1)
     examples = example_picker(prompt, "cmp-examples")
     with gr.Row():
         modes = gr.CheckboxGroup(label="modes (defaults)", choices=DEFAULT_MODES, value=DEFAULT_MODES,
@@ -130,7 +139,9 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
                           elem_id="cmp-layout", scale=1)
     variants = gr.Textbox(label="parameter variants (one line per sweep: mode key=v1,v2,… ; every combination runs)",
                           placeholder=EXAMPLE, lines=2, max_lines=8, elem_id="cmp-variants")
-    go = gr.Button("Run comparison", variant="primary", elem_id="cmp-run")
+    with gr.Row():
+        go = gr.Button("Run comparison", variant="primary", elem_id="cmp-run", scale=3)
+        stop = gr.Button("Stop", elem_id="cmp-stop", scale=1)
     status = gr.HTML(elem_id="cmp-status")
     aligned = chart("cmp-chart")
     table = gr.HTML(elem_id="cmp-table")
@@ -147,8 +158,9 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         refresh = gr.Button("↻", elem_id="cmp-refresh", scale=0, min_width=60)
         reopen = gr.Button("Open", elem_id="cmp-open", scale=1)
 
-    async def consume(client: Client, text: str, trace: RunTrace, params: dict[str, Any]) -> None:
-        async for event in client.generate(text, trace.mode, params):
+    async def consume(client: Client, text: str, trace: RunTrace, params: dict[str, Any],
+                      stop: Callable[[], bool]) -> None:
+        async for event in client.generate(text, trace.mode, params, stop=stop):
             trace.run_id = trace.run_id or str(event.get("run_id", ""))
             trace.add(event)
 
@@ -161,30 +173,27 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         except (BackendUnavailable, BackendError, ValueError) as exc:
             yield [warning_html(exc), *skip]
             return
-        if not text.strip() or not runs:
-            yield ["Give a prompt and at least one mode or variant.", *skip]
+        why = too_long(text) or (None if text.strip() and runs else "Give a prompt and at least one mode or variant.")
+        if why:
+            yield [html.escape(why), *skip]
             return
         limit = clamp_max_new(max_new_tokens)
         traces = [RunTrace(run_id="", mode=m, params={**p, "max_new_tokens": limit}) for m, p in runs]
         yield [progress_html(traces), "", "", "", [], limit]  # the previous results go at once
-        groups = [traces] if how == SIDE_BY_SIDE else [[t] for t in traces]
-        tasks: list[asyncio.Task] = []
+        stops.clear(request)
+        stopped = stops.checker(request)
         try:
-            for group in groups:
-                tasks = [asyncio.create_task(consume(client, text, t, dict(t.params))) for t in group]
-                while not all(task.done() for task in tasks):
-                    yield [progress_html(traces), *skip]
-                    await asyncio.sleep(0.25)
-                for task in tasks:
-                    task.result()
+            async for _ in run_groups(traces, how, lambda t: consume(client, text, t, dict(t.params), stopped),
+                                      stopped):
+                yield [progress_html(traces), *skip]
         except (BackendUnavailable, BackendError) as exc:
             yield [warning_html(exc), *skip]
             return
         finally:
-            for task in tasks:
-                task.cancel()
-        shown = await asyncio.to_thread(results, traces, ref_mode, backend, client)
-        yield [progress_html(traces), *shown, [t.run_id for t in traces], gr.skip()]
+            stops.clear(request)
+        ran = [t for t in traces if started(t)]
+        shown = await asyncio.to_thread(results, ran, ref_mode, backend, client) if ran else ["", "", ""]
+        yield [progress_html(traces, stopped=len(ran) < len(traces)), *shown, [t.run_id for t in ran], gr.skip()]
 
     def store(text: str, name: str, ids: list[str], ref_mode: str, request: gr.Request) -> tuple[str, Any]:
         """Save the runs, the reference's run first (reopening takes the first run's mode as the reference)."""
@@ -243,7 +252,8 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         return gr.File(str(path), visible=True), f"Exported <code>{html.escape(path.name)}</code>."
 
     go.click(run, [prompt, modes, variants, reference, layout, max_new],
-             [status, aligned, table, diffs, run_ids, max_new])
+             [status, aligned, table, diffs, run_ids, max_new], concurrency_limit=None, show_progress="hidden")
+    stop.click(stops.request, None, None, queue=False)
     save.click(store, [prompt, label, run_ids, reference], [status, saved], concurrency_limit=None)
     refresh.click(list_saved, None, saved, concurrency_limit=None)
     tab.select(list_saved, None, saved, concurrency_limit=None)
@@ -251,5 +261,25 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
                                      reference], concurrency_limit=None)
     export.click(export_csv, run_ids, [download, status], concurrency_limit=None)
     for trigger in (max_new.blur, max_new.submit):
-        trigger(lambda v: clamp_max_new(v), max_new, max_new, queue=False)
+        trigger(clamp_max_new, max_new, max_new, queue=False)
     return CompareTab(modes=modes, reference=reference, examples=examples)
+
+
+async def run_groups(traces: list[RunTrace], how: str, consume: Callable[[RunTrace], Coroutine[Any, Any, None]],
+                     stopped: Callable[[], bool]) -> AsyncIterator[None]:
+    """Run the traces side by side or one after another, yielding every quarter second while they run; once
+    `stopped()`, the runs under way are cancelled (by `consume`'s stop) and those not started are skipped."""
+    groups = [traces] if how == SIDE_BY_SIDE else [[t] for t in traces]
+    for group in groups:
+        if stopped():
+            return
+        tasks = [asyncio.create_task(consume(t)) for t in group]
+        try:
+            while not all(task.done() for task in tasks):
+                yield
+                await asyncio.wait(tasks, timeout=0.25)
+            for task in tasks:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()

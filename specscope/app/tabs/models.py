@@ -49,7 +49,10 @@ class ModelPicker:
         return picker_update(listing), model_info_html(listing)
 
     def follow(self, shown: str | None, request: gr.Request) -> tuple[Any, Any]:
-        """Show a switch made elsewhere (another browser, the API): re-list only when the served model changed."""
+        """Show a switch made elsewhere (another browser, the API): re-list only when the served model changed, and
+        not while a switch through this UI loads its model (the picker shows the model it switches to)."""
+        if self.backend.switching:
+            return gr.skip(), gr.skip()
         try:
             served = self.backend.client(request).health().get("model")
         except (BackendUnavailable, BackendError):

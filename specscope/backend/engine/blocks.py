@@ -9,11 +9,13 @@ writes the block's KV and its last logits give the next seed, as Nemotron's `gen
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from specscope.backend.engine.ask import Ask, BranchAsk, Round
 from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from specscope.backend.engine.params import Param, ParamError
 from specscope.backend.engine.request import Request
@@ -32,8 +34,8 @@ BLOCK_PARAMS: tuple[Param, ...] = (
 class LogitsSource(Protocol):
     """Where a block state's logits come from; holds its own per-request data (caches, counters)."""
 
-    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Scores:
-        """The rows [B] of the block's current state."""
+    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Generator[Ask | BranchAsk, Any, Scores]:
+        """The rows [B] of the block's current state (asking for the forwards that need)."""
         ...
 
     def block_done(self) -> None:
@@ -63,8 +65,8 @@ class BlockState:
 class Dense:
     """One read-only `block` forward per block state (block_diffusion's denoise pass)."""
 
-    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Scores:
-        return block_logits(req, rt, block.tokens, block.start, "denoise")
+    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Generator[Ask, Any, Scores]:
+        return (yield block_logits(req, rt, block.tokens, block.start, "denoise"))
 
     def block_done(self) -> None:
         pass
@@ -107,10 +109,9 @@ def unmask_step(block: list[int], guess: list[int], conf: list[float], eligible:
     return chosen
 
 
-def block_logits(req: Request, rt: Runtime, block: list[int], start: int, kind: str,
-                 lora: bool = False) -> Scores:
-    """The rows [B] of one read-only `block`-attention forward of a block state."""
-    return rt.score(req, block, start, "block", kind=kind, lora=lora)
+def block_logits(req: Request, rt: Runtime, block: list[int], start: int, kind: str, lora: bool = False) -> Ask:
+    """The ask for one read-only `block`-attention forward of a block state (answered with its rows [B])."""
+    return rt.ask(req, block, start, "block", kind=kind, lora=lora)
 
 
 def guesses(block: Scores) -> tuple[list[int], list[float]]:
@@ -137,12 +138,12 @@ def finished_prefix(block: list[int], mask_id: int, eos_id: int | None, need: in
     return None
 
 
-def denoise_round(req: Request, rt: Runtime, st: BlockState) -> RoundResult:
+def denoise_round(req: Request, rt: Runtime, st: BlockState) -> Round:
     """One denoise step of the open block (opening one on the last emitted token if none is open)."""
     if not st.active:
         st.start, st.tokens = req.cached, [req.tokens[-1]] + [rt.mask] * (block_size(req) - 1)
     block, before = st.tokens, list(st.tokens)
-    guess, conf = guesses(st.source.logits(req, rt, st))
+    guess, conf = guesses((yield from st.source.logits(req, rt, st)))
     chosen = unmask_step(block, guess, conf, candidates(block, rt.mask, req.params["sub_block"]),
                          req.params["threshold"])
     need = req.params["max_new_tokens"] - len(req.generated)
@@ -151,17 +152,17 @@ def denoise_round(req: Request, rt: Runtime, st: BlockState) -> RoundResult:
     stop_at = finished_prefix(block, rt.mask, req.eos_id, need)
     if stop_at is None and rt.mask in block:
         return RoundResult([], accepted, view=view)
-    return refresh(req, rt, st, accepted, view, stop_at)
+    return (yield from refresh(req, rt, st, accepted, view, stop_at))
 
 
 def refresh(req: Request, rt: Runtime, st: BlockState, accepted: int, view: RoundEvent | None,
-            stop_at: int | None) -> RoundResult:
+            stop_at: int | None) -> Round:
     """Causal pass over the whole block: writes its KV and yields the next seed. When the run stops inside
     the block (`stop_at` = last emitted index) the pass still runs and counts, as in the reference; the KV
     past the emitted tokens is trimmed."""
     positions = list(range(st.start, st.start + len(st.tokens)))
     slots = rt.alloc(req, positions)
-    rows = rt.score(req, st.tokens, st.start, "causal", kind="refresh", write=slots, kv_op="refresh")
+    rows = yield rt.ask(req, st.tokens, st.start, "causal", kind="refresh", write=slots, kv_op="refresh")
     tokens = st.tokens
     st.source.block_done()
     st.start, st.tokens = -1, []
@@ -198,23 +199,24 @@ def denoise_view(req: Request, rt: Runtime, st: BlockState, before: list[int], g
 
 
 def fill_block(req: Request, rt: Runtime, block: list[int], start: int, lora: bool,
-               threshold: float) -> list[float | None]:
+               threshold: float) -> Generator[Ask, Any, list[float | None]]:
     """Draft every mask of `block` in place with read-only `block` forwards: one pass fills all masks at
     threshold 0, else each pass fills the most confident mask plus every one >= threshold. Returns the
     confidence each position was drafted with."""
     conf: list[float | None] = [None] * len(block)
     while rt.mask in block:
-        guess, probs = guesses(block_logits(req, rt, block, start, "draft", lora))
+        guess, probs = guesses((yield block_logits(req, rt, block, start, "draft", lora)))
         for i in unmask_step(block, guess, probs, candidates(block, rt.mask, 0), threshold):
             conf[i] = probs[i]
     return conf
 
 
-def chain_block(req: Request, rt: Runtime, block: list[int], start: int, lora: bool) -> list[float | None]:
+def chain_block(req: Request, rt: Runtime, block: list[int], start: int,
+                lora: bool) -> Generator[Ask, Any, list[float | None]]:
     """Draft every mask of `block` in place with one read-only `block` forward: position 1 from the seed's row,
     the rest as one chain after it through the sampler head (Runtime.drafts). Returns the confidence each
     position was drafted with (the chain's: under its re-ranked rows)."""
-    rows = block_logits(req, rt, block, start, "draft", lora)
+    rows = yield block_logits(req, rt, block, start, "draft", lora)
     (first,), (p_first,) = rows.rows(slice(0, 1)).pick_with_confidence()
     rest, ranked = rt.drafts(rows.rows(slice(1, len(block) - 1)), first)
     block[1:] = [first] + rest
@@ -244,8 +246,8 @@ class BlockMode(Mode):
     def start(self, req: Request, rt: Runtime) -> BlockState:
         return BlockState(self.source(req, rt))
 
-    def round(self, req: Request, rt: Runtime) -> RoundResult:
-        return denoise_round(req, rt, req.state)
+    def round(self, req: Request, rt: Runtime) -> Round:
+        return (yield from denoise_round(req, rt, req.state))
 
     def metrics(self, req: Request) -> dict:
         return req.state.source.metrics() if isinstance(req.state, BlockState) else {}

@@ -12,7 +12,8 @@ from specscope.backend.engine.request import Request
 from specscope.backend.model.tokenizer import byte_table, text_decoder, text_stream
 from specscope.backend.tracing import Phase, RoundEvent
 
-SHOWN_EOS_STATES = ("accepted", "committed", "bonus")
+KEPT_STATES = ("accepted", "committed", "bonus")
+"""States of a cell whose token the mode keeps: a kept EOS ends the view; one past max_new_tokens is cut."""
 
 
 class RunRecorder:
@@ -55,22 +56,32 @@ class RunRecorder:
     def alternatives(view: RoundEvent, by_position: dict[int, list[dict[str, Any]]]) -> list[Any]:
         """The round's recorded top-k per cell (None where no forward predicted its position); a cell sits at
         block_start + its offset (quadratic's `extra.offsets`) or + its index."""
-        offsets = view.extra.get("offsets") or range(len(view.tokens))
-        return [by_position.get(view.block_start + int(off)) for off in offsets]
+        return [by_position.get(pos) for pos in view.positions()]
 
     def complete(self, req: Request, round_: int, phases: list[Phase], accepted_len: int, emitted: list[int],
                  view: RoundEvent) -> None:
         """Fill in the round's bookkeeping (number, forwards, accepted and committed tokens, NFE, text delta);
-        nothing after an emitted EOS is shown as drafted or accepted. The scheduler starts a new phases list for
-        the next round, so `phases` stays this round's."""
+        nothing after an emitted EOS is shown as drafted or accepted, and what the mode kept past max_new_tokens
+        is shown cut, so the accepted cells and the bonus are exactly the committed tokens. The scheduler starts
+        a new phases list for the next round, so `phases` stays this round's."""
         if req.eos_id in emitted:
             shown = [i for i, (t, s) in enumerate(zip(view.tokens, view.states, strict=True))
-                     if t == req.eos_id and s in SHOWN_EOS_STATES]
+                     if t == req.eos_id and s in KEPT_STATES]
             if shown:
                 view.cut_after(shown[0])
+        self.cut(view, len(req.prompt_ids) + req.params["max_new_tokens"])
         view.round, view.phases, view.accepted_len, view.committed = round_, phases, accepted_len, emitted
+        view.accepted = view.states.count("accepted")
         view.nfe = len(phases) - [p.kind for p in phases].count("prefill")
         view.text_delta = self.text_delta(req, emitted)
+
+    @staticmethod
+    def cut(view: RoundEvent, end: int) -> None:
+        """Mark `cut` every kept cell at a position from `end` on (the first one max_new_tokens leaves out)."""
+        if view.block_start + len(view.tokens) <= end and "offsets" not in view.extra:
+            return
+        view.states = [("cut" if pos >= end and s in KEPT_STATES else s)
+                       for pos, s in zip(view.positions(), view.states, strict=True)]
 
     def outcome(self, req: Request) -> dict[str, Any]:
         """An ended run's output_ids, text and metrics, made once (run_end and the engine's result share them)."""

@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
+from specscope.backend.engine.ask import RAGGED, Ask, BranchAsk
 from specscope.backend.engine.draft_chain import draft_chain
 from specscope.backend.engine.kv import KVPool
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.sampling import alternatives
 from specscope.backend.engine.scores import Scores
 from specscope.backend.forward.folded import folded_backend
-from specscope.backend.forward.fused_step import fused_decode
+from specscope.backend.forward.fused_step import FusedDecode, fused_decode
 from specscope.backend.forward.plan import Eager, Fold, FoldCounts, ForwardBackend, ForwardPlan, ForwardResult
 from specscope.backend.model.checkpoint import LoadedModel
 from specscope.backend.model.transformer import KVContext
@@ -22,7 +24,21 @@ from specscope.backend.tracing import Phase
 
 EAGER_MATMUL = {torch.float32: "float32", torch.bfloat16: "bf16", torch.float16: "float16"}
 """The eager backend's matmul precision: its weights' dtype, named as MATMULS names them."""
-MAX_ALTERNATIVES = 8   # top-k entries kept per position and round (one per forward that predicted it)
+MAX_SHARED = 64
+"""Requests whose row groups may share one causal forward (the scheduler's MAX_RUNNING)."""
+MAX_ALTERNATIVES = 8
+
+
+@dataclass
+class Served:
+    """One row group of a forward (one request's, or several requests' of one shape): what `account` records."""
+    owners: list[Request]
+    kind: str
+    plan: ForwardPlan
+    rows_at: list[list[int]]
+    write: list[list[int]] | None
+    kv_op: str
+   # top-k entries kept per position and round (one per forward that predicted it)
 
 
 def shifted(rows: Tensor) -> Tensor:
@@ -55,6 +71,11 @@ class Runtime:
         self._folded: dict[str, ForwardBackend] = {}
         self.chain = draft_chain(self.model, loaded.adapter_dir, self.mask_id)
         """The adapter's sampler head, if it ships one: chained MASK drafts (`drafts`)."""
+        self.forwards = 0
+        """Forwards run so far (each phase records the one it was part of)."""
+        self.round_forwards = 0
+        self.round_rows = 0
+        """Forwards run for rounds (prefills left out), and the query rows they computed, every request's."""
 
     @property
     def mask(self) -> int:
@@ -108,6 +129,58 @@ class Runtime:
         return self.run(reqs, ids, start, attn, self._context(reqs, write), kind=kind, write=write, lora=lora,
                         kv_op=kv_op, mask=mask, offsets=offsets).logits
 
+    # -- what rounds ask for, and how the scheduler answers ----------------------------------------------
+    @staticmethod
+    def ask(req: Request, ids: list[int], start: int, attn: str, *, kind: str, write: list[int] | None = None,
+            lora: bool = False, kv_op: str = "write", mask: Tensor | None = None,
+            offsets: Sequence[int] | None = None) -> Ask:
+        """A round's request for one forward of its query rows (`score`'s arguments), to yield to the scheduler."""
+        return Ask(req, ids, start, attn, kind, write, lora, kv_op, mask, offsets)
+
+    def answer(self, asks: Sequence[Ask | BranchAsk]) -> list[Any]:
+        """Run the asks as one forward (several only when they share a key), each answered with its rows."""
+        first = asks[0]
+        if isinstance(first, BranchAsk):
+            if first.fold is None:
+                return [self.branches(first.req, first.states, first.start)]
+            return [self.folded_branches(first.req, first.states, first.start, first.fold, cast(str, first.backend))]
+        if len(asks) == 1:
+            return [self.score(first.req, first.ids, first.start, first.attn, kind=first.kind, write=first.write,
+                               lora=first.lora, kv_op=first.kv_op, mask=first.mask, offsets=first.offsets)]
+        asks = cast(Sequence[Ask], asks)
+        if first.key() == RAGGED:
+            packed = self.score_ragged(asks)
+            return packed if packed is not None else [self.answer([a])[0] for a in asks]
+        return self.score_together(asks)
+
+    def group_limit(self, ask: Ask) -> int:
+        """How many asks of this one's key may share a forward: as many as keep it on the fused CPU step, whose
+        rows never depend on the rows beside them (the same plan alone would run there too); 1 on any other
+        backend, whose numbers may depend on the batch."""
+        fused = self.backend
+        if not isinstance(fused, FusedDecode):
+            return 1
+        adapter = self.adapter(torch.tensor([ask.ids]), ask.lora)
+        if fused.adapter_rows(adapter, len(ask.ids)) is False:
+            return 1
+        q, writes = len(ask.ids), ask.write is not None
+        if not fused.accepts(q, ask.attn, None, writes, 1, fused.max_chunk):
+            return 1
+        if ask.attn == "block":
+            return fused.max_chunk // q
+        return MAX_SHARED
+
+    def score_together(self, asks: Sequence[Ask]) -> list[Scores]:
+        """One forward of several requests' row groups of one shape (equal `Ask.key`), each group's rows as Scores."""
+        first, reqs = asks[0], [a.req for a in asks]
+        writes = None if first.write is None else [cast(list[int], a.write) for a in asks]
+        result = self.run(reqs, torch.tensor([a.ids for a in asks]), [a.start for a in asks], first.attn,
+                          self._context(reqs, writes), kind=first.kind, write=writes, lora=first.lora,
+                          kv_op=first.kv_op, offsets=first.offsets)
+        hidden = result.hidden
+        return [Scores(result.logits[i], r, self.mask_id, None if hidden is None else hidden[i])
+                for i, r in enumerate(reqs)]
+
     def branches(self, req: Request, states: Sequence[Sequence[int]], start: int) -> list[Scores]:
         """One read-only `block` forward of R states of one request's open block (row 0 the main state), as R
         row groups over the request's one committed prefix (read once, `KVContext.shared`): +1 NFE."""
@@ -133,39 +206,79 @@ class Runtime:
                         kind="verify" if r > 1 else "denoise", fold=fold, backend=backend)
 
     def run(self, owners: list[Request], ids: Tensor, start: Sequence[int], attn: str, kv: KVContext, *,
-             kind: str, write: list[list[int]] | None = None, lora: bool = False, kv_op: str = "write",
-             mask: Tensor | None = None, fold: Fold | None = None, backend: ForwardBackend | None = None,
-             offsets: Sequence[int] | None = None) -> ForwardResult:
+            kind: str, write: list[list[int]] | None = None, lora: bool = False, kv_op: str = "write",
+            mask: Tensor | None = None, fold: Fold | None = None, backend: ForwardBackend | None = None,
+            offsets: Sequence[int] | None = None) -> ForwardResult:
         """The one forward every verb goes through: builds its plan and runs it on `backend` (default: the
         runtime's); `owners` are the distinct requests it serves (NFE, phases)."""
         t0 = time.perf_counter()
-        q = ids.shape[1]
-        steps = range(q) if offsets is None else offsets
+        plan, rows_at = self.plan(ids, start, attn, kv, lora, mask, fold, offsets)
+        with torch.inference_mode():
+            result = self.aligned((backend or self.backend).run(plan), attn)
+        self.account([Served(owners, kind, plan, rows_at, write, kv_op)], [result], t0)
+        return result
+
+    def plan(self, ids: Tensor, start: Sequence[int], attn: str, kv: KVContext, lora: bool, mask: Tensor | None,
+             fold: Fold | None, offsets: Sequence[int] | None) -> tuple[ForwardPlan, list[list[int]]]:
+        """The forward's plan, and each row group's positions."""
+        steps = range(ids.shape[1]) if offsets is None else offsets
         rows_at = [[s + j for j in steps] for s in start]
         ids = ids.to(self.device)
         adapter = self.adapter(ids, lora)
         chained = self.chain is not None and fold is None and adapter is not False   # the chain reads the states
-        plan = ForwardPlan(ids, torch.tensor(rows_at, device=self.device), attn, kv,
-                           None if mask is None else mask.to(self.device), adapter, fold, hidden=chained)
+        return ForwardPlan(ids, torch.tensor(rows_at, device=self.device), attn, kv,
+                           None if mask is None else mask.to(self.device), adapter, fold, hidden=chained), rows_at
+
+    def aligned(self, result: ForwardResult, attn: str) -> ForwardResult:
+        """The result with row j predicting position j + 1, for a model whose logits in `attn` predict their own."""
+        if self.loaded.logits_shifted.get(attn, True):
+            return result
+        return ForwardResult(shifted(result.logits), result.folds,
+                             None if result.hidden is None else shifted(result.hidden))
+
+    def account(self, served: list[Served], results: list[ForwardResult], t0: float) -> None:
+        """After one forward: top-k alternatives where asked, +1 NFE and a phase for every request it served (its
+        own rows, and what it shared), and the KV trace of what it wrote."""
+        ms = round((time.perf_counter() - t0) * 1000, 3)
+        requests = sum(len(s.owners) for s in served)
+        rows = sum(int(s.plan.ids.numel()) for s in served)
+        self.forwards += 1
+        if served[0].kind != "prefill":
+            self.round_forwards += 1
+            self.round_rows += rows
+        for s, result in zip(served, results, strict=True):
+            if any(r.params.get("trace_topk") for r in s.owners):
+                self._note_alternatives(s.owners, s.rows_at, result.logits, s.kind)
+            adapter = s.plan.adapter
+            adapter_on = bool(adapter.any()) if isinstance(adapter, Tensor) else adapter
+            for req in s.owners:
+                if s.kind != "prefill":
+                    req.nfe += 1
+                req.phases.append(Phase(s.kind, s.plan.attn, adapter_on, s.plan.ids.shape[1], ms, self.forwards,
+                                        requests, rows))
+            if s.write is not None:
+                for req, slots, row in zip(s.owners, s.write, s.rows_at, strict=True):
+                    if req.tracer.enabled:
+                        req.tracer.kv(s.kv_op, slots, row, req.round)
+
+    def score_ragged(self, asks: Sequence[Ask]) -> list[Scores] | None:
+        """One forward of several requests' row groups of any lengths and positions (each writes its K/V), packed
+        flat on the fused step; None where it cannot take them all."""
+        t0 = time.perf_counter()
+        planned = [self.plan(torch.tensor([a.ids]), [a.start], a.attn,
+                             self._context([a.req], [cast(list[int], a.write)]), a.lora, a.mask, None, a.offsets)
+                   for a in asks]
+        if not isinstance(self.backend, FusedDecode):
+            return None
         with torch.inference_mode():
-            result = (backend or self.backend).run(plan)
-        if not self.loaded.logits_shifted.get(attn, True):
-            result = ForwardResult(shifted(result.logits), result.folds,
-                                   None if result.hidden is None else shifted(result.hidden))
-        logits = result.logits
-        ms = (time.perf_counter() - t0) * 1000
-        if any(r.params.get("trace_topk") for r in owners):
-            self._note_alternatives(owners, rows_at, logits, kind)
-        adapter_on = bool(adapter.any()) if isinstance(adapter, Tensor) else adapter
-        for req in owners:
-            if kind != "prefill":
-                req.nfe += 1
-            req.phases.append(Phase(kind, attn, adapter_on, q, round(ms, 3)))
-        if write is not None:
-            for req, slots, row in zip(owners, write, rows_at, strict=True):
-                if req.tracer.enabled:
-                    req.tracer.kv(kv_op, slots, row, req.round)
-        return result
+            raw = self.backend.run_ragged([plan for plan, _ in planned])
+        if raw is None:
+            return None
+        results = [self.aligned(r, a.attn) for r, a in zip(raw, asks, strict=True)]
+        self.account([Served([a.req], a.kind, plan, rows_at, [cast(list[int], a.write)], a.kv_op)
+                      for a, (plan, rows_at) in zip(asks, planned, strict=True)], results, t0)
+        return [Scores(r.logits[0], a.req, self.mask_id, None if r.hidden is None else r.hidden[0])
+                for r, a in zip(results, asks, strict=True)]
 
     def score(self, req: Request, ids: list[int], start: int, attn: str, *, kind: str,
               write: list[int] | None = None, lora: bool = False, kv_op: str = "write", mask: Tensor | None = None,
@@ -176,12 +289,6 @@ class Runtime:
         result = self.run([req], torch.tensor([ids]), [start], attn, self._context([req], writes), kind=kind,
                           write=writes, lora=lora, kv_op=kv_op, mask=mask, offsets=offsets)
         return Scores(result.logits[0], req, self.mask_id, None if result.hidden is None else result.hidden[0])
-
-    def decode(self, reqs: list[Request], slots: list[list[int]]) -> list[Scores]:
-        """One causal decode step of several requests: each feeds its last token, writing its K/V to its slot."""
-        ids = torch.tensor([[r.tokens[-1]] for r in reqs])
-        logits = self.forward(reqs, ids, [r.cached for r in reqs], "causal", kind="decode", write=slots)
-        return [Scores(row, r, self.mask_id) for r, row in zip(reqs, logits, strict=True)]
 
     def _note_alternatives(self, reqs: list[Request], rows_at: list[list[int]], logits: Tensor, kind: str) -> None:
         """For each traced request that asked (params.trace_topk): the top-k of every row's next position, kept per

@@ -1,8 +1,11 @@
-"""Continuous batching at round granularity: admit, run one round per request, apply results, finish.
+"""Continuous batching at round granularity: admit, run one round of every request, apply results, finish.
 
-Requests of a batchable mode (ar) share one forward per round; other modes run their rounds one request
-after another inside the same step. Modes are stateless, so requests of one mode with different parameters
-can share a step without changing each other's runs. A request is admitted when the pool can hold its worst
+A round is a generator of the forwards it needs (`Ask`). A step advances every running round in waves: each wave
+gathers the forward each round waits on, runs those of one shape together (one row group per request, on a
+backend whose rows never depend on their neighbours: `Runtime.group_limit`) and the rest alone, and hands every
+round its rows. So requests of any mode and parameters share forwards, and none changes another's numbers.
+
+A request is admitted when the pool can hold its worst
 case (prompt + max_new_tokens + the mode's extra positions, sized for the largest block-size tier) on top of
 what running requests may still grow to, so a round never runs out of slots. Modes with a `block_size` take
 it from `block_size_tiers` when set: the first tier whose max_running covers the running count (SGLang
@@ -14,9 +17,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
+from specscope.backend.engine.ask import Ask, BranchAsk, Round
 from specscope.backend.engine.kv import KVError
 from specscope.backend.engine.modes import get_mode
 from specscope.backend.engine.modes.base import Mode, RoundResult
@@ -31,6 +36,17 @@ MAX_RUNNING = 64
 """Requests running at once; a block-size tier table must cover this many (its catch-all tier)."""
 
 Tiers = list[tuple[int, int]]
+
+
+@dataclass
+class Pending:
+    """A round waiting on a forward (by request id)."""
+    round: Round
+    ask: Ask | BranchAsk
+
+
+def _raise(error: Exception) -> None:
+    raise error
 
 
 def check_tiers(tiers: Tiers, max_running: int = MAX_RUNNING) -> Tiers:
@@ -69,6 +85,8 @@ class Scheduler:
         self.recorder = RunRecorder(rt.tokenizer, rt.pool.held, self.policy)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.steps = 0
+        """Steps run so far (each advances every running round by one)."""
         self._lock = threading.Lock()
 
     def policy(self, mode: str) -> Mode:
@@ -103,16 +121,14 @@ class Scheduler:
 
     def step(self) -> list[Request]:
         """Admit what fits, run one round of every running request; return the requests that finished."""
+        self.steps += 1
         finished = self._drop_cancelled(self.waiting) + self._drop_cancelled(self.running)
         self._admit()
         tier = self.block_size_for(len(self.running))
-        groups: dict[str, list[Request]] = {}
         for req in self.running:
             if "block_size" in req.params:
                 req.block_size = tier
-            groups.setdefault(req.mode, []).append(req)
-        for reqs in groups.values():
-            self._run_group(reqs)
+        self._run_rounds([r for r in self.running if not r.finished])
         finished += [r for r in self.running if r.finished]
         self.running = [r for r in self.running if not r.finished]
         return finished
@@ -144,23 +160,52 @@ class Scheduler:
         view = RoundEvent(len(req.prompt_ids), [first], ["accepted"]) if req.tracer.enabled else None
         self.apply(req, RoundResult([first], 1, view=view))
 
-    def _run_group(self, reqs: list[Request]) -> None:
-        live = [r for r in reqs if not r.finished]
-        if not live:
+    def _run_rounds(self, reqs: list[Request]) -> None:
+        """One round of every request, in waves of shared forwards (the module's docstring)."""
+        pending: dict[str, Pending] = {}
+        for req in reqs:
+            self._guarded([req], partial(self._advance, req, self.policy(req.mode).round(req, self.rt), None,
+                                         pending))
+        while pending:
+            for group in self._waves(pending):
+                answered = [a.req for a in group]
+                try:
+                    answers = self.rt.answer(group)
+                except Exception as e:   # the forward failed: its requests fail, the others go on
+                    for req in answered:
+                        pending.pop(req.rid, None)
+                    self._guarded(answered, partial(_raise, e))
+                    continue
+                for req, rows in zip(answered, answers, strict=True):
+                    self._guarded([req], partial(self._advance, req, pending[req.rid].round, rows, pending))
+
+    def _waves(self, pending: dict[str, Pending]) -> list[list[Ask | BranchAsk]]:
+        """This wave's forwards: the pending asks grouped by key (each group at most its `group_limit`), the
+        keyless alone."""
+        groups: dict[Any, list[Ask | BranchAsk]] = {}
+        alone: list[list[Ask | BranchAsk]] = []
+        for waits in list(pending.values()):
+            ask = waits.ask
+            key = ask.key()
+            if key is None or not isinstance(ask, Ask) or self.rt.group_limit(ask) == 1:
+                alone.append([ask])
+            else:
+                groups.setdefault(key, []).append(ask)
+        shared = []
+        for asks in groups.values():
+            limit = self.rt.group_limit(cast(Ask, asks[0]))
+            shared += [asks[i:i + limit] for i in range(0, len(asks), limit)]
+        return shared + alone
+
+    def _advance(self, req: Request, round_: Round, rows: Any, pending: dict[str, Pending]) -> None:
+        """Hand the round its rows (None to start it): it waits on its next forward, or it ends and is applied."""
+        pending.pop(req.rid, None)
+        try:
+            ask = round_.send(rows)
+        except StopIteration as done:
+            self.apply(req, done.value)
             return
-        mode = self.policy(live[0].mode)
-        if mode.batchable:
-            self._guarded(live, lambda: self._apply_all(live, mode.round_batch(live, self.rt)))
-        else:
-            for r in live:
-                self._guarded([r], partial(self._round, r))
-
-    def _round(self, req: Request) -> None:
-        self.apply(req, self.policy(req.mode).round(req, self.rt))
-
-    def _apply_all(self, reqs: list[Request], results: list[RoundResult]) -> None:
-        for r, res in zip(reqs, results, strict=True):
-            self.apply(r, res)
+        pending[req.rid] = Pending(round_, ask)
 
     def _guarded(self, reqs: list[Request], work: Callable[[], None]) -> None:
         """Run work; any exception fails these requests cleanly (error event, KV freed), never the engine."""

@@ -8,8 +8,9 @@ float32 on the CPU, no C compiler, SPECSCOPE_FUSED_DECODE=0).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -261,34 +262,92 @@ class FusedDecode:
         return attn in CAUSAL and (queries == 1 or writes)
 
     def run(self, plan: ForwardPlan) -> ForwardResult:
-        ids, positions, kv, mask = plan.ids, plan.positions, plan.kv, plan.mask
+        rows = self.rows(plan)
+        if rows is None:
+            return self.fallback.run(plan)
+        block = plan.attn == "block" and plan.mask is None
+        return self.call([rows], plan.ids.shape[1] if block else 0)[0]
+
+    def run_ragged(self, plans: Sequence[ForwardPlan]) -> list[ForwardResult] | None:
+        """Several row groups of other lengths, positions, prefixes, attention (causal or a mask override) and
+        adapter rows, each its own plan, packed flat into one call, never padded to the longest; None unless the
+        kernel takes every group as it is (each then computes what it would alone)."""
+        if any(p.kv is None or p.kv.write_slots is None or p.attn == "block" and p.mask is None for p in plans):
+            return None
+        rows = [self.rows(p) for p in plans]
+        if any(r is None for r in rows):
+            return None
+        return self.call(cast(list[Rows], rows), 0)
+
+    def rows(self, plan: ForwardPlan) -> Rows | None:
+        """The plan's rows as the kernel reads them, or None where the kernel cannot run the plan."""
+        ids, kv, mask = plan.ids, plan.kv, plan.mask
         requests, queries = ids.shape
         adapter = self.adapter_rows(plan.adapter, requests * queries)
         if plan.fold is not None or kv is None or adapter is False or not self.accepts(
                 queries, plan.attn, mask, kv.write_slots is not None, requests, self.max_chunk):
-            return self.fallback.run(plan)
+            return None
         block = plan.attn == "block" and mask is None
         tables = chunk_prefixes(kv, queries, block) if mask is None else masked_prefixes(kv, mask)
         if tables is None:
-            return self.fallback.run(plan)
-        prefix, lengths = tables
-        at, ids_ = _flat(positions), _flat(ids)
-        write = None if kv.write_slots is None else _flat(kv.write_slots)
+            return None
+        return Rows(requests, queries, _flat(ids), _flat(plan.positions), *tables,
+                    None if kv.write_slots is None else _flat(kv.write_slots), adapter, plan.hidden, kv.cache)
+
+    def call(self, groups: list[Rows], block: int) -> list[ForwardResult]:
+        """One kernel call over every group's rows (block: the width of a bidirectional block, 0 for none)."""
+        count = sum(g.count for g in groups)
+        width = max(g.prefix.shape[1] for g in groups)
+        prefix = np.concatenate([np.pad(g.prefix, ((0, 0), (0, width - g.prefix.shape[1]))) for g in groups])
+        at, ids_, lengths = (np.concatenate([getattr(g, f) for g in groups]) for f in ("at", "ids", "lengths"))
+        write = None if groups[0].write is None else np.concatenate([cast(np.ndarray, g.write) for g in groups])
+        adapter = None
+        if any(g.adapter is not None for g in groups):
+            adapter = np.concatenate([np.zeros(g.count, np.uint8) if g.adapter is None else g.adapter
+                                      for g in groups])
+        cache = groups[0].cache
         self.rope.cover(int(at.max()))
-        rope = self.rope
-        logits = torch.empty(requests, queries, self.vocab, dtype=torch.float32)
-        hidden = torch.empty(requests, queries, self.dim, dtype=torch.float32) if plan.hidden else None
-        weights = self.weights.pointers
+        rope, weights = self.rope, self.weights.pointers
+        logits = torch.empty(count, self.vocab, dtype=torch.float32)
+        hidden = torch.empty(count, self.dim, dtype=torch.float32) if any(g.hidden for g in groups) else None
         status = self.lib.decode_step(
             weights.dims, weights.eps, weights.tensors, weights.embed, weights.final_norm, weights.head,
-            weights.odd_rows, weights.odd_count, weights.odd_values, requests * queries, ptr(ids_), ptr(at),
-            ptr(rope.cos), ptr(rope.sin), ptr(rope.q_scale), ptr(prefix), prefix.shape[1], ptr(lengths), ptr(write),
-            ptr(kv.cache.k), ptr(kv.cache.v), kv.cache.k.stride(0), queries if block else 0,
+            weights.odd_rows, weights.odd_count, weights.odd_values, count, ptr(ids_), ptr(at),
+            ptr(rope.cos), ptr(rope.sin), ptr(rope.q_scale), ptr(np.ascontiguousarray(prefix)), width, ptr(lengths),
+            ptr(write), ptr(cache.k), ptr(cache.v), cache.k.stride(0), block,
             self.lora_pointer if adapter is not None else ptr(None), self.lora_rank, self.lora_scale, ptr(adapter),
             ptr(logits), ptr(hidden))
         if status:
             raise MemoryError("fused decode step: out of memory")
-        return ForwardResult(logits, hidden=hidden)
+        results, row = [], 0
+        for g in groups:
+            shape = (g.requests, g.queries)
+            mine = slice(row, row + g.count)
+            results.append(ForwardResult(logits[mine].view(*shape, -1),
+                                         hidden=hidden[mine].view(*shape, -1) if g.hidden and hidden is not None
+                                         else None))
+            row += g.count
+        return results
+
+
+@dataclass
+class Rows:
+    """A plan's query rows as the fused kernel reads them: per row its token, position, slot table and length,
+    write slot and adapter flag."""
+    requests: int
+    queries: int
+    ids: np.ndarray
+    at: np.ndarray
+    prefix: np.ndarray
+    lengths: np.ndarray
+    write: np.ndarray | None
+    adapter: np.ndarray | None
+    hidden: bool
+    cache: PagedKV
+
+    @property
+    def count(self) -> int:
+        return self.requests * self.queries
 
 
 def float32_lora_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

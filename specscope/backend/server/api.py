@@ -20,8 +20,10 @@ from pydantic import BaseModel, Field
 from specscope.backend.engine.kv import OutOfSlots
 from specscope.backend.engine.modes import describe_modes
 from specscope.backend.engine.params import ParamError
+from specscope.backend.server.bench_here import BenchTimeout, bench_here
 from specscope.backend.server.protocol import MAX_INDEX, MAX_NEW_TOKENS
 from specscope.backend.server.service import EngineService
+from specscope.backend.server.worker import Busy
 from specscope.backend.store import (
     DocumentError,
     RunExistsError,
@@ -38,7 +40,7 @@ from specscope.backend.store import (
 
 Row = dict[str, Any]
 BENCH_DIR = Path(__file__).resolve().parents[3] / "docs" / "bench"
-BENCH_FILES = {"modes": "bench.json", "kernels": "kernels.json"}   # specscope bench, python -m tools.kernel_bench
+BENCH_FILES = {"modes": "bench.json", "kernels": "kernels.json"}   # specscope bench, specscope bench-kernels
 
 
 def read_bench(folder: Path) -> Row:
@@ -60,6 +62,10 @@ def served_limits(mode: Row) -> Row:
     params = [{**p, "max": min(p["max"], MAX_NEW_TOKENS)} if p["name"] == "max_new_tokens" else p
               for p in mode["params"]]
     return {**mode, "params": params}
+
+
+class BenchHere(BaseModel):
+    mode: str = Field("linear_spec", max_length=64)
 
 
 class NewComparison(BaseModel):
@@ -121,6 +127,17 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
     @router.get("/bench")
     def bench() -> Row:
         return read_bench(bench_dir)
+
+    @router.post("/bench/here")
+    def bench_on_this_server(body: BenchHere) -> Row:
+        """A short benchmark on the served model (backend/server/bench_here.py): `ar` and `mode`, a few prompts of
+        a few tokens each, one run at a time; 400 for a mode it cannot run, 503 when the engine is full or slow."""
+        try:
+            return bench_here(engine, body.mode)
+        except ParamError as e:
+            raise HTTPException(400, str(e)) from None
+        except (Busy, BenchTimeout) as e:
+            raise HTTPException(503, str(e)) from None
 
     @router.get("/runs")
     def list_runs(mode: str | None = None, status: str | None = None, limit: int = Query(50, ge=1, le=1000),

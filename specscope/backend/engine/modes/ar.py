@@ -1,6 +1,7 @@
 """`ar`: causal one-token decode with a KV cache. NFE = decode forwards (the prefill is not counted)."""
 from __future__ import annotations
 
+from specscope.backend.engine.ask import Round
 from specscope.backend.engine.modes import register
 from specscope.backend.engine.modes.base import Mode, RoundResult
 from specscope.backend.engine.request import Request
@@ -16,21 +17,15 @@ class AR(Mode):
     explain = ("One forward per token. Each round commits exactly the token the model picked; nothing is "
                "drafted.")
     needs_mask = False
-    batchable = True
 
     def extra_positions(self, params: dict) -> int:
         return 1
 
-    def round(self, req: Request, rt: Runtime) -> RoundResult:
-        return self.round_batch([req], rt)[0]
-
-    def round_batch(self, reqs: list[Request], rt: Runtime) -> list[RoundResult]:
-        """Feed each request's last token (writing its KV) and take the next one."""
-        starts = [r.cached for r in reqs]
-        slots = [rt.alloc(r, [s]) for r, s in zip(reqs, starts, strict=True)]
-        results = []
-        for r, scores, s, start in zip(reqs, rt.decode(reqs, slots), slots, starts, strict=True):
-            (token,), (prob,) = scores.pick()
-            view = RoundEvent(start + 1, [token], ["accepted"], [prob]) if r.tracer.enabled else None
-            results.append(RoundResult([token], 1, commit=s, view=view))
-        return results
+    def round(self, req: Request, rt: Runtime) -> Round:
+        """Feed the last token (writing its KV) and take the next one."""
+        start = req.cached
+        slots = rt.alloc(req, [start])
+        scores = yield rt.ask(req, [req.tokens[-1]], start, "causal", kind="decode", write=slots)
+        (token,), (prob,) = scores.pick()
+        view = RoundEvent(start + 1, [token], ["accepted"], [prob]) if req.tracer.enabled else None
+        return RoundResult([token], 1, commit=slots, view=view)

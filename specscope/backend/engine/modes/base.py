@@ -1,5 +1,6 @@
 """What a decoding mode is: a stateless policy with declared parameters, whose `start` returns the request's
-mode state and whose `round` turns that state into a result the scheduler applies."""
+mode state and whose `round` (a generator of the forwards it needs) turns that state into a result the scheduler
+applies."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from specscope.backend.engine.params import Param
 from specscope.backend.tracing import RoundEvent
 
 if TYPE_CHECKING:
+    from specscope.backend.engine.ask import Round
     from specscope.backend.engine.request import Request
     from specscope.backend.engine.runtime import Runtime
 
@@ -48,7 +50,6 @@ class Mode:
     """(run metric, minimum of its mean over held-out prompts) that shows the drafting side works."""
     params: ClassVar[tuple[Param, ...]] = ()
     needs_mask: ClassVar[bool] = True
-    batchable: ClassVar[bool] = False
 
     def check(self, params: dict[str, Any], rt: Runtime) -> None:
         """Refuse parameters this model cannot run (raise ParamError naming the parameter)."""
@@ -61,13 +62,12 @@ class Mode:
         """The request's mode state, set up after the prefill."""
         return None
 
-    def round(self, req: Request, rt: Runtime) -> RoundResult:
+    def round(self, req: Request, rt: Runtime) -> Round:
+        """One round: yields each forward it needs (`rt.ask`, or a BranchAsk), receives that forward's rows, and
+        returns the round's result. The scheduler runs the asks of every running round together, so a round
+        shares its forwards with other requests' rounds of any mode."""
         raise NotImplementedError
 
     def metrics(self, req: Request) -> dict[str, Any]:
         """Mode-specific run metrics merged into run_end (e.g. ISD case frequencies, SpecFold's fold ratio)."""
         return {}
-
-    def round_batch(self, reqs: list[Request], rt: Runtime) -> list[RoundResult]:
-        """One round for several requests of this mode; batched where the mode allows it."""
-        return [self.round(r, rt) for r in reqs]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specscope.backend.engine.ask import Round
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
 from specscope.backend.engine.modes import register
 from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
@@ -82,14 +83,14 @@ class ISD(Mode):
         return {**{f"case_{k}": v for k, v in st.cases.items()},
                 "mean_accepted_specs": st.accepted_specs / verify_rounds if verify_rounds else None}
 
-    def round(self, req: Request, rt: Runtime) -> RoundResult:
+    def round(self, req: Request, rt: Runtime) -> Round:
         st: ISDState = req.state
         n = req.params["n"]
         k = n - 1
         start = req.cached
         block = [req.tokens[-1]] + (st.specs if st.specs else [rt.mask] * k) + [rt.mask] * k
         slots = rt.alloc(req, range(start, start + len(block)))
-        scores = rt.score(req, block, start, "strict_causal", kind="verify", write=slots)
+        scores = yield rt.ask(req, block, start, "strict_causal", kind="verify", write=slots)
         if not st.specs:
             return self._cold_start(req, rt, st, scores, slots, start, block)
         assert st.draft is not None, "specs without their draft rows"

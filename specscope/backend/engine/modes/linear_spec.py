@@ -9,6 +9,7 @@ suffix is freed. Greedy output equals `ar`. NFE = draft passes + 1 verify per ro
 """
 from __future__ import annotations
 
+from specscope.backend.engine.ask import Round
 from specscope.backend.engine.blocks import block_size, chain_block, check_block_params, fill_block, longest_match
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
 from specscope.backend.engine.modes import register
@@ -39,17 +40,17 @@ class LinearSpec(Mode):
     def check(self, params: dict, rt: Runtime) -> None:
         check_block_params(params, rt)
 
-    def round(self, req: Request, rt: Runtime) -> RoundResult:
+    def round(self, req: Request, rt: Runtime) -> Round:
         size, start = block_size(req), req.cached
         block = [req.tokens[-1]] + [rt.mask] * (size - 1)
         lora = req.params["lora"]
         threshold = req.params["threshold"]
         if threshold == 0 and req.params["sampler"] and rt.chain is not None:
-            conf = chain_block(req, rt, block, start, lora)
+            conf = yield from chain_block(req, rt, block, start, lora)
         else:
-            conf = fill_block(req, rt, block, start, lora, threshold)
+            conf = yield from fill_block(req, rt, block, start, lora, threshold)
         slots = rt.alloc(req, range(start, start + size))
-        ar = rt.score(req, block, start, "causal", kind="verify", write=slots).tokens()
+        ar = (yield rt.ask(req, block, start, "causal", kind="verify", write=slots)).tokens()
         accepted = longest_match(ar, block[1:])
         keep = accepted + 1
         release = SlotRelease(slots[keep:], list(range(start + keep, start + size)), "rejected")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specscope.backend.engine.ask import Round
 from specscope.backend.engine.blocks import longest_match
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
 from specscope.backend.engine.modes import register
@@ -63,14 +64,14 @@ class Quadratic(Mode):
     def start(self, req: Request, rt: Runtime) -> QuadraticState:
         return QuadraticState()
 
-    def round(self, req: Request, rt: Runtime) -> RoundResult:
+    def round(self, req: Request, rt: Runtime) -> Round:
         st: QuadraticState = req.state
         k, start = req.params["k"], req.cached
         drafts = [req.tokens[-1]] + st.specs
         ids, offsets = interleaved(drafts, k, rt.mask)
         slots = rt.alloc(req, [start + o for o in offsets])
-        scores = rt.score(req, ids, start, "strict_causal", kind="verify", write=slots,
-                          mask=interleaved_mask(len(drafts), k, start), offsets=offsets)
+        scores = yield rt.ask(req, ids, start, "strict_causal", kind="verify", write=slots,
+                              mask=interleaved_mask(len(drafts), k, start), offsets=offsets)
         firsts = [j * (k + 1) for j in range(len(drafts))]
         ar = scores.rows(firsts).tokens()
         accepted = longest_match(ar, st.specs)

@@ -10,9 +10,11 @@ spiffy's output. A verify of the main state alone runs the dense forward. NFE as
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
+from specscope.backend.engine.ask import BranchAsk
 from specscope.backend.engine.draft_graph import State
 from specscope.backend.engine.modes import register
 from specscope.backend.engine.modes.spiffy import BatchVerify, DenseVerify, Spiffy
@@ -37,13 +39,14 @@ class FoldedVerify:
     folded: list[int] | None = None                 # draft (layer, position) rows folded: [QKV, FFN]
     draft_rows: int = 0                             # draft (layer, position) rows gated, per kind
 
-    def __call__(self, req: Request, rt: Runtime, start: int, states: list[State], parents: list[int]) -> list[Scores]:
+    def __call__(self, req: Request, rt: Runtime, start: int, states: list[State],
+                 parents: list[int]) -> Generator[BranchAsk, Any, list[Scores]]:
         r, n = len(states), len(states[0])
         if r == 1:
             self.recomputed = self.ffn_recomputed = None
-            return DenseVerify()(req, rt, start, states, parents)
+            return (yield from DenseVerify()(req, rt, start, states, parents))
         fold = Fold(tuple(parents), self.delta, self.ffn_gate)
-        scores, counts = rt.folded_branches(req, states, start, fold, self.backend)
+        scores, counts = yield BranchAsk(req, states, start, fold, self.backend)
         self.recomputed, self.ffn_recomputed = counts.qkv, counts.ffn
         rows = (r - 1) * n * len(counts.qkv)
         self.draft_rows += rows

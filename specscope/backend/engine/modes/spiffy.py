@@ -13,9 +13,11 @@ The graph is `draft_graph.json` beside the weights or the adapter it was calibra
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+from specscope.backend.engine.ask import BranchAsk
 from specscope.backend.engine.blocks import BLOCK_PARAMS, BlockMode, BlockState, candidates
 from specscope.backend.engine.draft_graph import (
     CALIBRATE_HINT,
@@ -38,8 +40,9 @@ from specscope.backend.tracing import RoundEvent
 class BatchVerify(Protocol):
     """One batched read-only forward of R block states of one request (row 0 = main, parents[r] < r)."""
 
-    def __call__(self, req: Request, rt: Runtime, start: int, states: list[State], parents: list[int]) -> list[Scores]:
-        """The rows of each state."""
+    def __call__(self, req: Request, rt: Runtime, start: int, states: list[State],
+                 parents: list[int]) -> Generator[BranchAsk, Any, list[Scores]]:
+        """The rows of each state (asking for the forward)."""
         ...
 
     def annotate(self, view: RoundEvent) -> None:
@@ -53,8 +56,9 @@ class BatchVerify(Protocol):
 class DenseVerify:
     """The dense batched forward: every row computed in full."""
 
-    def __call__(self, req: Request, rt: Runtime, start: int, states: list[State], parents: list[int]) -> list[Scores]:
-        return rt.branches(req, states, start)
+    def __call__(self, req: Request, rt: Runtime, start: int, states: list[State],
+                 parents: list[int]) -> Generator[BranchAsk, Any, list[Scores]]:
+        return (yield BranchAsk(req, states, start))
 
     def annotate(self, view: RoundEvent) -> None:
         pass
@@ -91,12 +95,12 @@ class DraftCache:
     drafts: int = 0
     trace: list[dict[str, Any]] = field(default_factory=list)   # this round's branches
 
-    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Scores:
+    def logits(self, req: Request, rt: Runtime, block: BlockState) -> Generator[BranchAsk, Any, Scores]:
         main = tuple(block.tokens)
         hit = self.cache.pop(main, None)
         self.verified = hit is None
         if hit is None:
-            scores = self._verify(req, rt, block, main)
+            scores = yield from self._verify(req, rt, block, main)
         else:
             self.hits += 1
             scores = hit.scores
@@ -125,9 +129,9 @@ class DraftCache:
             nodes.append(node.id)
         return rows, parents, nodes
 
-    def _verify(self, req: Request, rt: Runtime, block: BlockState, main: State) -> Scores:
+    def _verify(self, req: Request, rt: Runtime, block: BlockState, main: State) -> Generator[BranchAsk, Any, Scores]:
         rows, parents, nodes = self._drafts(req, rt, main)
-        scores = self.verify(req, rt, block.start, rows, parents)
+        scores = yield from self.verify(req, rt, block.start, rows, parents)
         self.verifies += 1
         self.drafts += len(rows) - 1
         for r in range(1, len(rows)):

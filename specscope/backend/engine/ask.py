@@ -1,0 +1,68 @@
+"""What a round asks of the model. A mode's round is a generator that yields one `Ask` (or `BranchAsk`) per
+forward it needs and receives that forward's rows; the scheduler runs the asks of every running round in waves,
+and asks whose rows fit one plan share one forward."""
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from specscope.backend.forward.plan import Fold
+
+if TYPE_CHECKING:
+    from specscope.backend.engine.modes.base import RoundResult
+    from specscope.backend.engine.request import Request
+
+
+CAUSAL = ("causal", "strict_causal")
+RAGGED = ("rows",)
+"""The key of asks that pack flat into one forward whatever their shapes."""
+
+
+@dataclass
+class Ask:
+    """One request's query row group: `ids` at positions start + offsets (default 0..Q-1) in `attn` attention over
+    the request's committed prefix, writing its K/V to `write` (None: read-only), `lora` asking for a draft-scope
+    adapter, `mask` [1, 1, Q, P+Q] overriding the attention. Answered with the group's Scores."""
+    req: Request
+    ids: list[int]
+    start: int
+    attn: str
+    kind: str
+    write: list[int] | None = None
+    lora: bool = False
+    kv_op: str = "write"
+    mask: Tensor | None = None
+    offsets: Sequence[int] | None = None
+
+    def key(self) -> tuple[Any, ...] | None:
+        """Asks with equal keys share one forward, one row group each: any rows that write their K/V and attend
+        causally (or under a mask override) pack flat whatever their lengths (RAGGED); bidirectional or read-only
+        groups of one shape stack; None: this one runs alone."""
+        if self.write is not None and (self.attn in CAUSAL or self.mask is not None):
+            return RAGGED
+        if self.mask is not None:
+            return None
+        offsets = None if self.offsets is None else tuple(self.offsets)
+        return self.kind, self.attn, len(self.ids), offsets, self.write is not None, self.lora, self.kv_op
+
+
+@dataclass
+class BranchAsk:
+    """A read-only `block` forward of several states of one request's open block (row 0 the main state) over its
+    one committed prefix, folded along `fold`'s tree by the named folded backend when given (SpecFold). Answered
+    with each state's Scores (and the fold counts, when folded). Runs as a forward of its own."""
+    req: Request
+    states: Sequence[Sequence[int]]
+    start: int
+    fold: Fold | None = None
+    backend: str | None = None
+
+    def key(self) -> None:
+        return None
+
+
+Round = Generator["Ask | BranchAsk", Any, "RoundResult"]
+"""A mode's round: yields the forwards it needs, receives their rows, returns its result."""

@@ -1,0 +1,102 @@
+"""Every mode's rounds share forwards with whatever else runs, and sharing changes no run: N = 1, 4 and 16
+concurrent requests of every registered mode, with their default and other parameters, each give the tokens, NFE
+and rounds it gives alone; speculative rounds really share (`batch_requests` > 1 in their phases); no KV slot is
+left held. On the tiny model, and on SmolLM2 with its adapter (its shipped draft graph covers spiffy and
+specfold)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import get_mode, mode_names
+from specscope.backend.tracing import RecordingTracer
+
+
+@pytest.fixture(scope="module")
+def smollm_engine() -> Engine:
+    """The default model with its shipped adapter (and draft graph), as `specscope serve` loads it."""
+    from specscope.backend.model.checkpoint import load_checkpoint
+    from specscope.backend.model.source import resolve
+    source = resolve(None)
+    return Engine(load_checkpoint(source.folder, adapter=source.adapter, name=source.name), num_slots=16384,
+                  check_invariants=True)
+
+
+def other_params(mode: str) -> dict:
+    """Valid values other than the defaults: every numeric parameter halfway to its minimum."""
+    return {p.name: p.type((p.min + p.default) / 2) for p in get_mode(mode).params
+            if p.type in (int, float) and p.min is not None and p.min != p.default}
+
+
+def mix(n: int, prompts: list[str], max_new_tokens: int) -> list[tuple[str, str, dict]]:
+    """n requests that cycle through every mode at its defaults, then at other parameters, over the prompts."""
+    kinds = [(m, {}) for m in mode_names()] + [(m, other_params(m)) for m in mode_names()]
+    return [(prompts[i % len(prompts)], mode, {"max_new_tokens": max_new_tokens, **params})
+            for i, (mode, params) in zip(range(n), itertools.cycle(kinds), strict=False)]
+
+
+def story(result, tracer: RecordingTracer) -> tuple:
+    """What must not depend on what shares the run's forwards: tokens, NFE, and every round's cells and commits."""
+    rounds = [(e["tokens"], e["states"], e["committed"], e["nfe"]) for e in tracer.events if e["type"] == "round"]
+    return result.status, result.output_ids, result.metrics["nfe"], rounds
+
+
+def shared_phases(tracer: RecordingTracer) -> list[dict]:
+    return [p for e in tracer.events if e["type"] == "round" for p in e["phases"] if p["batch_requests"] > 1]
+
+
+def check_sharing(engine: Engine, requests: list[tuple[str, str, dict]]) -> list[dict]:
+    """Each request alone, then all at once: the same story; returns the phases that shared a forward."""
+    alone = []
+    for prompt, mode, params in requests:
+        tracer = RecordingTracer()
+        alone.append(story(engine.generate(prompt, mode, params, tracer=tracer), tracer))
+    tracers = [RecordingTracer() for _ in requests]
+    together = engine.run([engine.new_request(prompt, mode, params, t)
+                           for (prompt, mode, params), t in zip(requests, tracers, strict=True)])
+    for (prompt, mode, params), solo, res, t in zip(requests, alone, together, tracers, strict=True):
+        assert story(res, t) == solo, (mode, params, prompt)
+        assert res.metrics["kv_leaked"] == 0
+    assert engine.rt.pool.used == 0
+    return [{**p, "mode": mode} for (_, mode, _), t in zip(requests, tracers, strict=True) for p in shared_phases(t)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_concurrent_mixed_modes_run_as_they_do_alone_and_share_forwards(shared_engine, heldout_prompts, n):
+    shared = check_sharing(shared_engine, mix(n, heldout_prompts, 20))
+    if n == 1:
+        assert shared == []
+        return
+    assert {p["mode"] for p in shared} >= ({"ar", "isd"} if n == 4 else {"ar", "isd", "linear_spec", "quadratic"})
+    for p in shared:
+        assert p["batch_rows"] >= p["n_query"] + p["batch_requests"] - 1 and p["forward_id"] > 0
+
+
+def test_the_phases_of_one_forward_share_its_id_and_its_counts(shared_engine, heldout_prompts):
+    """A forward that served several requests is one forward in every one of their traces."""
+    requests = [(heldout_prompts[i], "isd", {"max_new_tokens": 8}) for i in range(3)]
+    tracers = [RecordingTracer() for _ in requests]
+    shared_engine.run([shared_engine.new_request(p, m, q, t) for (p, m, q), t in zip(requests, tracers, strict=True)])
+    by_forward: dict[int, list[dict]] = {}
+    for t in tracers:
+        for e in t.events:
+            for p in e.get("phases", []) if e["type"] == "round" else []:
+                by_forward.setdefault(p["forward_id"], []).append(p)
+    shared = [ps for ps in by_forward.values() if len(ps) > 1]
+    assert shared, "three isd requests of one shape never shared a verify"
+    for phases in shared:
+        assert len(phases) == phases[0]["batch_requests"] >= 2
+        assert phases[0]["batch_rows"] == sum(p["n_query"] for p in phases)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_concurrent_mixed_modes_on_the_default_model(smollm_engine, n):
+    prompts = ["What is the capital of France?", "Write a haiku about rivers.", "List three fruits.",
+               "Explain what a CPU does in one sentence."]
+    shared = check_sharing(smollm_engine, mix(n, prompts, 12))
+    assert (n == 1) == (shared == [])
