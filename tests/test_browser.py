@@ -365,8 +365,10 @@ def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
     page.wait_for_selector("#cmp-csv-file a")
     with page.expect_download() as got:
         page.click("#cmp-csv-file a")
-    lines = Path(got.value.path()).read_text().splitlines()
-    assert lines[0].startswith("run,mode,label,status,tokens") and len(lines) == 4
+    rows = list(csv.reader(io.StringIO(Path(got.value.path()).read_text())))
+    assert rows[0][:5] == ["run", "mode", "label", "status", "tokens"] and len(rows) == 4
+    assert rows[0][-4:] == ["output vs reference", "lossless claim", "prompt", "output"]
+    assert all(row[-2] and row[-4] for row in rows[1:])   # every run's prompt and output verdict
     assert page.evaluate("() => document.querySelector('#cmp-chart .js-plotly-plot')._context"
                          ".toImageButtonOptions.format") == "svg"
     link = page.locator("#cmp-table a.ss-open").first.get_attribute("href")

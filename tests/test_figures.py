@@ -8,10 +8,14 @@ import pytest
 from support.events import piece, rnd, run_events
 
 from specscope.app.figures import (
+    METRIC_COLUMNS,
+    PERCENT,
     Claim,
     acceptance_position_figure,
     accepted_length_figure,
     comparison_figure,
+    comparison_rows,
+    fmt,
     isd_case_figure,
     kv_figure,
     legend_html,
@@ -354,3 +358,22 @@ def test_markdown_answers_escape_html_and_render_code() -> None:
     assert "<img" not in shown and "<script" not in shown and "&lt;img src=x" in shown   # shown as written
     assert '<pre><code class="language-python">if a &lt; b:\n    print(&quot;&lt;b&gt;&quot;)\n</code></pre>' in shown
     assert 'href="javascript' not in shown and '<a href="https://a.b">ok</a>' in shown
+
+
+def test_the_comparison_csv_carries_both_verdicts_the_prompt_and_the_output() -> None:
+    """The CSV holds what the table shows (the verdicts as their text), plus what a reader needs to check them."""
+    ref = RunTrace.from_events(run_events("r_ref", "ar"))
+    same = RunTrace.from_events(run_events("r_same", "linear_spec"))
+    other = RunTrace.from_events(run_events("r_other", "linear_spec", output=[3, 2]))
+    head, *rows = comparison_rows([ref, same, other], ref, {"linear_spec": Claim("ar", {})})
+    assert head[-4:] == ["output vs reference", "lossless claim", "prompt", "output"]
+    verdicts = [row[-4:-2] for row in rows]
+    assert verdicts == [["reference", ""], ["same output as reference", "== ar"],
+                        ["differs from reference", verdicts[2][1]]] and verdicts[2][1].startswith("≠ ar")
+    assert all(row[-2] == ref.prompt and row[-1] == run.text for row, run in zip(rows, [ref, same, other],
+                                                                                   strict=True))
+
+
+def test_a_share_reads_as_a_percentage_wherever_it_is_shown() -> None:
+    assert fmt(0.825, PERCENT) == "82.5%" and fmt(None, PERCENT) == "—"
+    assert dict((key, spec) for key, _, spec in METRIC_COLUMNS)["draft_acceptance_rate"] == PERCENT

@@ -40,9 +40,15 @@ def show_piece(text: str, limit: int = 14) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def fmt(value: Any, digits: int = 3) -> str:
+PERCENT = "%"
+"""A metric column's format for a share: shown as 82.5%, as the visualizer shows it."""
+
+
+def fmt(value: Any, digits: int | str = 3) -> str:
     if value is None:
         return "—"
+    if digits == PERCENT and isinstance(value, (int, float)):
+        return f"{100 * value:.1f}%"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
@@ -311,10 +317,12 @@ DEFINITIONS = {  # one definition per figure, shown as the hover of its label wh
                      "and in brackets their mean negative log-likelihood under it (nats): teacher-forced on the "
                      "run's prompt and answer; every token for a lossless greedy run"),
 }
-METRIC_COLUMNS = (("tokens", "tokens", 0), ("nfe", "NFE", 0), ("tpf", "TPF", 2), ("tok_per_s", "tok/s", 1),
+METRIC_COLUMNS: tuple[tuple[str, str, int | str], ...] = (
+                  ("tokens", "tokens", 0), ("nfe", "NFE", 0), ("tpf", "TPF", 2), ("tok_per_s", "tok/s", 1),
                   ("wall_ms", "wall ms", 0), ("accept_len_mean", "tokens / round", 2),
                   ("mean_acceptance_length", "mean acc. length (vLLM)", 2),
-                  ("draft_acceptance_rate", "draft acc. rate (vLLM)", 2), ("fold_ratio", "fold ratio", 2),
+                  ("draft_acceptance_rate", "draft acc. rate (vLLM)", PERCENT),
+                  ("fold_ratio", "fold ratio", PERCENT),
                   ("kv_peak", "KV peak", 0), ("kv_leaked", "KV leaked", 0))
 
 
@@ -338,6 +346,21 @@ def metrics_rows(runs: Sequence[RunTrace]) -> list[list[Any]]:
     return [head, *rows]
 
 
+def comparison_rows(runs: Sequence[RunTrace], reference: RunTrace | None,
+                    claims: Mapping[str, Claim]) -> list[list[Any]]:
+    """The comparison as data for its CSV: the metrics table's rows, then the two verdicts (output against the
+    reference, the mode's own lossless claim), the prompt and the output text."""
+    head, *rows = metrics_rows(runs)
+    extra = [[text_of(output_verdict(run, reference)), text_of(lossless_verdict(run, runs, claims)), run.prompt,
+              run.text] for run in runs]
+    return [head + ["output vs reference", "lossless claim", "prompt", "output"],
+            *[row + more for row, more in zip(rows, extra, strict=True)]]
+
+
+def text_of(found: Verdict | None) -> str:
+    return "" if found is None else found[1]
+
+
 def badge(css: str, text: str) -> str:
     return f'<span class="ss-badge {css}">{esc(text)}</span>'
 
@@ -354,21 +377,25 @@ def mode_claims(modes: Sequence[Mapping[str, Any]]) -> dict[str, Claim]:
             if m.get("lossless_vs")}
 
 
-def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str, Claim]) -> str:
+Verdict = tuple[str, str]
+"""A verdict as the table shows it: its badge's class and its text."""
+
+
+def lossless_verdict(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str, Claim]) -> Verdict | None:
     """The verdict on a mode's own lossless claim (e.g. linear_spec == ar), given only where the claim holds for
     this run's settings (greedy, the declared parameters) and against a done, greedy run of the claim's reference
     mode on the same model, prompt and max_new_tokens. Elsewhere it says why there is none, with the measured
     agreement; a run that did not finish gets none."""
     claim = claims.get(run.mode)
     if claim is None:
-        return ""
+        return None
     if run.status != "done":
-        return badge("ss-bad", f"no verdict: the run {run.status}")
+        return ("ss-bad", f"no verdict: the run {run.status}")
     mine = outcome(run)
     bases = [outcome(r) for r in runs if r.mode == claim.reference and r.status == "done" and r is not run]
     if bases and all(model_difference(mine, b) for b in bases):
         why = model_difference(mine, bases[0])
-        return badge("ss-ref", f"{claim.reference} is of a different model" if why == "different model"
+        return ("ss-ref", f"{claim.reference} is of a different model" if why == "different model"
                      else f"{claim.reference} ran with {why}")
     off = unmet(mine, claim)
     sampled = f"{claim.reference} sampled"
@@ -376,12 +403,31 @@ def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str,
     comparable = [v for v in found if set(v.blockers) <= {*off, sampled}]
     if off:
         measured = f" · {comparable[0].agreement()}" if comparable else ""
-        return badge("ss-ref", f"not claimed ({', '.join(off)}){measured}")
+        return ("ss-ref", f"not claimed ({', '.join(off)}){measured}")
     checked = [v for v in comparable if v.checked]
     if not checked:
-        return badge("ss-ref", f"add a greedy {claim.reference} run of this prompt to check")
-    return badge("ss-ok", f"== {claim.reference}") if checked[0].holds else \
-        badge("ss-bad", f"≠ {claim.reference} ({checked[0].agreement()})")
+        return ("ss-ref", f"add a greedy {claim.reference} run of this prompt to check")
+    return ("ss-ok", f"== {claim.reference}") if checked[0].holds else \
+        ("ss-bad", f"≠ {claim.reference} ({checked[0].agreement()})")
+
+
+def lossless_badge(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str, Claim]) -> str:
+    found = lossless_verdict(run, runs, claims)
+    return "" if found is None else badge(*found)
+
+
+def output_verdict(run: RunTrace, reference: RunTrace | None) -> Verdict | None:
+    """Whether the run's output equals the reference run's, or why that cannot be said."""
+    if reference is None:
+        return None
+    if run is reference:
+        return "ss-ref", "reference"
+    if run.status != "done" or reference.status != "done":
+        return "ss-bad", "no verdict: a run did not finish"
+    if why := model_difference(outcome(reference), outcome(run)):
+        return "ss-ref", why
+    return ("ss-ok", "same output as reference") if run.output_ids == reference.output_ids else \
+        ("ss-bad", "differs from reference")
 
 
 def status_cell(run: RunTrace) -> str:
@@ -413,18 +459,8 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
     for run, values in zip(runs, metrics_rows(runs)[1:], strict=True):
         cells = "".join(f"<td>{esc(fmt(v, digits))}</td>" for v, (_, _, digits) in zip(values[4:], METRIC_COLUMNS,
                                                                                           strict=True))
-        if reference is None:
-            same = ""
-        elif run is reference:
-            same = badge("ss-ref", "reference")
-        elif run.status != "done" or reference.status != "done":
-            same = badge("ss-bad", "no verdict: a run did not finish")
-        elif why := model_difference(outcome(reference), outcome(run)):
-            same = badge("ss-ref", why)
-        elif run.output_ids == reference.output_ids:
-            same = badge("ss-ok", "same output as reference")
-        else:
-            same = badge("ss-bad", "differs from reference")
+        found = output_verdict(run, reference)
+        same = "" if found is None else badge(*found)
         link = (f'<a class="ss-open" href="?run={esc(run.run_id)}&amp;round=0" target="_blank">open ↗</a>'
                 if run.run_id else "")
         rows.append(f'<tr><td><b style="color:{mode_color(run.mode)}">{esc(values[2])}</b><br>'

@@ -68,12 +68,14 @@ def load_row(engine: Engine, modes: list[str], clients: int, prompts: list[str],
 
 def load_table(engine: Engine, modes: list[str], levels: list[int], prompts: list[str], max_new_tokens: int,
                repeats: int) -> list[dict]:
-    """Every mode alone and the mix of all, at every level; each cell the median tok/s run of `repeats`."""
+    """Every mode alone and the mix of all (where the clients cover every mode), at every level; each cell the
+    median tok/s run of `repeats`."""
     params = {"max_new_tokens": max_new_tokens}
     load_row(engine, modes, len(modes), prompts, params)     # warm-up
     table = []
     for clients in levels:
-        for label, mix in [*((m, [m]) for m in modes), (MIXED, modes)]:
+        mixes = [(m, [m]) for m in modes] + ([(MIXED, modes)] if clients >= len(modes) else [])
+        for label, mix in mixes:
             runs = sorted((load_row(engine, mix, clients, prompts, params) for _ in range(repeats)),
                           key=lambda r: r["tok_per_s"])
             table.append({"label": label, **runs[len(runs) // 2]})

@@ -9,7 +9,7 @@ import csv
 import html
 import io
 import tempfile
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +18,9 @@ import gradio as gr
 
 from specscope.app.client import BackendError, BackendUnavailable, Client
 from specscope.app.figures import (
+    Claim,
     comparison_figure,
-    metrics_rows,
+    comparison_rows,
     metrics_table_html,
     mode_claims,
     run_labels,
@@ -99,9 +100,9 @@ def results(traces: list[RunTrace], ref_mode: str | None, backend: Backend, clie
     return [figure_json(comparison_figure(traces)), table, diffs_html(traces, reference, backend, client)]
 
 
-def csv_text(traces: list[RunTrace]) -> str:
+def csv_text(traces: list[RunTrace], reference: RunTrace | None, claims: Mapping[str, Claim]) -> str:
     out = io.StringIO()
-    csv.writer(out).writerows(metrics_rows(traces))
+    csv.writer(out).writerows(comparison_rows(traces, reference, claims))
     return out.getvalue()
 
 
@@ -238,17 +239,18 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         return [head, *shown, found["run_ids"], found["prompt"], chosen, lines,
                 max_new_tokens if max_new_tokens is not None else gr.skip(), ref_mode]
 
-    def export_csv(ids: list[str], request: gr.Request) -> tuple[Any, str]:
+    def export_csv(ids: list[str], ref_mode: str | None, request: gr.Request) -> tuple[Any, str]:
         if not ids:
             return gr.File(visible=False), "Run or open a comparison first."
         try:
             client = backend.client(request)
             traces = [backend.trace(client, run_id) for run_id in ids]
+            claims = mode_claims(client.modes())
         except (BackendUnavailable, BackendError) as exc:
             return gr.File(visible=False), warning_html(exc)
         EXPORT_DIR.mkdir(exist_ok=True)
         path = EXPORT_DIR / f"comparison-{ids[0]}.csv"
-        path.write_text(csv_text(traces))
+        path.write_text(csv_text(traces, pick_reference(traces, ref_mode), claims))
         return gr.File(str(path), visible=True), f"Exported <code>{html.escape(path.name)}</code>."
 
     go.click(run, [prompt, modes, variants, reference, layout, max_new],
@@ -259,7 +261,7 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
     tab.select(list_saved, None, saved, concurrency_limit=None)
     reopen.click(open_saved, saved, [status, aligned, table, diffs, run_ids, prompt, modes, variants, max_new,
                                      reference], concurrency_limit=None)
-    export.click(export_csv, run_ids, [download, status], concurrency_limit=None)
+    export.click(export_csv, [run_ids, reference], [download, status], concurrency_limit=None)
     for trigger in (max_new.blur, max_new.submit):
         trigger(clamp_max_new, max_new, max_new, queue=False)
     return CompareTab(modes=modes, reference=reference, examples=examples)
