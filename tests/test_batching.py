@@ -94,8 +94,9 @@ def test_the_phases_of_one_forward_share_its_id_and_its_counts(shared_engine, he
 
 @pytest.mark.slow
 @pytest.mark.real_model
-@pytest.mark.parametrize("n", [1, 4, 16])
+@pytest.mark.parametrize("n", [1, 4, pytest.param(16, marks=pytest.mark.extended)])
 def test_concurrent_mixed_modes_on_the_default_model(smollm_engine, n):
+    """16 requests on SmolLM2 take minutes on two cores: an extended test (`make test-all`)."""
     prompts = ["What is the capital of France?", "Write a haiku about rivers.", "List three fruits.",
                "Explain what a CPU does in one sentence."]
     shared = check_sharing(smollm_engine, mix(n, prompts, 12))

@@ -41,3 +41,16 @@ def test_store_outage_phase_loses_no_acknowledged_run(tmp_path, capsys) -> None:
         outage = report["outage"]
         assert outage["streaming_at_stop"] > 0 and outage["stored_as_answered"] == outage["answered"] == 4
         assert outage["runs_read_during"] == 503 and outage["health_store_during"] == "unavailable"
+
+
+def test_levels_phase_reports_each_mode_alone_and_mixed_and_their_shared_forwards(tmp_path, capsys):
+    out = tmp_path / "levels.json"
+    code = main(["loadtest", "--spawn", "--model", "tiny", "--phases", "levels", "--levels", "1,4", "--max-tokens", "8",
+                 "--modes", "ar,isd", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0 and report["ok"], capsys.readouterr().out
+    rows = {(r["clients"], r["modes"]): r for r in report["levels"]}
+    assert set(rows) == {(1, "ar"), (1, "isd"), (4, "ar"), (4, "isd"), (4, "mixed")}
+    assert all(r["ok"] == r["clients"] and r["tok_per_s"] > 0 for r in rows.values())
+    assert rows[(1, "isd")]["requests_per_forward"] == 1 and rows[(4, "isd")]["requests_per_forward"] > 1
+    assert rows[(4, "mixed")]["requests_per_forward"] > 1   # ar decode steps and isd verifies share forwards

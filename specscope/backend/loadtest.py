@@ -6,6 +6,8 @@
 running server. Phases, each checked:
 - load: `--clients` concurrent streaming clients share `--requests` requests in mixed modes; time to first token,
   inter-token latency and tokens/s per mode (p50/p99);
+- levels (asked for by name): each of `--modes` alone and mixed at each of `--levels` clients: aggregate tok/s
+  against `ar`'s, TTFT and time between chunks (p50/p99), and the forwards the runs shared (from their rounds);
 - store: every answered run is stored once, done, with the answer's text; runs made = requests sent;
 - busy: more simultaneous requests than `--max-queued` admits get OpenAI-shaped 429s, the rest are answered;
 - disconnects: clients that leave mid-stream leave no run active and no KV slot held;
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -179,6 +182,48 @@ def per_mode(samples: list[Sample], wall_s: float) -> dict[str, Any]:
     return out
 
 
+async def levels_phase(target: Target, levels: Sequence[int], max_tokens: int, modes: Sequence[str]) -> list[dict]:
+    """Each mode alone and the mix of all (where the clients cover every mode), at each client count: that many
+    clients send one streamed request each at once. Aggregate tok/s, TTFT and time between tokens (p50 / p99), and
+    from the stored rounds the forwards they ran and how many requests and rows each served."""
+    rows = []
+    for clients in levels:
+        mixes = [(m, [m]) for m in modes] + ([("mixed", list(modes))] if clients >= len(modes) else [])
+        for label, mix in mixes:
+            start = time.perf_counter()
+            samples = await load_phase(target, clients, clients, max_tokens, [mix[i % len(mix)]
+                                                                                 for i in range(clients)])
+            wall = time.perf_counter() - start
+            ok = [s for s in samples if s.status == 200]
+            gaps = [b - a for s in ok for a, b in itertools.pairwise(s.chunk_times)]
+            tokens = sum(s.tokens for s in ok)
+            rows.append({"clients": clients, "modes": label, "ok": len(ok), "tok_per_s": tokens / wall,
+                         "ttft_p50_s": percentile([s.ttft_s for s in ok], 0.5),
+                         "ttft_p99_s": percentile([s.ttft_s for s in ok], 0.99),
+                         "between_chunks_p50_s": percentile(gaps, 0.5), "between_chunks_p99_s": percentile(gaps, 0.99),
+                         **shared_forwards(target, [s.run_id for s in ok])})
+    ar = {r["clients"]: r["tok_per_s"] for r in rows if r["modes"] == "ar"}
+    for r in rows:
+        r["vs_ar"] = r["tok_per_s"] / ar[r["clients"]] if r["clients"] in ar else None
+    return rows
+
+
+def shared_forwards(target: Target, run_ids: Sequence[str]) -> dict[str, Any]:
+    """From the runs' stored rounds: the forwards (by id) their rounds ran, and the mean requests and rows a forward
+    served (prefills left out)."""
+    forwards: dict[int, dict[str, Any]] = {}
+    for run_id in run_ids:
+        for rnd in target.get(f"/api/runs/{run_id}/rounds"):
+            for phase in rnd.get("phases") or []:
+                if phase["kind"] != "prefill" and phase.get("forward_id"):
+                    forwards[phase["forward_id"]] = phase
+    if not forwards:
+        return {"forwards": 0, "requests_per_forward": None, "rows_per_forward": None}
+    return {"forwards": len(forwards),
+            "requests_per_forward": sum(f["batch_requests"] for f in forwards.values()) / len(forwards),
+            "rows_per_forward": sum(f["batch_rows"] for f in forwards.values()) / len(forwards)}
+
+
 def store_check(target: Target, samples: list[Sample], before: set[str]) -> dict[str, Any]:
     """Every answered run stored once, done, with the text the client got; nothing else made."""
     runs = {r["run_id"]: r for r in target.get("/api/runs?limit=1000")}
@@ -287,6 +332,9 @@ async def run_all(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         samples = await load_phase(target, args.clients, args.requests, args.max_tokens, modes)
         report["load"] = per_mode(samples, time.perf_counter() - start)
         report["store"] = store_check(target, samples, before)
+    if "levels" in phases:
+        report["levels"] = await levels_phase(target, [int(n) for n in args.levels.split(",")], args.max_tokens,
+                                              modes)
     if "busy" in phases:
         report["busy"] = await busy_phase(target, args.max_queued, args.max_tokens)
     if "disconnects" in phases:
@@ -351,7 +399,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated modes, used in turn")
     p.add_argument("--max-queued", type=int, default=24, help="with --spawn: the server's --max-queued (with --url: "
                                                               "what the server was started with)")
-    p.add_argument("--phases", default="load,busy,disconnects,outage", help="comma-separated phases to run")
+    p.add_argument("--phases", default="load,busy,disconnects,outage",
+                   help="comma-separated phases to run (also: levels)")
+    p.add_argument("--levels", default="1,4,16",
+                   help="levels phase: client counts at which each mode runs alone and mixed")
     p.add_argument("--db", help="with --spawn: the server's store URL (default: a SQLite file of its own)")
     p.add_argument("--store-stop", help="outage phase: a shell command that stops the store's database")
     p.add_argument("--store-start", help="outage phase: a shell command that starts it again")
