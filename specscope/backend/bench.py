@@ -41,6 +41,7 @@ from specscope.backend.answer_fit import answer_fit, summed
 from specscope.backend.bench_cells import model_pick, same_as_reference
 from specscope.backend.bench_load import load_table
 from specscope.backend.bench_load import markdown as load_markdown
+from specscope.backend.engine.draft_tiers import parse_draft_tiers
 from specscope.backend.engine.engine import Engine, RunResult
 from specscope.backend.engine.lossless import Claim, Outcome, Verdict, claim_of, verdict
 from specscope.backend.engine.modes import get_mode, mode_names
@@ -52,7 +53,7 @@ from specscope.backend.tracing import NULL_TRACER, RecordingTracer
 from specscope.backend.train.prompts import prompt_set
 from specscope.backend.train.tasks import Task, checkpoint_tasks
 from specscope.backend.verify_rows import markdown as verify_rows_markdown
-from specscope.backend.verify_rows import verify_rows
+from specscope.backend.verify_rows import measured_tiers, verify_rows
 
 STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "kv_peak",
             "kv_leaked", "rounds"}
@@ -112,6 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print the headline table of a stored bench.json (no run); with --into FILE, write it "
                         "between the file's bench-table markers instead")
     p.add_argument("--into", metavar="FILE", help="with --summary: the file whose bench-table section it replaces")
+    p.add_argument("--draft-tiers", metavar="auto|none|N:R,...", default="none",
+                   help="with --concurrency: the engine's draft tiers (auto: from this machine's verify cost)")
     p.add_argument("--concurrency", metavar="N,N,...",
                    help="instead of the per-mode table: each of --modes (default ar,isd,quadratic,linear_spec) alone "
                         "and mixed with N requests at once, e.g. 1,4,16 (load.json and load.md in --out)")
@@ -532,11 +535,15 @@ def bench_concurrency(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     source = resolve(args.model)
     engine = bench_engine(args, source, 32768)
+    if args.draft_tiers != "none":
+        engine.scheduler.draft_tiers = (measured_tiers(engine) if args.draft_tiers == "auto"
+                                        else parse_draft_tiers(args.draft_tiers))
     modes = [m for m in args.modes.split(",") if m] or list(LOAD_MODES)
     levels = [int(n) for n in args.concurrency.split(",")]
     tasks, _ = bench_prompts(source.folder, args)
     table = load_table(engine, modes, levels, [t.prompt for t in tasks], args.max_new_tokens, args.repeats)
     meta = {**provenance(), "model": engine.model_name, "matmul": engine.rt.matmul,
+            "draft_tiers": [list(tier) for tier in engine.scheduler.draft_tiers],
             "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -90,8 +90,9 @@ def markdown(table: list[dict], meta: dict[str, Any]) -> str:
         return "—" if x is None else format(x, spec)
     flags = ", ".join(meta.get("cpu_flags") or [])
     lines = [f"`specscope bench --concurrency` at commit {meta['commit']}, {meta['date']}, on {meta['cpu']} "
-             f"({meta['cores']} cores; {flags}); {meta['model']}, matmuls {meta['matmul']}, max_new_tokens "
-             f"{meta['max_new_tokens']}, greedy; medians of {meta['repeats']}.", "",
+             f"({meta['cores']} cores; {flags}); {meta['model']}, matmuls {meta['matmul']}, draft tiers "
+             f"{meta.get('draft_tiers') or 'none'}, max_new_tokens {meta['max_new_tokens']}, greedy; medians of "
+             f"{meta['repeats']}.", "",
              "| clients | modes | tok/s (all clients) | vs ar | TTFT p50 / p99 ms | between tokens p50 / p99 ms | "
              "forwards / step | rows / forward |", "|---|---|---|---|---|---|---|---|"]
     for r in table:

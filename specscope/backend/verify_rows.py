@@ -10,9 +10,12 @@ from typing import Any
 
 import torch
 
+from specscope.backend.engine.draft_tiers import DraftTiers, auto_tiers
 from specscope.backend.engine.engine import Engine
 
 ROWS = (1, 2, 4, 8, 16)
+COST_PROMPT = "Write a short note about the weather today."
+"""The prompt after whose prefix `measured_tiers` measures the verify cost."""
 
 
 def verify_ms(engine: Engine, prompt: str, rows: int, repeats: int) -> float:
@@ -41,6 +44,11 @@ def verify_rows(engine: Engine, prompt: str, repeats: int = 7, rows: tuple[int, 
     ms = {k: verify_ms(engine, prompt, k, repeats) for k in rows}
     return {"prefix": len(engine.encode_prompt(prompt, raw=False)), "ms": ms,
             "vs_one_row": {k: ms[k] / ms[rows[0]] for k in rows}}
+
+
+def measured_tiers(engine: Engine) -> DraftTiers:
+    """Draft tiers from this engine's own verify cost (`--draft-tiers auto`), measured now."""
+    return auto_tiers(verify_rows(engine, COST_PROMPT, repeats=3)["ms"])
 
 
 def markdown(figures: dict[str, Any]) -> str:

@@ -15,10 +15,12 @@ from specscope.backend.engine.params import ParamError
 from specscope.backend.store import StoreWriter, Tee
 
 if TYPE_CHECKING:
+    from specscope.backend.engine.draft_tiers import DraftTiers
     from specscope.backend.engine.engine import Engine, RunResult
 
 Event = dict[str, Any]
 NUMBER = re.compile(r"^(-?\d+(\.\d+)?|-)$")
+
 
 
 class CLIError(Exception):
@@ -54,7 +56,16 @@ def build_engine(args: argparse.Namespace) -> Engine:
         torch.set_num_threads(args.threads)
     tiers = parse_tiers(args.block_size_tiers) if args.block_size_tiers else None
     loaded, slots = load_from_args(args, at_most_per_sequence=MAX_RUNNING)
-    return Engine(loaded, num_slots=slots, tiers=tiers, matmul=args.matmul)
+    engine = Engine(loaded, num_slots=slots, tiers=tiers, matmul=args.matmul)
+    engine.scheduler.draft_tiers = draft_tiers(engine, args.draft_tiers)
+    return engine
+
+
+def draft_tiers(engine: Engine, spec: str) -> DraftTiers:
+    """The --draft-tiers table: none, auto (from the engine's measured verify cost), or N:R pairs."""
+    from specscope.backend.engine.draft_tiers import parse_draft_tiers
+    from specscope.backend.verify_rows import measured_tiers
+    return [] if spec == "none" else measured_tiers(engine) if spec == "auto" else parse_draft_tiers(spec)
 
 
 def load_engine(args: argparse.Namespace) -> Engine:

@@ -57,6 +57,10 @@ def model_options() -> argparse.ArgumentParser:
                    help="block size by running requests, SGLang-style, e.g. 1:32,4:16,64:8 (a catch-all tier "
                         "covering 64 running requests is required)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own)")
+    p.add_argument("--draft-tiers", metavar="auto|none|N:R,...", default="none",
+                   help="extra rows a drafting round (isd, quadratic, linear_spec) may run by running requests, e.g. "
+                        "2:4,4:2,64:0 (0: plain decode steps); auto: from this machine's verify cost, measured at "
+                        "start (`serve`'s default); none: every request drafts at its own parameters")
     return p
 
 

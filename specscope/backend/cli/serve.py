@@ -31,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "loadable folder)")
     p.add_argument("--max-queued", type=int, help="runs queued or running at once before new ones get a busy "
                                                   "error (default: MAX_QUEUED_RUNS in backend/server/protocol.py)")
+    p.set_defaults(draft_tiers="auto")
     p.add_argument("--lease-timeout", type=float, default=LEASE_TIMEOUT_S, metavar="S",
                    help="this server renews a lease in the store every S/5 seconds; the running runs of a server "
                         "whose lease is older than S seconds are marked interrupted (default %(default)s)")

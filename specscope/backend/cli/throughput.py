@@ -104,7 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads, here and in the server")
     add_model_args(p)
-    p.set_defaults(slots=4096, block_size_tiers=None)
+    p.set_defaults(slots=4096, block_size_tiers=None, draft_tiers="none")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from specscope.backend.engine.draft_tiers import DraftTiers
 from specscope.backend.engine.messages import Prompt, check_messages, last_user
 from specscope.backend.engine.modes import param_specs
 from specscope.backend.engine.params import ParamError, PromptTooLong, validate
@@ -42,9 +43,10 @@ class Engine:
     """Owns the model runtime, the KV pool and the scheduler."""
 
     def __init__(self, loaded: LoadedModel | None = None, num_slots: int = 16384,
-                 tiers: Tiers | None = None, check_invariants: bool = False, matmul: str = "float32"):
+                 tiers: Tiers | None = None, check_invariants: bool = False, matmul: str = "float32",
+                 draft_tiers: DraftTiers | None = None):
         self.rt = Runtime(loaded or load_checkpoint(), num_slots, matmul)
-        self.scheduler = Scheduler(self.rt, tiers, check_invariants)
+        self.scheduler = Scheduler(self.rt, tiers, check_invariants, draft_tiers=draft_tiers)
         self.pieces = PieceTable(self.rt.tokenizer)
         """Each prompt id's own text, for run_start."""
         freeze_long_lived()
@@ -102,6 +104,7 @@ class Engine:
             tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
                                       "model_hash": self.rt.loaded.weights_hash, "matmul": self.rt.matmul,
                                       "block_size_tiers": [list(t) for t in tiers],
+                                      "draft_tiers": [list(t) for t in self.scheduler.draft_tiers],
                                       "prompt": prompt if isinstance(prompt, str) else last_user(prompt),
                                       **({} if isinstance(prompt, str) else {"messages": prompt}),
                                       "prompt_ids": ids,

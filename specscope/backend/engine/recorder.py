@@ -71,6 +71,8 @@ class RunRecorder:
                 view.cut_after(shown[0])
         self.cut(view, len(req.prompt_ids) + req.params["max_new_tokens"])
         view.round, view.phases, view.accepted_len, view.committed = round_, phases, accepted_len, emitted
+        if req.tier is not None:
+            view.extra["tier"] = req.tier
         view.accepted = view.states.count("accepted")
         view.nfe = len(phases) - [p.kind for p in phases].count("prefill")
         view.text_delta = self.text_delta(req, emitted)

@@ -42,6 +42,10 @@ class Request:
     phases: list[Phase] = field(default_factory=list)
     alternatives: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # position -> this round's top-k
     block_size: int | None = None
+    draft_rows: int | None = None
+    """Extra rows this step's draft tier allows a round (engine.draft_tiers; None: the request's own parameters)."""
+    tier: dict[str, Any] | None = None
+    """The tiers in force this step, as the round records them (None when the engine has none)."""
     kv_peak: int = 0
     error: str | None = None
     text: TextStream | None = None           # the output's text deltas (the recorder's, made on first use)

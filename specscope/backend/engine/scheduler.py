@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any, cast
 
 from specscope.backend.engine.ask import Ask, BranchAsk, Round
+from specscope.backend.engine.draft_tiers import DraftTiers, budget
 from specscope.backend.engine.kv import KVError
 from specscope.backend.engine.modes import get_mode
 from specscope.backend.engine.modes.base import Mode, RoundResult
@@ -76,10 +77,13 @@ def parse_tiers(text: str) -> Tiers:
 
 class Scheduler:
     def __init__(self, rt: Runtime, tiers: Tiers | None = None, check_invariants: bool = False,
-                 max_running: int = MAX_RUNNING):
+                 max_running: int = MAX_RUNNING, draft_tiers: DraftTiers | None = None):
         self.rt = rt
         self.max_running = max_running
         self.tiers = check_tiers(tiers or [], max_running)
+        self.draft_tiers = draft_tiers or []
+        """Extra rows a drafting round may run, by running requests (draft_tiers.py); none: every request drafts
+        at its own parameters."""
         self.check_invariants = check_invariants
         self.policies: dict[str, Mode] = {}
         self.recorder = RunRecorder(rt.tokenizer, rt.pool.held, self.policy)
@@ -124,10 +128,14 @@ class Scheduler:
         self.steps += 1
         finished = self._drop_cancelled(self.waiting) + self._drop_cancelled(self.running)
         self._admit()
-        tier = self.block_size_for(len(self.running))
+        running = len(self.running)
+        tier, rows = self.block_size_for(running), budget(self.draft_tiers, running)
         for req in self.running:
             if "block_size" in req.params:
                 req.block_size = tier
+            req.draft_rows = rows
+            if self.tiers or self.draft_tiers:
+                req.tier = {"running": running, "block_size": tier, "extra_rows": rows}
         self._run_rounds([r for r in self.running if not r.finished])
         finished += [r for r in self.running if r.finished]
         self.running = [r for r in self.running if not r.finished]

@@ -22,10 +22,15 @@ class AR(Mode):
         return 1
 
     def round(self, req: Request, rt: Runtime) -> Round:
-        """Feed the last token (writing its KV) and take the next one."""
-        start = req.cached
-        slots = rt.alloc(req, [start])
-        scores = yield rt.ask(req, [req.tokens[-1]], start, "causal", kind="decode", write=slots)
-        (token,), (prob,) = scores.pick()
-        view = RoundEvent(start + 1, [token], ["accepted"], [prob]) if req.tracer.enabled else None
-        return RoundResult([token], 1, commit=slots, view=view)
+        return (yield from decode_round(req, rt))
+
+
+def decode_round(req: Request, rt: Runtime) -> Round:
+    """Feed the last token (writing its KV) and take the next one: `ar`'s round, and a drafting mode's where its
+    draft tier allows no drafts."""
+    start = req.cached
+    slots = rt.alloc(req, [start])
+    scores = yield rt.ask(req, [req.tokens[-1]], start, "causal", kind="decode", write=slots)
+    (token,), (prob,) = scores.pick()
+    view = RoundEvent(start + 1, [token], ["accepted"], [prob]) if req.tracer.enabled else None
+    return RoundResult([token], 1, commit=slots, view=view)

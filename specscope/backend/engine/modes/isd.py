@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 from specscope.backend.engine.ask import Round
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
+from specscope.backend.engine.draft_tiers import isd_n
 from specscope.backend.engine.modes import register
+from specscope.backend.engine.modes.ar import decode_round
 from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
@@ -34,6 +36,7 @@ from specscope.backend.tracing import RoundEvent
 class ISDState:
     specs: list[int] = field(default_factory=list)   # drafts awaiting verification (empty: cold start)
     draft: Scores | None = None                      # the N-1 MASK rows that drafted the specs (their proposal q)
+    n: int = 0                                       # the Block-N of this round (its draft tier may lower it)
     cases: dict[str, int] = field(default_factory=lambda: {"V": 0, "R": 0, "C": 0})
     accepted_specs: int = 0
 
@@ -85,7 +88,12 @@ class ISD(Mode):
 
     def round(self, req: Request, rt: Runtime) -> Round:
         st: ISDState = req.state
-        n = req.params["n"]
+        n = isd_n(req.params["n"], req.draft_rows)
+        if n is None or n != st.n:           # the tier changed the block: its specs were drafted for another
+            st.specs, st.draft = [], None
+        if n is None:
+            return (yield from decode_round(req, rt))
+        st.n = n
         k = n - 1
         start = req.cached
         block = [req.tokens[-1]] + (st.specs if st.specs else [rt.mask] * k) + [rt.mask] * k
@@ -109,7 +117,7 @@ class ISD(Mode):
 
     def _cold_start(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int],
                     start: int, block: list[int]) -> RoundResult:
-        n = req.params["n"]
+        n = st.n
         (clean,), (p_clean,) = scores.rows(slice(0, 1)).pick()
         self._draft(req, rt, st, scores.rows(slice(1, n)), clean)
         st.cases["C"] += 1
@@ -124,7 +132,7 @@ class ISD(Mode):
 
     def _all_accepted(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int],
                       start: int, block: list[int], pq: list[dict]) -> RoundResult:
-        n = req.params["n"]
+        n = st.n
         k = n - 1
         specs = st.specs
         (clean,), (p_clean,) = scores.rows(slice(k, n)).pick()
@@ -142,7 +150,7 @@ class ISD(Mode):
     def _rejected(self, req: Request, st: ISDState, slots: list[int], start: int, block: list[int],
                   i: int, fix: int, pq: list[dict]) -> RoundResult:
         """Reject at spec i: keep the i accepted specs and the correction `fix`."""
-        n = req.params["n"]
+        n = st.n
         k = n - 1
         specs = st.specs
         st.specs, st.draft = [], None

@@ -12,7 +12,9 @@ from __future__ import annotations
 from specscope.backend.engine.ask import Round
 from specscope.backend.engine.blocks import block_size, chain_block, check_block_params, fill_block, longest_match
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
+from specscope.backend.engine.draft_tiers import block_length
 from specscope.backend.engine.modes import register
+from specscope.backend.engine.modes.ar import decode_round
 from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
@@ -41,7 +43,9 @@ class LinearSpec(Mode):
         check_block_params(params, rt)
 
     def round(self, req: Request, rt: Runtime) -> Round:
-        size, start = block_size(req), req.cached
+        size, start = block_length(block_size(req), req.draft_rows), req.cached
+        if size is None:
+            return (yield from decode_round(req, rt))
         block = [req.tokens[-1]] + [rt.mask] * (size - 1)
         lora = req.params["lora"]
         threshold = req.params["threshold"]

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from specscope.backend.engine.ask import Round
 from specscope.backend.engine.blocks import longest_match
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
+from specscope.backend.engine.draft_tiers import quadratic_k
 from specscope.backend.engine.modes import register
+from specscope.backend.engine.modes.ar import decode_round
 from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
@@ -66,7 +68,11 @@ class Quadratic(Mode):
 
     def round(self, req: Request, rt: Runtime) -> Round:
         st: QuadraticState = req.state
-        k, start = req.params["k"], req.cached
+        k, start = quadratic_k(req.params["k"], req.draft_rows), req.cached
+        if k is None or len(st.specs) > k:   # the tier lowered k: the longer specs are dropped
+            st.specs, st.seeded_by = [], None
+        if k is None:
+            return (yield from decode_round(req, rt))
         drafts = [req.tokens[-1]] + st.specs
         ids, offsets = interleaved(drafts, k, rt.mask)
         slots = rt.alloc(req, [start + o for o in offsets])

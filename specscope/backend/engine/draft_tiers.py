@@ -1,0 +1,85 @@
+"""Draft tiers: how many rows each request may draft in a round, by how many requests are running (SGLang's
+`select_block_size(running_bs)`, widened to every drafting mode's length: isd's N, quadratic's k, linear_spec's
+block). Shrinking a lossless mode's draft never changes its tokens, only how many forwards they take. With no tier
+in force a request drafts at its own parameters; a budget of 0 makes its rounds plain decode steps."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from specscope.backend.engine.params import ParamError
+
+DraftTiers = list[tuple[int, int | None]]
+"""(max_running, extra rows per request: those a round may run beyond a decode step's one, None: its own
+parameters), ascending; the first tier covering the running count is in force."""
+ACCEPTANCE = 0.5
+"""The chance a draft is accepted, given the one before it was, that `auto_tiers` plans with (the shipped adapter
+accepts about this on held-out chat prompts)."""
+RUNNING = (2, 4, 8, 16, 32, 64)
+
+
+def parse_draft_tiers(text: str) -> DraftTiers:
+    """'2:4,4:2,64:0' -> [(2, 4), (4, 2), (64, 0)] (max_running:extra rows; 'own' for a request's own parameters)."""
+    try:
+        pairs = [item.split(":") for item in text.split(",") if item.strip()]
+        return sorted((int(n), None if r == "own" else int(r)) for n, r in pairs)
+    except ValueError:
+        raise ParamError(f"draft tiers look like 2:4,4:2,64:0, got {text!r}") from None
+
+
+def budget(tiers: DraftTiers, running: int) -> int | None:
+    """The draft rows a request may use with `running` requests in the batch (None: its own parameters)."""
+    return next((rows for max_running, rows in tiers if running <= max_running), None)
+
+
+def isd_n(n: int, rows: int | None) -> int | None:
+    """isd's N within the extra rows (Block-N runs 2N-1 rows, N >= 2); None: a plain decode step."""
+    if rows is None:
+        return n
+    return min(n, rows // 2 + 1) if rows >= 2 else None
+
+
+def quadratic_k(k: int, rows: int | None) -> int | None:
+    """quadratic's k within the extra rows (a round runs (k+1)² rows, k >= 1); None: a plain decode step."""
+    if rows is None:
+        return k
+    fits = math.isqrt(rows + 1) - 1
+    return min(k, fits) if fits >= 1 else None
+
+
+def block_length(size: int, rows: int | None) -> int | None:
+    """linear_spec's block within the extra rows (B draft rows, then B verify rows, B >= 2); None: a plain
+    decode step."""
+    if rows is None:
+        return size
+    return min(size, (rows + 1) // 2) if rows >= 3 else None
+
+
+def expected_tokens(drafts: int) -> float:
+    """Tokens a round gives with this many drafts in a chain: the accepted prefix plus the bonus."""
+    return sum(ACCEPTANCE ** i for i in range(drafts + 1))
+
+
+def cost(curve: Mapping[int, float], rows: int) -> float:
+    """A forward's cost at `rows` from the measured curve (rows -> ms), linear between its points and beyond the
+    last two."""
+    xs, ys = zip(*sorted(curve.items()), strict=True)
+    if rows <= xs[-1]:
+        return float(np.interp(rows, xs, ys))
+    return ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (rows - xs[-1])
+
+
+def auto_tiers(curve: Mapping[int, float], max_running: int = 64) -> DraftTiers:
+    """Tiers that follow the machine's verify cost (`curve`: ms of a causal forward by rows): with r requests
+    running, the draft rows per request that give the most expected tokens per unit of forward cost, against a
+    decode step of r rows. A lone request keeps its own parameters; where rows are nearly free (AMX tiles, a
+    GPU) drafts stay long under load, where each row costs its share (float32 on AVX2) they shrink to none."""
+    tiers: DraftTiers = [(1, None)]
+    for running in (r for r in RUNNING if r <= max_running):
+        def value(drafts: int, running: int = running) -> float:
+            return expected_tokens(drafts) * cost(curve, running) / cost(curve, running * (1 + 2 * drafts))
+        tiers.append((running, 2 * max(range(8), key=value)))
+    tiers[-1] = (max(max_running, tiers[-1][0]), tiers[-1][1])
+    return tiers

@@ -1,0 +1,45 @@
+"""Draft tiers: under load the drafting modes shrink their drafts (down to plain decode steps) as the tier in force
+says, each round records the tier, a lone request keeps its own parameters, and the tokens never change."""
+import pytest
+
+from specscope.backend.engine.draft_tiers import auto_tiers, block_length, budget, isd_n, quadratic_k
+from specscope.backend.tracing import RecordingTracer
+
+AVX2 = {1: 1.0, 2: 1.15, 4: 1.72, 8: 2.63, 16: 3.88}      # a float32 verify on AVX2: each row costs its share
+AMX = {1: 1.0, 2: 1.02, 4: 1.05, 8: 1.15, 16: 1.42}       # bf16 on AMX tiles: rows nearly free
+
+
+def test_each_mode_fits_its_draft_to_the_rows_allowed() -> None:
+    assert isd_n(4, None) == 4 and isd_n(4, 2) == 2 and isd_n(4, 100) == 4 and isd_n(4, 1) is None
+    assert quadratic_k(4, None) == 4 and quadratic_k(4, 3) == 1 and quadratic_k(4, 8) == 2 and quadratic_k(4, 2) is None
+    assert block_length(16, None) == 16 and block_length(16, 3) == 2 and block_length(16, 2) is None
+
+
+def test_auto_tiers_follow_the_cost_of_rows() -> None:
+    cheap, dear = auto_tiers(AMX), auto_tiers(AVX2)
+    assert budget(cheap, 1) is None and budget(dear, 1) is None            # a lone request as it asked
+    assert budget(dear, 4) == 0 and budget(dear, 16) == 0                  # float32 on AVX2: no drafts under load
+    assert budget(cheap, 2) > 0 and budget(cheap, 2) >= budget(cheap, 64)  # cheap rows: drafts shrink slowly
+    assert [r for r, _ in cheap][-1] >= 64
+
+
+@pytest.mark.parametrize("mode", ["isd", "quadratic", "linear_spec"])
+def test_a_tier_of_no_drafts_turns_rounds_into_decode_steps_and_keeps_the_tokens(shared_engine, heldout_prompts,
+                                                                               mode) -> None:
+    prompts = heldout_prompts[:3]
+    alone = [shared_engine.generate(p, mode, {"max_new_tokens": 12}).output_ids for p in prompts]
+    shared_engine.scheduler.draft_tiers = [(1, None), (64, 0)]
+    try:
+        tracers = [RecordingTracer() for _ in prompts]
+        together = shared_engine.run([shared_engine.new_request(p, mode, {"max_new_tokens": 12}, t)
+                                      for p, t in zip(prompts, tracers, strict=True)])
+    finally:
+        shared_engine.scheduler.draft_tiers = []
+    assert [r.output_ids for r in together] == alone
+    rounds = [e for t in tracers for e in t.events if e["type"] == "round" and e["round"] > 0]
+    tiered = [e for e in rounds if e["extra"]["tier"]["running"] > 1]
+    assert tiered and all(e["extra"]["tier"]["extra_rows"] == 0 for e in tiered)
+    assert all([p["kind"] for p in e["phases"]] == ["decode"] for e in tiered)
+    assert any(p["batch_requests"] > 1 for e in tiered for p in e["phases"])   # decode steps shared, as ar's are
+    starts = [e for t in tracers for e in t.events if e["type"] == "run_start"]
+    assert all(s["draft_tiers"] == [[1, None], [64, 0]] for s in starts)
