@@ -1,7 +1,8 @@
 """Shared fixtures. TRITON_INTERPRET must be set before any kernel module is imported.
 
 Markers (pyproject.toml): `slow` (over ~5 s on a loaded 2-core machine), `browser` (drives Chromium), `postgres`
-(needs the throwaway PostgreSQL server of tests/postgres.py), `real_model`. `make test-fast` deselects all four."""
+(needs the throwaway PostgreSQL server of tests/support/postgres.py), `real_model`. `make test-fast` deselects
+all four."""
 from __future__ import annotations
 
 import os

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import (
+from fastapi import FastAPI
+from support.browser import (
     ARTIFACTS,
     CODE_PROMPT,
     NEEDS_BROWSER,
@@ -28,10 +29,9 @@ from browser import (
     start_long_raw_run,
     wait_last_answer,
 )
-from fastapi import FastAPI
-from live_server import free_port, serving
+from support.live_server import free_port, serving
 
-pytest_plugins = ["browser"]  # the browser and errors fixtures
+pytest_plugins = ["support.browser"]  # the browser and errors fixtures
 pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
 XSS = "<script>window.__xss = 1</script>"
 

@@ -6,10 +6,10 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from browser import NEEDS_BROWSER, new_page
-from live_server import free_port, serving
+from support.browser import NEEDS_BROWSER, new_page
+from support.live_server import free_port, serving
 
-pytest_plugins = ["browser"]  # the browser and errors fixtures
+pytest_plugins = ["support.browser"]  # the browser and errors fixtures
 pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
 
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from browser import ARTIFACTS, NEEDS_BROWSER, choose, new_page, open_params, set_number, shot
-from serve_process import Served
+from support.browser import ARTIFACTS, NEEDS_BROWSER, choose, new_page, open_params, set_number, shot
+from support.serve_process import Served
 
-pytest_plugins = ["browser"]
+pytest_plugins = ["support.browser"]
 pytestmark = [pytest.mark.browser, pytest.mark.real_model, pytest.mark.slow, pytest.mark.extended, *NEEDS_BROWSER]
 
 

@@ -8,14 +8,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from browser import NEEDS_BROWSER, new_page
+from support.browser import NEEDS_BROWSER, new_page
 from support.events import piece, rnd, run_events
 
 from specscope.app.figures import live_round
 from specscope.app.trace import RunTrace
 from specscope.app.ui import STATIC
 
-pytest_plugins = ["browser"]  # the browser fixture
+pytest_plugins = ["support.browser"]  # the browser fixture
 pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
 
 

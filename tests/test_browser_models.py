@@ -9,13 +9,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import NEEDS_BROWSER, chat, choose, new_page, shot, start_long_raw_run, wait_last_answer
-from hf_tiny import save_hf
-from serve_process import Served
+from support.browser import NEEDS_BROWSER, chat, choose, new_page, shot, start_long_raw_run, wait_last_answer
+from support.hf_tiny import save_hf
+from support.serve_process import Served
 
 from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT
 
-pytest_plugins = ["browser"]  # the browser fixture
+pytest_plugins = ["support.browser"]  # the browser fixture
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.extended, *NEEDS_BROWSER]
 
 RUNS = {"rand-a": "ar", "rand-b": "block_diffusion", "shipped": "linear_spec"}   # served first: rand-a

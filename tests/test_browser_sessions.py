@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser import (
+from support.browser import (
     NEEDS_BROWSER,
     choose,
     new_page,
@@ -21,9 +21,9 @@ from browser import (
     start_long_raw_run,
     wait_last_answer,
 )
-from live_server import free_port, serving
+from support.live_server import free_port, serving
 
-pytest_plugins = ["browser"]
+pytest_plugins = ["support.browser"]
 pytestmark = [pytest.mark.browser, pytest.mark.slow, *NEEDS_BROWSER]
 
 SWITCH_S = 3.0

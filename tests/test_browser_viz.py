@@ -9,10 +9,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from browser import ARTIFACTS, CODE_PROMPT, NEEDS_BROWSER, PROMPT, TIMEOUT_MS, new_page, shot
-from live_server import free_port, serving
+from support.browser import ARTIFACTS, CODE_PROMPT, NEEDS_BROWSER, PROMPT, TIMEOUT_MS, new_page, shot
+from support.live_server import free_port, serving
 
-pytest_plugins = ["browser"]  # the browser and errors fixtures
+pytest_plugins = ["support.browser"]  # the browser and errors fixtures
 pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
 
 SMALL = {"block_size": 16, "branches": 3}  # short blocks, few branches: quick to record, still with cache hits

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-from serve_process import OPTIONS, TOKEN, generate, receive, serving, wait_status
+from support.serve_process import OPTIONS, TOKEN, generate, receive, serving, wait_status
 from websockets.exceptions import ConnectionClosed
 
 from specscope.backend.store import Store
 
-pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
+pytest_plugins = ["support.postgres"]  # the pg_cluster and store_url fixtures
 pytestmark = [pytest.mark.extended, pytest.mark.slow]
 CODE = "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "
 SETTLE_S = 2.0  # far above the StoreWriter's bound (interval_s = 0.05 plus one batch write)

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from hf_tiny import TINY, YARN, ids, randomize_lora, save_hf  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+from support.hf_tiny import TINY, YARN, ids, randomize_lora, save_hf  # noqa: E402
 from transformers import Ministral3Config, Qwen2Config, Qwen3Config  # noqa: E402
 
 from specscope.backend.model.adapters import CONFIG_FILE, WEIGHTS_FILE  # noqa: E402

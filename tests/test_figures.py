@@ -377,3 +377,13 @@ def test_the_comparison_csv_carries_both_verdicts_the_prompt_and_the_output() ->
 def test_a_share_reads_as_a_percentage_wherever_it_is_shown() -> None:
     assert fmt(0.825, PERCENT) == "82.5%" and fmt(None, PERCENT) == "—"
     assert dict((key, spec) for key, _, spec in METRIC_COLUMNS)["draft_acceptance_rate"] == PERCENT
+
+
+def test_a_live_runs_document_carries_its_running_figures(trace) -> None:
+    """While a run streams (no run_end yet), the Visualizer's summary counts tokens, NFE, TPF and tok/s from the
+    rounds so far instead of showing dashes."""
+    live = RunTrace.from_events([dict(e, t_ms=200.0 * i) for i, e in enumerate(run_events()[:-1])])
+    figures = viz_document(live, piece)["metrics"]
+    assert figures["tokens"] == 5 and figures["nfe"] == 4 and figures["tpf"] == 1.25
+    assert figures["tok_per_s"] == pytest.approx(5 / 0.6)
+    assert viz_document(trace, piece)["metrics"]["tok_per_s"] == 50.0    # an ended run: its own metrics

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from live_server import serving
-from postgres import STORES
+from support.live_server import serving
+from support.postgres import STORES
 from websockets.sync.client import connect
 
 from specscope.backend.engine.engine import Engine
@@ -23,7 +23,7 @@ from specscope.backend.engine.modes import describe_modes
 from specscope.backend.server import create_app
 from specscope.backend.store import Store
 
-pytest_plugins = ["postgres"]  # the pg_cluster fixture
+pytest_plugins = ["support.postgres"]  # the pg_cluster fixture
 PROMPT = "What is 12 + 30?"
 MODES = [m["name"] for m in describe_modes()]
 PARAM_NAMES = sorted({p["name"] for m in describe_modes() for p in m["params"]} - {"backend"})  # no slow kernels

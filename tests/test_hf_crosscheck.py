@@ -15,7 +15,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from hf_tiny import TINY, VOCAB, YARN, randomize  # noqa: E402
+from support.hf_tiny import TINY, VOCAB, YARN, randomize  # noqa: E402
 from support.plans import forward  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,

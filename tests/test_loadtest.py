@@ -4,12 +4,12 @@ import json
 import shlex
 
 import pytest
-from postgres import own_cluster
+from support.postgres import own_cluster
 
 from specscope.backend.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
-pytest_plugins = ["postgres"]  # the pg_cluster fixture
+pytest_plugins = ["support.postgres"]  # the pg_cluster fixture
 
 
 def test_small_load_run_passes_every_check(tmp_path, capsys):

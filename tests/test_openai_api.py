@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from live_server import serving
+from support.live_server import serving
 from support.modes import LONG_RAW_PROMPT
 
 from specscope.backend.server import create_app

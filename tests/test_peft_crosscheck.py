@@ -10,7 +10,7 @@ import torch
 from specscope.backend.tracing import RecordingTracer
 
 peft = pytest.importorskip("peft")
-from hf_tiny import TINY, ids, randomize_lora, save_hf  # noqa: E402
+from support.hf_tiny import TINY, ids, randomize_lora, save_hf  # noqa: E402
 from transformers import Qwen3Config  # noqa: E402
 
 from specscope.backend.model.checkpoint import load_checkpoint  # noqa: E402

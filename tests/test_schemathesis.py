@@ -10,9 +10,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
-from live_server import serving
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
+from support.live_server import serving
 from websockets.sync.client import connect
 
 from specscope.backend.engine.engine import Engine

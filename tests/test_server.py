@@ -24,7 +24,7 @@ from specscope.backend.server.protocol import MAX_MESSAGE_BYTES, MAX_NEW_TOKENS,
 from specscope.backend.store import Store, StoreWriter
 from specscope.backend.tracing import RecordingTracer
 
-pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
+pytest_plugins = ["support.postgres"]  # the pg_cluster and store_url fixtures
 PROMPT = "What is 12 + 30?"
 SERVER = "testhost:7860"
 Event = dict[str, Any]

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from live_server import serving
+from support.live_server import serving
 from websockets.asyncio.client import connect
 
 from specscope.backend.server import create_app

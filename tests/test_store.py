@@ -34,7 +34,7 @@ from specscope.backend.store import (
 from specscope.backend.store.models import Base, ComparisonRun, Event, KVInterval, Round
 from specscope.backend.tracing import RecordingTracer
 
-pytest_plugins = ["postgres"]  # the pg_cluster and store_url fixtures
+pytest_plugins = ["support.postgres"]  # the pg_cluster and store_url fixtures
 def url(path: Path) -> str:
     return f"sqlite:///{path}"
 

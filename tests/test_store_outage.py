@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from postgres import Cluster, own_cluster
+from support.postgres import Cluster, own_cluster
 from support.store_runs import N_ROUNDS, PROMPT, finish, play_round, start
 
 from specscope.backend.server import create_app

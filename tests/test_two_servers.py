@@ -8,9 +8,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_process import TOKEN, generate, receive, serving
+from support.serve_process import TOKEN, generate, receive, serving
 
-pytest_plugins = ["postgres"]  # the pg_cluster fixture
+pytest_plugins = ["support.postgres"]  # the pg_cluster fixture
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.extended]
 PROMPT = "What is 12 + 30?"
 

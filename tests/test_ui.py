@@ -6,7 +6,7 @@ import asyncio
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from live_server import free_port, serving
+from support.live_server import free_port, serving
 from support.modes import LONG_RAW_PROMPT
 
 from specscope.app.client import BackendError, BackendUnavailable, Client, base_urls

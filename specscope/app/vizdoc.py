@@ -16,6 +16,7 @@ from specscope.app.figures import (
     phase_timeline_figure,
     shown_pieces,
 )
+from specscope.app.live import running_figures
 from specscope.app.palette import vocabulary
 from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
 from specscope.app.trace import Event, Piece, RunTrace
@@ -70,7 +71,7 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
     return {"run_id": trace.run_id, "mode": trace.mode, "model": trace.model, "model_hash": trace.model_hash,
             "matmul": trace.matmul, "tiers": trace.tiers, "status": trace.status,
             "error": trace.error, "prompt": trace.prompt, "params": trace.params, "prompt_ids": trace.prompt_ids,
-            "output_ids": trace.output_ids, "text": trace.text, "metrics": trace.metrics, "spec": metrics,
+            "output_ids": trace.output_ids, "text": trace.text, "metrics": run_figures(trace), "spec": metrics,
             "definitions": DEFINITIONS,
             "step_map": step_map(trace), "rounds": rounds, "pieces": {str(k): v for k, v in pieces.items()},
             "shown": shown_pieces({str(k): v for k, v in pieces.items()}), "vocab": vocabulary(),
@@ -82,3 +83,10 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
 def document_json(doc: dict[str, Any] | None) -> str:
     """The document as JSON text with `<` escaped (it travels as an HTML component's value)."""
     return json.dumps(doc, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c") if doc else ""
+
+
+def run_figures(trace: RunTrace) -> dict[str, Any]:
+    """An ended run's metrics; a running one's figures so far (tokens, NFE, TPF, tok/s), over the time its last
+    round was made at."""
+    seconds = max((float(r.get("t_ms") or 0) for r in trace.rounds), default=0.0) / 1000
+    return running_figures(trace, seconds)

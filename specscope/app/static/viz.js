@@ -166,8 +166,10 @@ window.specscopeViz = (() => {
     const hit = (r.branches || []).find((b) => b.cache_hit);
     if (hit) facts.push(`<span class="ss-badge ss-ok">cache hit: branch b${esc(hit.id)} verified in round ` +
                         `${esc(hit.verified_round)} · no forward</span>`);
+    const shared = (p) => (p.batch_requests > 1 ? `; forward ${p.forward_id}: ${p.batch_requests} requests, ` +
+                           `${p.n_query} of ${p.batch_rows} rows` : "");
     const phases = (r.phases || []).map((p) => `${p.kind} (${p.attn}${p.lora ? ", LoRA" : ""}, ${p.n_query} q, ` +
-                                              `${fmt(p.ms, 1)} ms)`).join(" → ") || "no forward";
+                                              `${fmt(p.ms, 1)} ms${shared(p)})`).join(" → ") || "no forward";
     return `<div class="ss-round-head"><b>round ${r.round}</b> · ${facts.join(" · ")}` +
       `<div class="ss-phases">${esc(phases)}</div></div>`;
   }

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from live_server import free_port
 from websockets.sync.client import connect
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.live_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token"
 MAIN = "import sys; from specscope.backend.cli import main; sys.exit(main(sys.argv[1:]))"
 OPTIONS = ("--model", "tiny", "--no-ui", "--token", TOKEN, "--slots", "4096")

@@ -1,7 +1,7 @@
 """A throwaway PostgreSQL server for tests: a cluster in a temp dir on a free loopback port, owned by an unprivileged
 user, removed afterwards. Without the server binaries the tests that need it skip (they must run where CI=true).
 
-Use the fixtures in a test module with `pytest_plugins = ["postgres"]`. Whatever needs the server is marked
+Use the fixtures in a test module with `pytest_plugins = ["support.postgres"]`. Whatever needs the server is marked
 `postgres` (`-m "not postgres"` leaves it out): store_url's and STORES' "postgresql" parameter carries the mark, and a
 module that only runs on PostgreSQL sets `pytestmark = pytest.mark.postgres`.
 """
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from live_server import free_port
+
+from support.live_server import free_port
 
 INSTALL = "install the PostgreSQL server to run them: apt-get install postgresql (Debian/Ubuntu)"
 STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]

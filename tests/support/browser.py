@@ -1,4 +1,4 @@
-"""Playwright with the system Chromium, shared by the browser tests (`pytest_plugins = ["browser"]`): a module's
+"""Playwright with the system Chromium, shared by the browser tests (`pytest_plugins = ["support.browser"]`): a module's
 browser, its pages' console errors, new pages that record them, and the UI steps several modules take (chat in a
 mode, pick from a dropdown, a screenshot). Modules mark themselves `pytestmark = [pytest.mark.browser,
 *NEEDS_BROWSER]`, so `-m "not browser"` leaves them out and they skip (with the reason) where Chromium or
@@ -19,7 +19,7 @@ except ImportError:  # the modules that need it skip
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-ARTIFACTS = Path(__file__).parent / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 TIMEOUT_MS = 30_000
 PROMPT = "Reverse: q w e r t y u i"   # eight answer tokens: ar makes a run of several rounds
 NEEDS_BROWSER = [
