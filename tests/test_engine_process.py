@@ -104,6 +104,8 @@ def test_a_run_streams_the_events_the_engine_makes(served, loaded) -> None:
         served.rate(remote.arrived[0]["prompt_ids"], [-1])
     stats = served.stats()
     assert stats["pool"]["used"] == 0 and stats["held"] == 0 and stats["active"] == 0
+    served_by = [g for r in served.forwards(0, 1000) for g in r["groups"] if g["run_id"] == remote.run_id]
+    assert [g["kind"] for g in served_by][0] == "prefill" and {g["mode"] for g in served_by} == {"linear_spec"}
 
 
 def test_bad_input_a_full_queue_and_cancel_are_answered(served) -> None:

@@ -729,3 +729,30 @@ def test_speculative_runs_of_two_clients_share_forwards(engine, store, monkeypat
         shared = [p for e in events if e["type"] == "round" for p in e["phases"] if p["batch_requests"] == 2]
         assert shared and all(p["batch_rows"] > p["n_query"] for p in shared), mode
     assert engine.rt.pool.used == 0
+
+
+def test_the_forwards_log_shows_what_shared_each_forward(engine, store, monkeypatch):
+    """GET /api/forwards pages through the engine's record of its forwards: which runs and modes each served, with
+    how many rows, and the pool's occupancy; two clients' runs show up in one forward."""
+    with TestClient(create_app(engine, store)) as c:
+        since = c.get("/api/forwards", params={"limit": 1000}).json()["next"]
+        gate = StepGate(engine.scheduler, monkeypatch)
+        try:
+            with c.websocket_connect("/ws/generate") as a, c.websocket_connect("/ws/generate") as b:
+                a.send_text(gen_msg(mode="isd", max_new_tokens=8))
+                b.send_text(gen_msg(mode="ar", max_new_tokens=8))
+                wait_for(lambda: c.get("/api/health").json()["queued_runs"] == 2)
+                gate.open()
+                runs = {receive_run(a)[0]["run_id"], receive_run(b)[0]["run_id"]}
+        finally:
+            gate.open()
+        page = c.get("/api/forwards", params={"since": since, "limit": 5}).json()
+        assert len(page["forwards"]) == 5 and page["next"] == page["forwards"][-1]["id"] > since
+        records = page["forwards"] + c.get("/api/forwards", params={"since": page["next"]}).json()["forwards"]
+        assert [r["id"] for r in records] == list(range(since + 1, since + 1 + len(records)))
+        shared = [r for r in records if len({g["run_id"] for g in r["groups"]}) == 2]
+        assert shared and all({g["run_id"] for g in r["groups"]} == runs for r in shared)
+        assert all(r["rows"] == sum(g["rows"] for g in r["groups"]) and 0 < r["pool_used"] <= r["pool_slots"]
+                   for r in shared)
+        assert {g["mode"] for r in shared for g in r["groups"]} == {"isd", "ar"}
+        assert c.get("/api/forwards", params={"limit": 5000}).status_code == 422

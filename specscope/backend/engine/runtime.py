@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -24,6 +25,8 @@ from specscope.backend.tracing import Phase
 
 EAGER_MATMUL = {torch.float32: "float32", torch.bfloat16: "bf16", torch.float16: "float16"}
 """The eager backend's matmul precision: its weights' dtype, named as MATMULS names them."""
+FORWARD_LOG = 4096
+"""Forwards the runtime keeps a record of (the oldest drop out)."""
 MAX_SHARED = 64
 """Requests whose row groups may share one causal forward (the scheduler's MAX_RUNNING)."""
 MAX_ALTERNATIVES = 8
@@ -73,6 +76,8 @@ class Runtime:
         """The adapter's sampler head, if it ships one: chained MASK drafts (`drafts`)."""
         self.forwards = 0
         """Forwards run so far (each phase records the one it was part of)."""
+        self.log: deque[dict[str, Any]] = deque(maxlen=FORWARD_LOG)
+        """The latest forwards, one record each (`account`): what the scheduler did, for /api/forwards."""
         self.round_forwards = 0
         self.round_rows = 0
         """Forwards run for rounds (prefills left out), and the query rows they computed, every request's."""
@@ -243,6 +248,10 @@ class Runtime:
         requests = sum(len(s.owners) for s in served)
         rows = sum(int(s.plan.ids.numel()) for s in served)
         self.forwards += 1
+        self.log.append({"id": self.forwards, "t": time.time(), "ms": ms, "rows": rows,
+                         "pool_used": self.pool.used, "pool_slots": self.pool.num_slots,
+                         "groups": [{"run_id": r.rid, "mode": r.mode, "kind": s.kind, "rows": s.plan.ids.shape[1]}
+                                    for s in served for r in s.owners]})
         if served[0].kind != "prefill":
             self.round_forwards += 1
             self.round_rows += rows

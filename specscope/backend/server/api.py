@@ -21,7 +21,7 @@ from specscope.backend.engine.kv import OutOfSlots
 from specscope.backend.engine.modes import describe_modes
 from specscope.backend.engine.params import ParamError
 from specscope.backend.server.bench_here import BenchTimeout, bench_here
-from specscope.backend.server.protocol import MAX_INDEX, MAX_NEW_TOKENS
+from specscope.backend.server.protocol import MAX_FORWARDS, MAX_INDEX, MAX_NEW_TOKENS
 from specscope.backend.server.service import EngineService
 from specscope.backend.server.worker import Busy
 from specscope.backend.store import (
@@ -103,6 +103,16 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
                 "pool": stats["pool"],
                 "store": {"status": "ok" if outage is None else "unavailable",
                           "unavailable_s": None if outage is None else round(outage, 1)}}
+
+    @router.get("/forwards")
+    def forwards(since: int = Query(0, ge=0, le=MAX_INDEX), limit: int = Query(500, ge=1, le=MAX_FORWARDS)) -> Row:
+        """The engine's latest forwards after id `since` (oldest first, at most `limit`): when, how long, the rows
+        of each request and mode it served, and the KV pool's occupancy; `next` is the `since` of the next page."""
+        try:
+            records = engine.forwards(since, limit)
+        except RuntimeError as e:
+            raise HTTPException(503, str(e)) from None
+        return {"forwards": records, "next": records[-1]["id"] if records else since}
 
     @router.get("/modes")
     def modes() -> list[Row]:

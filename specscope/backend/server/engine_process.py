@@ -32,7 +32,14 @@ from specscope.backend.answer_fit import AnswerFit
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.messages import Prompt
 from specscope.backend.server.protocol import MAX_QUEUED_RUNS
-from specscope.backend.server.service import RATE_TIMEOUT_S, Run, ServedModel, engine_stats, served_model
+from specscope.backend.server.service import (
+    RATE_TIMEOUT_S,
+    Run,
+    ServedModel,
+    engine_stats,
+    forward_records,
+    served_model,
+)
 from specscope.backend.server.worker import Busy, Worker, end_failed_run
 from specscope.backend.tracing import RecordingTracer
 
@@ -130,6 +137,8 @@ class EngineSide:
         flowing."""
         if name == "stats":
             self._reply(token, lambda: engine_stats(self.worker))
+        elif name == "forwards":
+            self._reply(token, lambda: forward_records(self.worker, *arg))
         elif name == "rate":
             threading.Thread(target=self._reply, args=(token, lambda: self.worker.rate(*arg).result(RATE_TIMEOUT_S)),
                              daemon=True).start()
@@ -269,6 +278,9 @@ class EngineProcess:
 
     def stats(self) -> dict[str, Any]:
         return {**self._call("stats", None, timeout=30), "held": len(self._runs)}
+
+    def forwards(self, since: int, limit: int) -> list[dict[str, Any]]:
+        return self._call("forwards", (since, limit), timeout=30)
 
     def _call(self, name: str, arg: Any, timeout: float | None) -> Any:
         token = next(self._ids)

@@ -12,6 +12,7 @@ from specscope.backend.tracing import SCHEMA_VERSION
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_PROMPT_CHARS = 16_000
 MAX_NEW_TOKENS = 1024
+MAX_FORWARDS = 1000         # forward records one GET /api/forwards page holds at most
 MAX_INDEX = 2**31 - 1       # the largest offset, round or seq a query may name (the store's integer columns hold it)
 MAX_QUEUED_RUNS = 64       # runs queued or running on one server; past it a generate gets a `busy` error
 

@@ -86,6 +86,14 @@ class EngineService(Protocol):
         """{"active": runs waiting or running, "held": runs submitted and not ended,
         "pool": {"used", "slots", "peak"}}."""
 
+    def forwards(self, since: int, limit: int) -> list[dict[str, Any]]:
+        """The engine's records of its forwards after id `since`, oldest first, at most `limit`."""
+
+
+def forward_records(worker: Worker, since: int, limit: int) -> list[dict[str, Any]]:
+    """The engine side of `EngineService.forwards` (a copy: the engine's thread keeps appending)."""
+    return [r for r in list(worker.engine.rt.log) if r["id"] > since][:limit]
+
 
 def engine_stats(worker: Worker) -> dict[str, Any]:
     """The engine side of `EngineService.stats`; `held` is the submitter's count."""
@@ -140,3 +148,6 @@ class LocalEngine:
 
     def stats(self) -> dict[str, Any]:
         return engine_stats(self.worker)
+
+    def forwards(self, since: int, limit: int) -> list[dict[str, Any]]:
+        return forward_records(self.worker, since, limit)
