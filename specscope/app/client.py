@@ -65,6 +65,10 @@ class Client:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
 
+    def forwards(self, since: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        """The engine's latest forwards after id `since` (GET /api/forwards)."""
+        return self.get("/api/forwards", since=since, limit=limit)["forwards"]
+
     def health(self, timeout: float = 2.0) -> dict[str, Any]:
         return self.request("GET", "/api/health", timeout=timeout).json()
 

@@ -28,6 +28,7 @@ from specscope.app.tabs.compare import DEFAULT_MODES, build_compare
 from specscope.app.tabs.models import build_model_picker
 from specscope.app.tabs.race import build_race
 from specscope.app.tabs.runs import ALL, build_runs
+from specscope.app.tabs.scheduler import build_scheduler
 from specscope.app.tabs.viz import build_viz
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when Blocks are built and served
@@ -79,6 +80,8 @@ def build_ui(backend: Backend) -> gr.Blocks:
                 race = build_race(backend)
             with gr.Tab("Runs", id="runs") as runs_tab:
                 runs = build_runs(backend, runs_tab)
+            with gr.Tab("Scheduler", id="scheduler") as scheduler_tab:
+                build_scheduler(backend, scheduler_tab)
             with gr.Tab("Analysis", id="analysis") as analysis_tab:
                 build_analysis(backend, analysis_tab)
             with gr.Tab("Bench", id="bench") as bench_tab:

@@ -250,8 +250,8 @@ class Runtime:
         self.forwards += 1
         self.log.append({"id": self.forwards, "t": time.time(), "ms": ms, "rows": rows,
                          "pool_used": self.pool.used, "pool_slots": self.pool.num_slots,
-                         "groups": [{"run_id": r.rid, "mode": r.mode, "kind": s.kind, "rows": s.plan.ids.shape[1]}
-                                    for s in served for r in s.owners]})
+                         "groups": [{"run_id": r.rid, "mode": r.mode, "round": r.round, "kind": s.kind,
+                                     "rows": s.plan.ids.shape[1]} for s in served for r in s.owners]})
         if served[0].kind != "prefill":
             self.round_forwards += 1
             self.round_rows += rows

@@ -1,0 +1,89 @@
+"""Scheduler tab: what the engine's forwards served (GET /api/forwards). Each forward is a bar of its rows, stacked
+by request and coloured by mode, over the KV pool's occupancy; the table below names each forward's requests and
+links every one to the run at the round that forward computed. It refreshes while "follow" is on."""
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import gradio as gr
+import plotly.graph_objects as go
+
+from specscope.app.client import BackendError, BackendUnavailable
+from specscope.app.figures import mode_color, warning_html
+from specscope.app.plot import chart, figure_json
+from specscope.app.session import Backend
+
+SHOWN = 300
+"""The latest forwards the tab fetches and draws."""
+LISTED = 25
+FOLLOW_S = 2.0
+
+Record = dict[str, Any]
+
+
+def scheduler_figure(records: Sequence[Record]) -> go.Figure:
+    """One stacked bar per forward (x: its id): a segment per request, its rows, coloured by mode; the KV pool's
+    occupancy as a line on the right axis."""
+    fig = go.Figure()
+    shown_modes: set[str] = set()
+    runs: dict[str, tuple[str, list[int], list[int], list[str]]] = {}
+    for record in records:
+        for group in record["groups"]:
+            mode, x, y, text = runs.setdefault(group["run_id"], (group["mode"], [], [], []))
+            x.append(record["id"])
+            y.append(group["rows"])
+            text.append(f"{group['run_id']} · {mode} · round {group['round']} · {group['kind']}")
+    for run_id, (mode, x, y, text) in runs.items():
+        fig.add_bar(x=x, y=y, name=mode, legendgroup=mode, showlegend=mode not in shown_modes, hovertext=text,
+                    marker_color=mode_color(mode), hoverinfo="text+y", customdata=[run_id] * len(x))
+        shown_modes.add(mode)
+    fig.add_scatter(x=[r["id"] for r in records], y=[r["pool_used"] / r["pool_slots"] for r in records],
+                    name="KV pool in use", yaxis="y2", mode="lines", line={"color": "#0f172a", "width": 1})
+    fig.update_layout(barmode="stack", height=360, margin={"l": 50, "r": 50, "t": 30, "b": 40},
+                      xaxis_title="forward", yaxis_title="query rows",
+                      yaxis2={"overlaying": "y", "side": "right", "range": [0, 1], "tickformat": ".0%",
+                              "title": "KV pool"}, legend={"orientation": "h"})
+    return fig
+
+
+def forwards_table_html(records: Sequence[Record]) -> str:
+    """The latest forwards, newest first: id, ms, rows, and each request it served (linked to that round)."""
+    rows = []
+    for record in list(records)[::-1][:LISTED]:
+        served = ", ".join(
+            f'<a class="ss-open" href="?run={html.escape(g["run_id"])}&amp;round={int(g["round"])}" target="_blank">'
+            f'<b style="color:{mode_color(g["mode"])}">{html.escape(g["mode"])}</b> {html.escape(g["run_id"])} '
+            f'round {int(g["round"])}</a> ({int(g["rows"])} {html.escape(g["kind"])} rows)' for g in record["groups"])
+        rows.append(f'<tr><td>{int(record["id"])}</td><td>{record["ms"]:.1f}</td><td>{int(record["rows"])}</td>'
+                    f'<td>{len(record["groups"])}</td><td>{served}</td></tr>')
+    if not rows:
+        return '<div class="ss-empty">No forward yet: run something.</div>'
+    return ('<div class="ss-scroll"><table class="ss-table" id="sched-forwards"><thead><tr><th>forward</th><th>ms</th>'
+            f'<th>rows</th><th>requests</th><th>served</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def build_scheduler(backend: Backend, tab: gr.Tab) -> None:
+    with gr.Row():
+        refresh = gr.Button("↻ refresh", elem_id="sched-refresh", scale=0, min_width=110)
+        follow = gr.Checkbox(label="follow (refresh every 2 s)", value=False, elem_id="sched-follow", scale=0)
+    summary = gr.HTML(elem_id="sched-summary")
+    plot = chart("sched-chart")
+    table = gr.HTML(elem_id="sched-table")
+    timer = gr.Timer(FOLLOW_S, active=False)
+
+    def fetch(request: gr.Request) -> list[Any]:
+        try:
+            records = backend.client(request).forwards()[-SHOWN:]
+        except (BackendUnavailable, BackendError) as exc:
+            return [warning_html(exc), gr.skip(), gr.skip()]
+        shared = sum(len(r["groups"]) > 1 for r in records)
+        note = (f"the latest {len(records)} forwards; {shared} served more than one request" if records
+                else "no forward yet")
+        return [f'<div class="ss-note">{html.escape(note)}</div>', figure_json(scheduler_figure(records)),
+                forwards_table_html(records)]
+
+    for trigger in (refresh.click, tab.select, timer.tick):
+        trigger(fetch, None, [summary, plot, table], concurrency_limit=None, show_progress="hidden")
+    follow.change(lambda on: gr.Timer(active=on), follow, timer, queue=False)
