@@ -731,11 +731,19 @@ def test_speculative_runs_of_two_clients_share_forwards(engine, store, monkeypat
     assert engine.rt.pool.used == 0
 
 
+def newest_forward(c: TestClient) -> int:
+    """The id of the engine's newest recorded forward (0: none), paging through the log."""
+    since = 0
+    while page := c.get("/api/forwards", params={"since": since, "limit": 1000}).json()["forwards"]:
+        since = page[-1]["id"]
+    return since
+
+
 def test_the_forwards_log_shows_what_shared_each_forward(engine, store, monkeypatch):
     """GET /api/forwards pages through the engine's record of its forwards: which runs and modes each served, with
     how many rows, and the pool's occupancy; two clients' runs show up in one forward."""
     with TestClient(create_app(engine, store)) as c:
-        since = c.get("/api/forwards", params={"limit": 1000}).json()["next"]
+        since = newest_forward(c)
         gate = StepGate(engine.scheduler, monkeypatch)
         try:
             with c.websocket_connect("/ws/generate") as a, c.websocket_connect("/ws/generate") as b:
@@ -746,10 +754,11 @@ def test_the_forwards_log_shows_what_shared_each_forward(engine, store, monkeypa
                 runs = {receive_run(a)[0]["run_id"], receive_run(b)[0]["run_id"]}
         finally:
             gate.open()
-        page = c.get("/api/forwards", params={"since": since, "limit": 5}).json()
-        assert len(page["forwards"]) == 5 and page["next"] == page["forwards"][-1]["id"] > since
+        page = c.get("/api/forwards", params={"since": since, "limit": 2}).json()
+        assert len(page["forwards"]) == 2 and page["next"] == page["forwards"][-1]["id"] > since
         records = page["forwards"] + c.get("/api/forwards", params={"since": page["next"]}).json()["forwards"]
         assert [r["id"] for r in records] == list(range(since + 1, since + 1 + len(records)))
+        assert newest_forward(c) == records[-1]["id"]
         shared = [r for r in records if len({g["run_id"] for g in r["groups"]}) == 2]
         assert shared and all({g["run_id"] for g in r["groups"]} == runs for r in shared)
         assert all(r["rows"] == sum(g["rows"] for g in r["groups"]) and 0 < r["pool_used"] <= r["pool_slots"]
