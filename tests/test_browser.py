@@ -289,10 +289,10 @@ def test_visualizer_follows_a_chat_run_live(page) -> None:
     seen = int(page.eval_on_selector("#viz-slider", "e => e.max"))
     page.wait_for_function("n => Number(document.querySelector('#viz-slider').max) > n", arg=seen, timeout=90_000)
     page.get_by_role("tab", name="Chat").click()
-    page.click("#chat-stop")
-    wait_last_answer(page, "stopped", timeout=90_000)
+    page.click("#chat-stop")    # on a loaded machine the run may end by itself first: either way it settles
+    wait_last_answer(page, r"stopped|\(done\)", timeout=90_000)
     page.get_by_role("tab", name="Visualizer").click()
-    page.wait_for_function("() => document.querySelector('#viz-summary').innerText.includes(' cancelled ')",
+    page.wait_for_function("() => / (cancelled|done) /.test(document.querySelector('#viz-summary').innerText)",
                            timeout=60_000)
     last = page.eval_on_selector("#viz-slider", "e => e.max")
     assert round_label(page) == f"round {last} of {last}"  # it followed to the end
