@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from support.browser import NEEDS_BROWSER, new_page
-from support.live_server import free_port, serving
+from support.live_server import ui_server
 
 pytest_plugins = ["support.browser"]  # the browser and errors fixtures
 pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
@@ -15,17 +15,8 @@ pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
 
 @pytest.fixture(scope="module")
 def server(loaded, tmp_path_factory) -> Iterator[dict]:
-    from specscope.app.ui import mount_ui
-    from specscope.backend.engine.engine import Engine
-    from specscope.backend.server import create_app
-    from specscope.backend.store import Store
-
-    engine = Engine(loaded, num_slots=4096)
-    store = Store(f"sqlite:///{tmp_path_factory.mktemp('bench') / 'runs.db'}")
-    port = free_port()
-    app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
-    with serving(app, port):
-        yield {"url": f"http://127.0.0.1:{port}/", "engine": engine}
+    with ui_server(loaded, tmp_path_factory.mktemp("bench")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.browser import NEEDS_BROWSER, new_page, shot
-from support.live_server import free_port, serving
+from support.live_server import ui_server
 from websockets.sync.client import connect
 
 pytest_plugins = ["support.browser"]  # the browser and errors fixtures
@@ -20,17 +20,8 @@ SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 
 @pytest.fixture(scope="module")
 def server(loaded, tmp_path_factory) -> Iterator[dict]:
-    from specscope.app.ui import mount_ui
-    from specscope.backend.engine.engine import Engine
-    from specscope.backend.server import create_app
-    from specscope.backend.store import Store
-
-    engine = Engine(loaded, num_slots=4096)
-    store = Store(f"sqlite:///{tmp_path_factory.mktemp('sched') / 'runs.db'}")
-    port = free_port()
-    app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
-    with serving(app, port):
-        yield {"url": f"http://127.0.0.1:{port}/", "ws": f"ws://127.0.0.1:{port}/ws/generate", "engine": engine}
+    with ui_server(loaded, tmp_path_factory.mktemp("sched")) as served:
+        yield served
 
 
 def run_at_once(url: str, modes: list[str]) -> list[str]:

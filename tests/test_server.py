@@ -709,21 +709,26 @@ def test_check_bind_allows_loopback(host):
     check_bind(host, None)
 
 
+def at_once(c: TestClient, engine, monkeypatch, mode_a: str, mode_b: str, tokens: int) -> list[list[Event]]:
+    """Two clients' runs, both queued before the engine steps, then run to their ends: each one's events."""
+    gate = StepGate(engine.scheduler, monkeypatch)
+    try:
+        with c.websocket_connect("/ws/generate") as a, c.websocket_connect("/ws/generate") as b:
+            a.send_text(gen_msg(mode=mode_a, max_new_tokens=tokens))
+            b.send_text(gen_msg(mode=mode_b, max_new_tokens=tokens))
+            wait_for(lambda: c.get("/api/health").json()["queued_runs"] == 2)
+            gate.open()
+            return [receive_run(a), receive_run(b)]
+    finally:
+        gate.open()
+
+
 def test_speculative_runs_of_two_clients_share_forwards(engine, store, monkeypatch):
     """Two clients' isd and quadratic runs, admitted in one step, share their verify forwards (batch_requests 2 in
     their round phases over /ws/generate) and give the tokens each gives alone."""
     alone = {mode: engine.generate(PROMPT, mode, {"max_new_tokens": 12}).output_ids for mode in ("isd", "quadratic")}
     with TestClient(create_app(engine, store)) as c:
-        gate = StepGate(engine.scheduler, monkeypatch)
-        try:
-            with c.websocket_connect("/ws/generate") as a, c.websocket_connect("/ws/generate") as b:
-                a.send_text(gen_msg(mode="isd", max_new_tokens=12))
-                b.send_text(gen_msg(mode="quadratic", max_new_tokens=12))
-                wait_for(lambda: c.get("/api/health").json()["queued_runs"] == 2)
-                gate.open()
-                runs = {"isd": receive_run(a), "quadratic": receive_run(b)}
-        finally:
-            gate.open()
+        runs = dict(zip(("isd", "quadratic"), at_once(c, engine, monkeypatch, "isd", "quadratic", 12), strict=True))
     for mode, events in runs.items():
         assert events[-1]["output_ids"] == alone[mode], mode
         shared = [p for e in events if e["type"] == "round" for p in e["phases"] if p["batch_requests"] == 2]
@@ -744,16 +749,7 @@ def test_the_forwards_log_shows_what_shared_each_forward(engine, store, monkeypa
     how many rows, and the pool's occupancy; two clients' runs show up in one forward."""
     with TestClient(create_app(engine, store)) as c:
         since = newest_forward(c)
-        gate = StepGate(engine.scheduler, monkeypatch)
-        try:
-            with c.websocket_connect("/ws/generate") as a, c.websocket_connect("/ws/generate") as b:
-                a.send_text(gen_msg(mode="isd", max_new_tokens=8))
-                b.send_text(gen_msg(mode="ar", max_new_tokens=8))
-                wait_for(lambda: c.get("/api/health").json()["queued_runs"] == 2)
-                gate.open()
-                runs = {receive_run(a)[0]["run_id"], receive_run(b)[0]["run_id"]}
-        finally:
-            gate.open()
+        runs = {events[0]["run_id"] for events in at_once(c, engine, monkeypatch, "isd", "ar", 8)}
         page = c.get("/api/forwards", params={"since": since, "limit": 2}).json()
         assert len(page["forwards"]) == 2 and page["next"] == page["forwards"][-1]["id"] > since
         records = page["forwards"] + c.get("/api/forwards", params={"since": page["next"]}).json()["forwards"]

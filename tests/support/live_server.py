@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -34,3 +35,20 @@ def serving(app: FastAPI, port: int | None = None) -> Iterator[int]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+@contextmanager
+def ui_server(loaded, folder: Path) -> Iterator[dict]:
+    """The UI and backend over one engine of `loaded`, its store in `folder`: the page's URL, the websocket's and the
+    engine."""
+    from specscope.app.ui import mount_ui
+    from specscope.backend.engine.engine import Engine
+    from specscope.backend.server import create_app
+    from specscope.backend.store import Store
+
+    engine = Engine(loaded, num_slots=4096)
+    store = Store(f"sqlite:///{folder / 'runs.db'}")
+    port = free_port()
+    app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
+    with serving(app, port):
+        yield {"url": f"http://127.0.0.1:{port}/", "ws": f"ws://127.0.0.1:{port}/ws/generate", "engine": engine}
