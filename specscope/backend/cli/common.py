@@ -58,6 +58,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
     loaded, slots = load_from_args(args, at_most_per_sequence=MAX_RUNNING)
     engine = Engine(loaded, num_slots=slots, tiers=tiers, matmul=args.matmul)
     engine.scheduler.draft_tiers = draft_tiers(engine, args.draft_tiers)
+    engine.rt.log.clear()   # the cost measurement's forwards are no user's
     return engine
 
 
