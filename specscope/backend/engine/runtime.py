@@ -273,12 +273,12 @@ class Runtime:
     def score_ragged(self, asks: Sequence[Ask]) -> list[Scores] | None:
         """One forward of several requests' row groups of any lengths and positions (each writes its K/V), packed
         flat on the fused step; None where it cannot take them all."""
+        if not isinstance(self.backend, FusedDecode):
+            return None
         t0 = time.perf_counter()
         planned = [self.plan(torch.tensor([a.ids]), [a.start], a.attn,
                              self._context([a.req], [cast(list[int], a.write)]), a.lora, a.mask, None, a.offsets)
                    for a in asks]
-        if not isinstance(self.backend, FusedDecode):
-            return None
         with torch.inference_mode():
             raw = self.backend.run_ragged([plan for plan, _ in planned])
         if raw is None:

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 from specscope.backend.engine.ask import Ask, BranchAsk, Round
 from specscope.backend.engine.draft_tiers import DraftTiers, budget
@@ -190,19 +190,17 @@ class Scheduler:
     def _waves(self, pending: dict[str, Pending]) -> list[list[Ask | BranchAsk]]:
         """This wave's forwards: the pending asks grouped by key (each group at most its `group_limit`), the
         keyless alone."""
-        groups: dict[Any, list[Ask | BranchAsk]] = {}
+        groups: dict[Any, tuple[int, list[Ask | BranchAsk]]] = {}
         alone: list[list[Ask | BranchAsk]] = []
         for waits in list(pending.values()):
             ask = waits.ask
             key = ask.key()
-            if key is None or not isinstance(ask, Ask) or self.rt.group_limit(ask) == 1:
+            limit = self.rt.group_limit(ask) if key is not None and isinstance(ask, Ask) else 1
+            if limit == 1:
                 alone.append([ask])
             else:
-                groups.setdefault(key, []).append(ask)
-        shared = []
-        for asks in groups.values():
-            limit = self.rt.group_limit(cast(Ask, asks[0]))
-            shared += [asks[i:i + limit] for i in range(0, len(asks), limit)]
+                groups.setdefault(key, (limit, []))[1].append(ask)
+        shared = [asks[i:i + limit] for limit, asks in groups.values() for i in range(0, len(asks), limit)]
         return shared + alone
 
     def _advance(self, req: Request, round_: Round, rows: Any, pending: dict[str, Pending]) -> None:

@@ -296,26 +296,19 @@ class FusedDecode:
 
     def call(self, groups: list[Rows], block: int) -> list[ForwardResult]:
         """One kernel call over every group's rows (block: the width of a bidirectional block, 0 for none)."""
-        count = sum(g.count for g in groups)
-        width = max(g.prefix.shape[1] for g in groups)
-        prefix = np.concatenate([np.pad(g.prefix, ((0, 0), (0, width - g.prefix.shape[1]))) for g in groups])
-        at, ids_, lengths = (np.concatenate([getattr(g, f) for g in groups]) for f in ("at", "ids", "lengths"))
-        write = None if groups[0].write is None else np.concatenate([cast(np.ndarray, g.write) for g in groups])
-        adapter = None
-        if any(g.adapter is not None for g in groups):
-            adapter = np.concatenate([np.zeros(g.count, np.uint8) if g.adapter is None else g.adapter
-                                      for g in groups])
-        cache = groups[0].cache
-        self.rope.cover(int(at.max()))
+        flat = packed(groups)
+        count, cache = flat.count, flat.cache
+        self.rope.cover(int(flat.at.max()))
         rope, weights = self.rope, self.weights.pointers
         logits = torch.empty(count, self.vocab, dtype=torch.float32)
-        hidden = torch.empty(count, self.dim, dtype=torch.float32) if any(g.hidden for g in groups) else None
+        hidden = torch.empty(count, self.dim, dtype=torch.float32) if flat.hidden else None
         status = self.lib.decode_step(
             weights.dims, weights.eps, weights.tensors, weights.embed, weights.final_norm, weights.head,
-            weights.odd_rows, weights.odd_count, weights.odd_values, count, ptr(ids_), ptr(at),
-            ptr(rope.cos), ptr(rope.sin), ptr(rope.q_scale), ptr(np.ascontiguousarray(prefix)), width, ptr(lengths),
-            ptr(write), ptr(cache.k), ptr(cache.v), cache.k.stride(0), block,
-            self.lora_pointer if adapter is not None else ptr(None), self.lora_rank, self.lora_scale, ptr(adapter),
+            weights.odd_rows, weights.odd_count, weights.odd_values, count, ptr(flat.ids), ptr(flat.at),
+            ptr(rope.cos), ptr(rope.sin), ptr(rope.q_scale), ptr(flat.prefix), flat.prefix.shape[1], ptr(flat.lengths),
+            ptr(flat.write), ptr(cache.k), ptr(cache.v), cache.k.stride(0), block,
+            self.lora_pointer if flat.adapter is not None else ptr(None), self.lora_rank, self.lora_scale,
+            ptr(flat.adapter),
             ptr(logits), ptr(hidden))
         if status:
             raise MemoryError("fused decode step: out of memory")
@@ -348,6 +341,22 @@ class Rows:
     @property
     def count(self) -> int:
         return self.requests * self.queries
+
+
+def packed(groups: list[Rows]) -> Rows:
+    """Several groups' rows as one set (slot tables padded to the widest, adapter flags off where a group has
+    none); a lone group as it is."""
+    if len(groups) == 1:
+        return groups[0]
+    width = max(g.prefix.shape[1] for g in groups)
+    prefix = np.concatenate([np.pad(g.prefix, ((0, 0), (0, width - g.prefix.shape[1]))) for g in groups])
+    at, ids, lengths = (np.concatenate([getattr(g, f) for g in groups]) for f in ("at", "ids", "lengths"))
+    write = None if groups[0].write is None else np.concatenate([cast(np.ndarray, g.write) for g in groups])
+    adapter = None
+    if any(g.adapter is not None for g in groups):
+        adapter = np.concatenate([np.zeros(g.count, np.uint8) if g.adapter is None else g.adapter for g in groups])
+    return Rows(1, sum(g.count for g in groups), ids, at, prefix, lengths, write, adapter,
+                any(g.hidden for g in groups), groups[0].cache)
 
 
 def float32_lora_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
