@@ -556,10 +556,14 @@ def open_in_visualizer(page, run_id: str) -> None:
     page.wait_for_function("id => document.querySelector('#viz-summary')?.innerText.includes(id)", arg=run_id)
 
 
-def test_the_status_banner_follows_runs_within_two_seconds(page, server) -> None:
-    """The banner's active-run count catches up with a run's start and end within ~2 s (a poll
-    every 3 s could miss a short run)."""
+def test_the_status_banner_follows_runs_within_a_poll(page, server) -> None:
+    """The page polls the banner every second, and its active-run count catches up with a run's start and end
+    within a poll plus what a loaded 2-core machine adds (a poll every 3 s could miss a short run)."""
     import openai
+
+    periods = page.evaluate("() => window.gradio_config.components.filter(c => c.type === 'timer')"
+                            ".map(c => c.props.value)")
+    assert min(periods) <= 1.0, periods
 
     client = openai.OpenAI(base_url=server["url"] + "v1", api_key="none", max_retries=0)
     banner = "n => document.querySelector('#ss-up')?.innerText.includes('active runs ' + n)"
@@ -577,7 +581,7 @@ def test_the_status_banner_follows_runs_within_two_seconds(page, server) -> None
         ended = time.perf_counter()
         page.wait_for_function(banner, arg=0, polling=50)
         lags.append(time.perf_counter() - ended)
-    assert max(lags) < 2.0, lags
+    assert max(lags) < 3.0, lags
 
 
 def test_stored_markup_is_shown_as_text(page, server) -> None:
