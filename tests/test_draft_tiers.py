@@ -2,11 +2,12 @@
 says, each round records the tier, a lone request keeps its own parameters, and the tokens never change."""
 import pytest
 
+from specscope.backend.engine.cost_curve import CostCurve
 from specscope.backend.engine.draft_tiers import auto_tiers, block_length, budget, isd_n, quadratic_k
 from specscope.backend.tracing import RecordingTracer
 
-AVX2 = {1: 1.0, 2: 1.15, 4: 1.72, 8: 2.63, 16: 3.88}      # a float32 verify on AVX2: each row costs its share
-AMX = {1: 1.0, 2: 1.02, 4: 1.05, 8: 1.15, 16: 1.42}       # bf16 on AMX tiles: rows nearly free
+AVX2 = CostCurve({1: 1.0, 2: 1.15, 4: 1.72, 8: 2.63, 16: 3.88})   # a float32 verify on AVX2: each row its share
+AMX = CostCurve({1: 1.0, 2: 1.02, 4: 1.05, 8: 1.15, 16: 1.42})    # bf16 on AMX tiles: rows nearly free
 
 
 def test_each_mode_fits_its_draft_to_the_rows_allowed() -> None:

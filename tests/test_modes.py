@@ -13,32 +13,44 @@ GEN = HELDOUT_GEN
 LOSSLESS = [m for m in mode_names() if REGISTRY[m].lossless_vs]
 
 
+def verify_lengths(mode: str) -> list[str | None]:
+    """A mode's verify lengths (engine/verify_length.py), each checked lossless; [None] where it has no choice."""
+    param = next((p for p in REGISTRY[mode].params if p.name == "verify"), None)
+    return list(param.choices) if param else [None]
+
+
+VARIANTS = [pytest.param(m, v, id=m if v is None else f"{m}-{v}") for m in LOSSLESS for v in verify_lengths(m)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", LOSSLESS)
-def test_lossless_mode_equals_its_reference_and_its_drafter_works(heldout_runs, mode):
-    """Greedy output == the reference mode's on every held-out prompt, and the drafting side does real
-    work there (else equality would hold vacuously: a mode whose drafts are never used still equals ar).
-    Each side is one batched run over the prompts, kept for the session (heldout_runs): a reference that is
-    itself a lossless mode (spiffy for specfold) runs once, and the mode files check their own metrics on
+@pytest.mark.parametrize(("mode", "verify"), VARIANTS)
+def test_lossless_mode_equals_its_reference_and_its_drafter_works(heldout_runs, mode, verify):
+    """Greedy output == the reference mode's on every held-out prompt, at every verify length, and the drafting
+    side does real work there (else equality would hold vacuously: a mode whose drafts are never used still
+    equals ar). Each side is one batched run over the prompts, kept for the session (heldout_runs): a reference
+    that is itself a lossless mode (spiffy for specfold) runs once, and the mode files check their own metrics on
     these same runs."""
     cls = REGISTRY[mode]
     prompts = heldout_runs.prompts
     assert len(prompts) >= 35
+    claimed = {**GEN, **cls.lossless_params, **({} if verify is None else {"verify": verify})}
     refs = heldout_runs(cls.lossless_vs, GEN)
-    runs = heldout_runs(mode, {**GEN, **cls.lossless_params})
-    claimed = {**GEN, **cls.lossless_params}
+    runs = heldout_runs(mode, claimed)
     for prompt, ref, run in zip(prompts, refs, runs, strict=True):
         found = verdict(Outcome(mode, run.output_ids, claimed, run.status),
                         Outcome(ref.mode, ref.output_ids, GEN, ref.status), claim_of(mode))
         assert found.holds, (mode, prompt, found.blockers, run.text, ref.text)
+    assert heldout_runs.engine.rt.pool.used == 0
     assert cls.drafter, f"{mode} claims lossless but declares no drafter metric to show its drafts work"
     metric, minimum = cls.drafter
-    # the drafter at its default parameters: on every 5th prompt where the lossless claim needs other ones
-    drafting = heldout_runs(mode, GEN, prompts[::5]) if cls.lossless_params else runs
+    drafting_params = {**GEN, **cls.drafter_params}
+    if verify is not None and verify != cls.drafter_params.get("verify"):
+        return      # the drafter is shown at its own verify length
+    # the drafter at its parameters: on every 5th prompt where the lossless claim needs other ones
+    drafting = runs if drafting_params == claimed else heldout_runs(mode, drafting_params, prompts[::5])
     drafted = [run.metrics[metric] or 0.0 for run in drafting]
     assert all(run.status == "done" for run in drafting)
     assert sum(drafted) / len(drafted) >= minimum, (mode, metric, sum(drafted) / len(drafted))
-    assert heldout_runs.engine.rt.pool.used == 0
 
 
 def bad_values(param):
@@ -131,7 +143,8 @@ def test_rounds_cut_by_max_new_tokens_show_cut_cells_and_count_what_was_kept(sha
     for prompt in ("Count from 3 to 9.", "Reverse: q w e r t y u i"):
         for limit in (2, 3, 5):
             tracer = RecordingTracer()
-            res = shared_engine.generate(prompt, mode, {"max_new_tokens": limit}, tracer=tracer)
+            params = {"max_new_tokens": limit, **REGISTRY[mode].drafter_params}
+            res = shared_engine.generate(prompt, mode, params, tracer=tracer)
             end = len(tracer.events[0]["prompt_ids"]) + limit
             rounds = [e for e in tracer.events if e["type"] == "round"]
             committed = [t for r in rounds for t in r["committed"]]

@@ -14,12 +14,29 @@ Card = dict[str, Any]
 NO_CARD = "This checkpoint ships no model card (model_card.json): nothing is declared about what it knows."
 
 
+def cost_html(answer: Card) -> str:
+    """What a forward costs here by its rows (the engine's cost curve): the price the cost-aware verify length
+    and the draft tiers pay for each drafted row."""
+    curve = answer.get("cost_curve")
+    if not curve:
+        return ""
+    rows = list(curve["ms"])
+    head = "".join(f"<th>{html.escape(r)}</th>" for r in rows)
+    ms = "".join(f'<td class="ss-num">{curve["ms"][r]:.2f}</td>' for r in rows)
+    ratio = "".join(f'<td class="ss-num">{curve["vs_one_row"][r]:.2f}×</td>' for r in rows)
+    return (f'<div id="ss-cost-curve"><p><b>what a forward costs here</b> ({html.escape(str(answer.get("matmul")))}'
+            ' matmuls): a verify of k rows against a decode step of one, which is what a drafted token must pay '
+            'for</p><table class="ss-table"><thead><tr><th>rows</th>' + head + "</tr></thead><tbody>"
+            f"<tr><td>ms</td>{ms}</tr><tr><td>vs 1 row</td>{ratio}</tr></tbody></table></div>")
+
+
 def card_html(answer: Card) -> str:
-    """The card as escaped HTML: summary, the task families it was trained on, what is out of its domain."""
+    """The card as escaped HTML: summary, the task families it was trained on, what is out of its domain, and
+    what a forward costs on this machine."""
     card = answer.get("card")
     name = html.escape(str(answer.get("model", "?")))
     if not card:
-        return f'<div class="ss-card" id="ss-card"><b>{name}</b>: {html.escape(NO_CARD)}</div>'
+        return f'<div class="ss-card" id="ss-card"><b>{name}</b>: {html.escape(NO_CARD)}{cost_html(answer)}</div>'
     rows = "".join(f"<tr><td><b>{html.escape(f['name'])}</b></td><td>{html.escape(f.get('what', ''))}</td></tr>"
                    for f in card.get("families", []))
     outside = "".join(f"<li>{html.escape(x)}</li>" for x in card.get("out_of_domain", []))
@@ -32,7 +49,7 @@ def card_html(answer: Card) -> str:
             + (f"<p><b>answers</b>: {html.escape(style)}</p>" if style else "")
             + (f'<p><b>self-speculation adapter</b></p><table class="ss-table"><tbody>{adapter}</tbody></table>'
                if adapter else "")
-            + f"<p><b>out of its domain</b></p><ul>{outside}</ul></div>")
+            + f"<p><b>out of its domain</b></p><ul>{outside}</ul>{cost_html(answer)}</div>")
 
 
 def value_html(value: Any) -> str:

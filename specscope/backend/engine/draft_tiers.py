@@ -5,11 +5,10 @@ in force a request drafts at its own parameters; a budget of 0 makes its rounds 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
-import numpy as np
-
+from specscope.backend.engine.cost_curve import CostCurve
 from specscope.backend.engine.params import ParamError
+from specscope.backend.engine.verify_length import best_draft_count
 
 DraftTiers = list[tuple[int, int | None]]
 """(max_running, extra rows per request: those a round may run beyond a decode step's one, None: its own
@@ -57,29 +56,14 @@ def block_length(size: int, rows: int | None) -> int | None:
     return min(size, (rows + 1) // 2) if rows >= 3 else None
 
 
-def expected_tokens(drafts: int) -> float:
-    """Tokens a round gives with this many drafts in a chain: the accepted prefix plus the bonus."""
-    return sum(ACCEPTANCE ** i for i in range(drafts + 1))
-
-
-def cost(curve: Mapping[int, float], rows: int) -> float:
-    """A forward's cost at `rows` from the measured curve (rows -> ms), linear between its points and beyond the
-    last two."""
-    xs, ys = zip(*sorted(curve.items()), strict=True)
-    if rows <= xs[-1]:
-        return float(np.interp(rows, xs, ys))
-    return ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (rows - xs[-1])
-
-
-def auto_tiers(curve: Mapping[int, float], max_running: int = 64) -> DraftTiers:
+def auto_tiers(curve: CostCurve, max_running: int = 64) -> DraftTiers:
     """Tiers that follow the machine's verify cost (`curve`: ms of a causal forward by rows): with r requests
     running, the draft rows per request that give the most expected tokens per unit of forward cost, against a
     decode step of r rows. A lone request keeps its own parameters; where rows are nearly free (AMX tiles, a
     GPU) drafts stay long under load, where each row costs its share (float32 on AVX2) they shrink to none."""
     tiers: DraftTiers = [(1, None)]
     for running in (r for r in RUNNING if r <= max_running):
-        def value(drafts: int, running: int = running) -> float:
-            return expected_tokens(drafts) * cost(curve, running) / cost(curve, running * (1 + 2 * drafts))
-        tiers.append((running, 2 * max(range(8), key=value)))
+        drafts = best_draft_count(ACCEPTANCE, 7, lambda d, r=running: curve.at(r * (1 + 2 * d)))
+        tiers.append((running, 2 * drafts))
     tiers[-1] = (max(max_running, tiers[-1][0]), tiers[-1][1])
     return tiers

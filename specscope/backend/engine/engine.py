@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from specscope.backend.engine.cost_curve import CostCurve, cached
 from specscope.backend.engine.draft_tiers import DraftTiers
 from specscope.backend.engine.messages import Prompt, check_messages, last_user
 from specscope.backend.engine.modes import param_specs
@@ -44,11 +45,12 @@ class Engine:
 
     def __init__(self, loaded: LoadedModel | None = None, num_slots: int = 16384,
                  tiers: Tiers | None = None, check_invariants: bool = False, matmul: str = "float32",
-                 draft_tiers: DraftTiers | None = None):
+                 draft_tiers: DraftTiers | None = None, cost_curve: CostCurve | None = None):
         self.rt = Runtime(loaded or load_checkpoint(), num_slots, matmul)
         self.scheduler = Scheduler(self.rt, tiers, check_invariants, draft_tiers=draft_tiers)
         self.pieces = PieceTable(self.rt.tokenizer)
         """Each prompt id's own text, for run_start."""
+        self.rt.cost = cost_curve or cached(self)
         freeze_long_lived()
 
     @property
@@ -105,6 +107,7 @@ class Engine:
                                       "model_hash": self.rt.loaded.weights_hash, "matmul": self.rt.matmul,
                                       "block_size_tiers": [list(t) for t in tiers],
                                       "draft_tiers": [list(t) for t in self.scheduler.draft_tiers],
+                                      "cost_curve": self.rt.cost.to_json(),
                                       "prompt": prompt if isinstance(prompt, str) else last_user(prompt),
                                       **({} if isinstance(prompt, str) else {"messages": prompt}),
                                       "prompt_ids": ids,

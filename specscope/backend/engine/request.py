@@ -46,6 +46,8 @@ class Request:
     """Extra rows this step's draft tier allows a round (engine.draft_tiers; None: the request's own parameters)."""
     tier: dict[str, Any] | None = None
     """The tiers in force this step, as the round records them (None when the engine has none)."""
+    confidence: float = 0.0
+    """The model's probability of the last token a round committed (set by the modes that draft by cost)."""
     kv_peak: int = 0
     error: str | None = None
     text: TextStream | None = None           # the output's text deltas (the recorder's, made on first use)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from specscope.backend.engine.ask import RAGGED, Ask, BranchAsk
+from specscope.backend.engine.cost_curve import FLAT, CostCurve
 from specscope.backend.engine.draft_chain import draft_chain
 from specscope.backend.engine.kv import KVPool
 from specscope.backend.engine.request import Request
@@ -74,6 +75,9 @@ class Runtime:
         self._folded: dict[str, ForwardBackend] = {}
         self.chain = draft_chain(self.model, loaded.adapter_dir, self.mask_id)
         """The adapter's sampler head, if it ships one: chained MASK drafts (`drafts`)."""
+        self.cost: CostCurve = FLAT
+        """What a forward costs by its rows on this machine (the engine measures it at start): the cost-aware
+        verify length and the draft tiers price rows with it."""
         self.forwards = 0
         """Forwards run so far (each phase records the one it was part of)."""
         self.log: deque[dict[str, Any]] = deque(maxlen=FORWARD_LOG)

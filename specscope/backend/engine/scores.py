@@ -46,6 +46,11 @@ class Scores:
         ids = pick(self.logits, self.req.temperature, self.req.generator, self.mask_id)[0]
         return ids.tolist(), confidence(self.logits, ids, self.mask_id).tolist()
 
+    def confidence_of(self, ids: Sequence[int]) -> list[float]:
+        """Each row's probability of `ids[j]` under the plain softmax, MASK excluded: how sure row j is of a token
+        (a draft's, for the cost-aware verify length)."""
+        return confidence(self.logits, torch.tensor(list(ids), device=self.logits.device), self.mask_id).tolist()
+
     def argmax(self) -> list[int]:
         """Each row's most likely token (MASK excluded), whatever the request's temperature."""
         return best(self.logits, self.mask_id).tolist()

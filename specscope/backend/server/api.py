@@ -100,7 +100,7 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
             outage = writer.outage_s or 0.0
         return {"status": "ok" if outage is None else "degraded", "model": engine.model.name,
                 "active_runs": stats["active"], "queued_runs": stats["held"], "max_queued_runs": engine.max_queued,
-                "pool": stats["pool"],
+                "pool": stats["pool"], "cost_curve": engine.model.cost_curve,
                 "store": {"status": "ok" if outage is None else "unavailable",
                           "unavailable_s": None if outage is None else round(outage, 1)}}
 
@@ -126,7 +126,7 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
         prompts, what is out of its domain); card None when it ships none."""
         model = engine.model
         card = json.loads(model.card.read_text()) if model.card is not None else None
-        return {"model": model.name, "card": card}
+        return {"model": model.name, "card": card, "cost_curve": model.cost_curve, "matmul": model.matmul}
 
     @router.get("/vocab")
     def vocab() -> Row:

@@ -36,6 +36,7 @@ class ServedModel:
     mask_token: bool = False      # whether the modes that draft with MASK can run
     card: Path | None = None      # its model_card.json, if it ships one
     matmul: str = "float32"       # the precision of its forwards' matmuls (Runtime.matmul)
+    cost_curve: dict[str, Any] | None = None   # what its forwards cost by their rows here (CostCurve.to_json)
 
 
 def vocab_pieces(engine: Engine) -> list[str]:
@@ -48,7 +49,8 @@ def served_model(engine: Engine) -> ServedModel:
     """Read before the engine is handed to a worker thread: the tokenizer is not shared between threads."""
     loaded = engine.rt.loaded
     return ServedModel(loaded.name, loaded.folder, loaded.family, loaded.weights_hash, vocab_pieces(engine),
-                       loaded.mask_token_id is not None, loaded.shipped_file(CARD_FILE), engine.rt.matmul)
+                       loaded.mask_token_id is not None, loaded.shipped_file(CARD_FILE), engine.rt.matmul,
+                       engine.rt.cost.to_json())
 
 
 @dataclass

@@ -25,12 +25,13 @@ class AR(Mode):
         return (yield from decode_round(req, rt))
 
 
-def decode_round(req: Request, rt: Runtime) -> Round:
+def decode_round(req: Request, rt: Runtime, extra: dict | None = None) -> Round:
     """Feed the last token (writing its KV) and take the next one: `ar`'s round, and a drafting mode's where its
-    draft tier allows no drafts."""
+    draft tier or its cost-aware length allows no drafts (`extra`: what the round records of why)."""
     start = req.cached
     slots = rt.alloc(req, [start])
     scores = yield rt.ask(req, [req.tokens[-1]], start, "causal", kind="decode", write=slots)
     (token,), (prob,) = scores.pick()
-    view = RoundEvent(start + 1, [token], ["accepted"], [prob]) if req.tracer.enabled else None
+    req.confidence = prob
+    view = RoundEvent(start + 1, [token], ["accepted"], [prob], extra=extra or {}) if req.tracer.enabled else None
     return RoundResult([token], 1, commit=slots, view=view)

@@ -48,6 +48,9 @@ class Mode:
     """Parameters under which the lossless claim holds (e.g. SpecFold: δ = 0 with the strict FFN gate)."""
     drafter: ClassVar[tuple[str, float] | None] = None
     """(run metric, minimum of its mean over held-out prompts) that shows the drafting side works."""
+    drafter_params: ClassVar[dict[str, Any]] = {}
+    """Parameters at which the drafter metric is checked (a cost-aware verify may rightly draft little where rows
+    are dear, so the drafter shows its work at the fixed length)."""
     params: ClassVar[tuple[Param, ...]] = ()
     needs_mask: ClassVar[bool] = True
 

@@ -11,6 +11,11 @@ stays: V frees N-1 slots, R frees (N-1-i) + (N-1), C frees 2N-2. The pending / t
 one, whose KV this round writes.
 NFE = one forward per round; prefill not counted.
 
+`verify=cost` (engine/verify_length.py) verifies only the spec prefix whose drafts' own probabilities pay for its
+rows on the engine's cost curve, and drafts only as many new specs as the last committed token's confidence pays
+for: a round is [pending, spec0 .. spec(L-1), M x m] with L <= N-1 and m <= N-1 (m = 0 after a reject or with
+no specs: a plain decode step), and a cold start carries no padding. `verify=fixed` is the paper's block.
+
 Drafts at T > 0: `draft=sample` (default) *draws* the specs from q, which makes the p/q rule exact
 speculative sampling; `draft=argmax` takes the argmax of q, as the I-DLM code does. At T = 0 both are argmax.
 A spec whose scaled proposal alpha*q is 0 is rejected (the reference's where(alpha*q > 0, p/q, 0)).
@@ -29,6 +34,7 @@ from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.scores import Scores, Verdict, verify_specs
+from specscope.backend.engine.verify_length import VERIFY_PARAM, best_draft_count, best_prefix
 from specscope.backend.tracing import RoundEvent
 
 
@@ -64,12 +70,14 @@ class ISD(Mode):
                "passed (greedy: same argmax; T > 0: u < min(1, p/(αq))).")
     lossless_vs = "ar"
     drafter = ("tpf", 1.2)
+    drafter_params = {"verify": "fixed"}
     params = (
         Param("n", int, 4, 2, 8, "Block-N: tokens per all-accept round; blk = 2N-1"),
         Param("alpha", float, 1.0, 0.0, 10.0, "p/q acceptance slack at T > 0 (1 = exact)"),
         Param("draft", str, "sample", help="T > 0: sample the specs from q (exact speculative sampling) or take "
                                            "their argmax (the I-DLM code)", choices=("sample", "argmax")),
         SAMPLER_PARAM,
+        VERIFY_PARAM,
     )
 
     def extra_positions(self, params: dict) -> int:
@@ -94,76 +102,108 @@ class ISD(Mode):
         if n is None:
             return (yield from decode_round(req, rt))
         st.n = n
-        k = n - 1
+        specs, drafting, padding = self._lengths(req, rt, st)
         start = req.cached
-        block = [req.tokens[-1]] + (st.specs if st.specs else [rt.mask] * k) + [rt.mask] * k
+        block = [req.tokens[-1]] + specs + [rt.mask] * (drafting + padding)
         slots = rt.alloc(req, range(start, start + len(block)))
         scores = yield rt.ask(req, block, start, "strict_causal", kind="verify", write=slots)
-        if not st.specs:
-            return self._cold_start(req, rt, st, scores, slots, start, block)
+        if not specs:
+            return self._cold_start(req, rt, st, scores, slots, start, block, drafting)
         assert st.draft is not None, "specs without their draft rows"
         alpha = req.params["alpha"]
-        verdict, uniforms = verify_specs(scores.rows(slice(0, k)), st.draft, st.specs, alpha, req.tracer.enabled)
-        pq = pq_table(st.specs, verdict, req.temperature, alpha, uniforms) if req.tracer.enabled else []
+        verified = len(specs)
+        verdict, uniforms = verify_specs(scores.rows(slice(0, verified)), st.draft.rows(slice(0, verified)), specs,
+                                         alpha, req.tracer.enabled)
+        pq = pq_table(specs, verdict, req.temperature, alpha, uniforms) if req.tracer.enabled else []
         st.accepted_specs += verdict.accepted
         if verdict.correction is None:
-            return self._all_accepted(req, rt, st, scores, slots, start, block, pq)
-        return self._rejected(req, st, slots, start, block, verdict.accepted, verdict.correction, pq)
+            return self._all_accepted(req, rt, st, scores, slots, start, block, specs, drafting, pq)
+        return self._rejected(req, rt, st, scores, slots, start, block, specs, verdict.accepted,
+                              verdict.correction, pq)
+
+    @staticmethod
+    def _lengths(req: Request, rt: Runtime, st: ISDState) -> tuple[list[int], int, int]:
+        """The specs this round verifies, how many masks draft the next ones, and how many pad the block."""
+        k = st.n - 1
+        if req.params["verify"] == "fixed":
+            return st.specs, k, 0 if st.specs else k
+        drafting = best_draft_count(req.confidence, k, lambda m: rt.cost.at(1 + 2 * m))
+        if not st.specs:
+            return [], drafting, 0
+        probs = st.draft.confidence_of(st.specs) if st.draft is not None else []
+        verified = best_prefix(probs, lambda v: rt.cost.at(1 + v + drafting))
+        return st.specs[:verified], drafting, 0
 
     def _draft(self, req: Request, rt: Runtime, st: ISDState, masks: Scores, clean: int) -> None:
-        """New specs after the clean token, drawn from (or the argmax of) the rows of N-1 masks (chained through
-        the sampler head, if any), which are kept as their proposal q."""
+        """New specs after the clean token, drawn from (or the argmax of) the rows of the masks (chained through
+        the sampler head, if any), which are kept as their proposal q; none without masks."""
+        if len(masks) == 0:
+            st.specs, st.draft = [], None
+            return
         st.specs, st.draft = rt.drafts(masks, clean, req.params["draft"] == "argmax", req.params["sampler"])
 
+    @staticmethod
+    def _note_confidence(req: Request, row: Scores, token: int) -> None:
+        """Keep the model's probability of the token just committed: the cost-aware draft count reads it."""
+        if req.params["verify"] == "cost":
+            req.confidence = row.confidence_of([token])[0]
+
     def _cold_start(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int],
-                    start: int, block: list[int]) -> RoundResult:
-        n = st.n
+                    start: int, block: list[int], drafting: int) -> RoundResult:
         (clean,), (p_clean,) = scores.rows(slice(0, 1)).pick()
-        self._draft(req, rt, st, scores.rows(slice(1, n)), clean)
+        self._note_confidence(req, scores.rows(slice(0, 1)), clean)
+        self._draft(req, rt, st, scores.rows(slice(1, 1 + drafting)), clean)
         st.cases["C"] += 1
         release = SlotRelease(slots[1:], list(range(start + 1, start + len(block))), "mask")
         view = None
         if req.tracer.enabled:
-            tokens = [block[0], clean] + st.specs + [rt.mask] * (len(block) - n)
-            states = ["pending", "bonus"] + ["draft"] * (n - 1) + ["padding"] * (len(block) - n)
+            drafts = len(st.specs)
+            tokens = [block[0], clean] + st.specs + [rt.mask] * (len(block) - 1 - drafts)
+            states = ["pending", "bonus"] + ["draft"] * drafts + ["padding"] * (len(block) - 1 - drafts)
             view = RoundEvent(start, tokens, states, [None, p_clean] + [None] * (len(tokens) - 2),
-                             case="C", extra={"n": n, "trim": len(block) - 1})
+                             case="C", extra=self._extra(req, st, 0, drafting, len(block) - 1))
         return RoundResult([clean], 1, commit=slots[:1], free=[release], view=view)
 
     def _all_accepted(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int],
-                      start: int, block: list[int], pq: list[dict]) -> RoundResult:
-        n = st.n
-        k = n - 1
-        specs = st.specs
-        (clean,), (p_clean,) = scores.rows(slice(k, n)).pick()
-        self._draft(req, rt, st, scores.rows(slice(n, None)), clean)
+                      start: int, block: list[int], specs: list[int], drafting: int, pq: list[dict]) -> RoundResult:
+        verified = len(specs)
+        clean_row = scores.rows(slice(verified, verified + 1))
+        (clean,), (p_clean,) = clean_row.pick()
+        self._note_confidence(req, clean_row, clean)
+        self._draft(req, rt, st, scores.rows(slice(verified + 1, verified + 1 + drafting)), clean)
         st.cases["V"] += 1
-        release = SlotRelease(slots[n:], list(range(start + n, start + len(block))), "mask")
+        release = SlotRelease(slots[verified + 1:], list(range(start + verified + 1, start + len(block))), "mask")
         view = None
         if req.tracer.enabled:
+            drafts = len(st.specs)
             tokens = [block[0]] + specs + [clean] + st.specs
-            states = ["pending"] + ["accepted"] * k + ["bonus"] + ["draft"] * k
-            view = RoundEvent(start, tokens, states, [None] * k + [None, p_clean] + [None] * k,
-                             case="V", pq=pq, extra={"n": n, "trim": k})
-        return RoundResult(specs + [clean], n, commit=slots[:n], free=[release], view=view)
+            states = ["pending"] + ["accepted"] * verified + ["bonus"] + ["draft"] * drafts
+            view = RoundEvent(start, tokens, states, [None] * verified + [None, p_clean] + [None] * drafts,
+                             case="V", pq=pq,
+                             extra=self._extra(req, st, verified, drafting, len(block) - verified - 1))
+        return RoundResult(specs + [clean], verified + 1, commit=slots[:verified + 1], free=[release], view=view)
 
-    def _rejected(self, req: Request, st: ISDState, slots: list[int], start: int, block: list[int],
-                  i: int, fix: int, pq: list[dict]) -> RoundResult:
+    def _rejected(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int], start: int,
+                  block: list[int], specs: list[int], i: int, fix: int, pq: list[dict]) -> RoundResult:
         """Reject at spec i: keep the i accepted specs and the correction `fix`."""
-        n = st.n
-        k = n - 1
-        specs = st.specs
+        verified = len(specs)
+        masks = len(block) - 1 - verified
+        self._note_confidence(req, scores.rows(slice(i, i + 1)), fix)
         st.specs, st.draft = [], None
         st.cases["R"] += 1
         keep = 1 + i
-        rejected = SlotRelease(slots[keep:n], list(range(start + keep, start + n)), "rejected")
-        masks = SlotRelease(slots[n:], list(range(start + n, start + len(block))), "mask")
+        rejected = SlotRelease(slots[keep:verified + 1], list(range(start + keep, start + verified + 1)), "rejected")
+        freed = SlotRelease(slots[verified + 1:], list(range(start + verified + 1, start + len(block))), "mask")
         view = None
         if req.tracer.enabled:
-            tokens = [block[0]] + specs[:i] + [fix] + specs[i + 1:] + [block[-1]] * k
-            states = (["pending"] + ["accepted"] * i + ["bonus"] + ["rejected"] * (k - i - 1)
-                      + ["padding"] * k)
+            tokens = [block[0]] + specs[:i] + [fix] + specs[i + 1:] + [rt.mask] * masks
+            states = (["pending"] + ["accepted"] * i + ["bonus"] + ["rejected"] * (verified - i - 1)
+                      + ["padding"] * masks)
             view = RoundEvent(start, tokens, states, None, case="R", pq=pq,
-                             extra={"n": n, "trim": (k - i) + k, "replaced_draft": specs[i], "rejected_at": i})
-        return RoundResult(specs[:i] + [fix], i + 1, commit=slots[:keep],
-                           free=[rejected, masks], view=view)
+                             extra={**self._extra(req, st, verified, masks, (verified - i) + masks),
+                                    "replaced_draft": specs[i], "rejected_at": i})
+        return RoundResult(specs[:i] + [fix], i + 1, commit=slots[:keep], free=[rejected, freed], view=view)
+
+    @staticmethod
+    def _extra(req: Request, st: ISDState, verified: int, drafting: int, trim: int) -> dict:
+        return {"n": st.n, "trim": trim, "verify": req.params["verify"], "verified": verified, "drafted": drafting}

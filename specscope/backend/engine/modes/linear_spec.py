@@ -6,6 +6,10 @@ adapter's sampler head when it ships one), threshold > 0 unmasks iteratively. Ve
 `causal` attention writes its KV; accept the longest prefix with ar[i] == block[i+1], plus the AR token at the
 first mismatch (the bonus), which becomes the next seed and is not yet in the KV. The KV of the rejected
 suffix is freed. Greedy output equals `ar`. NFE = draft passes + 1 verify per round; prefill not counted.
+
+`verify=cost` (engine/verify_length.py) drafts a block only as long as the last committed token's confidence pays
+for on the engine's cost curve (a block of 1 is a plain decode step), then verifies only the draft prefix whose
+drafts' own probabilities pay for its rows. `verify=fixed` drafts and verifies the whole block (the reference).
 """
 from __future__ import annotations
 
@@ -19,7 +23,13 @@ from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
+from specscope.backend.engine.verify_length import VERIFY_PARAM, best_draft_count, best_prefix
 from specscope.backend.tracing import RoundEvent
+
+
+def round_ms(rt: Runtime, size: int) -> float:
+    """A round's forwards at block `size`: a draft pass and a verify of `size` rows, or one decode step."""
+    return rt.cost.at(1) if size == 1 else 2 * rt.cost.at(size)
 
 
 @register
@@ -32,11 +42,13 @@ class LinearSpec(Mode):
                "(bonus) and the rest is rejected; its KV is trimmed. Committed = accepted + correction.")
     lossless_vs = "ar"
     drafter = ("accept_len_mean", 1.5)
+    drafter_params = {"verify": "fixed"}
     params = (
         Param("block_size", int, 16, 2, 256, "positions per draft block, seed included"),
         Param("threshold", float, 0.0, 0.0, 1.0, "0: one draft pass fills all masks; >0: iterative"),
         Param("lora", bool, True, help="use the draft LoRA adapter when the model has one"),
         SAMPLER_PARAM,
+        VERIFY_PARAM,
     )
 
     def check(self, params: dict, rt: Runtime) -> None:
@@ -44,8 +56,13 @@ class LinearSpec(Mode):
 
     def round(self, req: Request, rt: Runtime) -> Round:
         size, start = block_length(block_size(req), req.draft_rows), req.cached
+        cost = req.params["verify"] == "cost"
+        if size is not None and cost:
+            size = 1 + best_draft_count(req.confidence, size - 1, lambda m: round_ms(rt, m + 1))
         if size is None:
             return (yield from decode_round(req, rt))
+        if size == 1:
+            return (yield from decode_round(req, rt, {"verify": "cost", "drafted": 0}))
         block = [req.tokens[-1]] + [rt.mask] * (size - 1)
         lora = req.params["lora"]
         threshold = req.params["threshold"]
@@ -53,16 +70,26 @@ class LinearSpec(Mode):
             conf = yield from chain_block(req, rt, block, start, lora)
         else:
             conf = yield from fill_block(req, rt, block, start, lora, threshold)
+        if cost:
+            drafted = rt.cost.at(size)
+            verified = best_prefix([c or 0.0 for c in conf[1:]], lambda v: drafted + rt.cost.at(1 + v))
+            block, conf = block[:1 + verified], conf[:1 + verified]
+        size = len(block)
         slots = rt.alloc(req, range(start, start + size))
-        ar = (yield rt.ask(req, block, start, "causal", kind="verify", write=slots)).tokens()
+        verify = yield rt.ask(req, block, start, "causal", kind="verify", write=slots)
+        ar = verify.tokens()
         accepted = longest_match(ar, block[1:])
+        if cost:
+            req.confidence = verify.rows([accepted]).confidence_of([ar[accepted]])[0]
         keep = accepted + 1
         release = SlotRelease(slots[keep:], list(range(start + keep, start + size)), "rejected")
-        view = self._view(start, block, conf, accepted, ar[accepted]) if req.tracer.enabled else None
+        view = (self._view(start, block, conf, accepted, ar[accepted], req.params["verify"])
+                if req.tracer.enabled else None)
         return RoundResult(block[1:keep] + [ar[accepted]], keep, commit=slots[:keep], free=[release], view=view)
 
     @staticmethod
-    def _view(start: int, block: list[int], conf: list[float | None], accepted: int, bonus: int) -> RoundEvent:
+    def _view(start: int, block: list[int], conf: list[float | None], accepted: int, bonus: int,
+              verify: str) -> RoundEvent:
         size = len(block)
         states = ["committed"] + ["accepted"] * accepted + ["rejected"] * (size - 1 - accepted)
         tokens = list(block)
@@ -76,4 +103,4 @@ class LinearSpec(Mode):
             states.append("bonus")
             conf = conf + [None]
         return RoundEvent(start, tokens, states, conf, block_size=size,
-                          extra={"replaced_draft": replaced, "drafts": block[1:]})
+                          extra={"replaced_draft": replaced, "drafts": block[1:], "verify": verify})

@@ -13,6 +13,10 @@ whatever prefix is accepted, fresh specs conditioned on exactly it are ready. Th
 prefill has no specs (one group). KV: only d_0..d_a's (valid causal KV) is committed; rejected d's and all
 masks are freed. Greedy output equals `ar`. NFE = one forward per round; prefill not counted. At T > 0 a
 spec is accepted when it equals the token drawn from the AR logits (as Nemotron's linear_spec does).
+
+`verify=cost` (engine/verify_length.py) verifies only the spec prefix whose drafts' probabilities pay for its
+groups on the engine's cost curve, and gives each group only as many masks as the last committed token's
+confidence pays for ((L+1)(m+1) rows; m = 0 is a plain decode step). `verify=fixed` is the paper's layout.
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
+from specscope.backend.engine.scores import Scores
+from specscope.backend.engine.verify_length import VERIFY_PARAM, best_draft_count, best_prefix
 from specscope.backend.model.transformer import interleaved_mask
 from specscope.backend.tracing import RoundEvent
 
@@ -35,6 +41,7 @@ from specscope.backend.tracing import RoundEvent
 @dataclass
 class QuadraticState:
     specs: list[int] = field(default_factory=list)   # d1..dk for the next round (empty: cold start)
+    probs: list[float] = field(default_factory=list)  # how sure their rows were of them (verify=cost reads it)
     seeded_by: int | None = None                     # the group whose masks drafted them (trace)
 
 
@@ -58,7 +65,9 @@ class Quadratic(Mode):
                "number under a cell is its position. Masks and rejected specs have their KV freed.")
     lossless_vs = "ar"
     drafter = ("accept_len_mean", 1.3)
-    params = (Param("k", int, 4, 1, 8, "speculative tokens per round; each is followed by k masks"), SAMPLER_PARAM)
+    drafter_params = {"verify": "fixed"}
+    params = (Param("k", int, 4, 1, 8, "speculative tokens per round; each is followed by k masks"), SAMPLER_PARAM,
+              VERIFY_PARAM)
 
     def extra_positions(self, params: dict) -> int:
         return (params["k"] + 1) ** 2
@@ -70,21 +79,23 @@ class Quadratic(Mode):
         st: QuadraticState = req.state
         k, start = quadratic_k(req.params["k"], req.draft_rows), req.cached
         if k is None or len(st.specs) > k:   # the tier lowered k: the longer specs are dropped
-            st.specs, st.seeded_by = [], None
+            st.specs, st.probs, st.seeded_by = [], [], None
         if k is None:
             return (yield from decode_round(req, rt))
-        drafts = [req.tokens[-1]] + st.specs
+        specs, k = self._lengths(req, rt, st, k)
+        drafts = [req.tokens[-1]] + specs
         ids, offsets = interleaved(drafts, k, rt.mask)
         slots = rt.alloc(req, [start + o for o in offsets])
         scores = yield rt.ask(req, ids, start, "strict_causal", kind="verify", write=slots,
                               mask=interleaved_mask(len(drafts), k, start), offsets=offsets)
         firsts = [j * (k + 1) for j in range(len(drafts))]
         ar = scores.rows(firsts).tokens()
-        accepted = longest_match(ar, st.specs)
+        accepted = longest_match(ar, specs)
         seeded = st.seeded_by
         group = firsts[accepted]
-        st.specs, _ = rt.drafts(scores.rows(slice(group + 1, group + k + 1)), ar[accepted],
-                                chained=req.params["sampler"])
+        self._draft(req, rt, st, scores.rows(slice(group + 1, group + k + 1)), ar[accepted])
+        if req.params["verify"] == "cost":
+            req.confidence = scores.rows([group]).confidence_of([ar[accepted]])[0]
         st.seeded_by = accepted
         keep = firsts[:accepted + 1]
         rejected = firsts[accepted + 1:]
@@ -92,12 +103,31 @@ class Quadratic(Mode):
         free = [SlotRelease([slots[u] for u in rejected], [start + offsets[u] for u in rejected], "rejected"),
                 SlotRelease([slots[u] for u in masks], [start + offsets[u] for u in masks], "mask")]
         emitted = drafts[1:accepted + 1] + [ar[accepted]]
-        view = self._view(start, ids, offsets, k, accepted, ar, st.specs, seeded) if req.tracer.enabled else None
+        view = (self._view(start, ids, offsets, k, accepted, ar, st.specs, seeded, req.params["verify"])
+                if req.tracer.enabled else None)
         return RoundResult(emitted, accepted + 1, commit=[slots[u] for u in keep], free=free, view=view)
 
     @staticmethod
+    def _lengths(req: Request, rt: Runtime, st: QuadraticState, k: int) -> tuple[list[int], int]:
+        """The specs this round verifies, and the masks after each of them (the next round's drafts)."""
+        if req.params["verify"] == "fixed":
+            return st.specs, k
+        masks = best_draft_count(req.confidence, k, lambda m: rt.cost.at((m + 1) ** 2))
+        verified = best_prefix(st.probs, lambda v: rt.cost.at((v + 1) * (masks + 1)))
+        return st.specs[:verified], masks
+
+    @staticmethod
+    def _draft(req: Request, rt: Runtime, st: QuadraticState, masks: Scores, previous: int) -> None:
+        """The next round's specs from a group's masks (none without masks), and how sure their rows were."""
+        if len(masks) == 0:
+            st.specs, st.probs = [], []
+            return
+        st.specs, ranked = rt.drafts(masks, previous, chained=req.params["sampler"])
+        st.probs = ranked.confidence_of(st.specs) if req.params["verify"] == "cost" else []
+
+    @staticmethod
     def _view(start: int, ids: list[int], offsets: list[int], k: int, accepted: int, ar: list[int],
-              next_specs: list[int], seeded: int | None) -> RoundEvent:
+              next_specs: list[int], seeded: int | None, verify: str) -> RoundEvent:
         """The interleaved layout in input order (`extra.offsets`: each cell's position - block_start): d_0
         pending, accepted / rejected specs, masks as padding except group `accepted`, whose masks show the
         next round's specs as drafts; the bonus follows."""
@@ -118,4 +148,5 @@ class Quadratic(Mode):
         return RoundEvent(start, tokens, states, extra={
             "k": k, "groups": len(ids) // (k + 1), "accepted_group": accepted, "seeded_by_group": seeded,
             "replaced_draft": ids[(accepted + 1) * (k + 1)] if (accepted + 1) * (k + 1) < len(ids) else None,
-            "layout": "interleaved", "offsets": offsets + [accepted + 1]})
+            "layout": "interleaved", "offsets": offsets + [accepted + 1], "verify": verify,
+            "verified": len(ids) // (k + 1) - 1})
