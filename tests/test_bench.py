@@ -9,6 +9,7 @@ import torch
 from specscope.backend import bench
 from specscope.backend.bench import headline, write_summary
 from specscope.backend.bench_compare import compare, load
+from specscope.backend.engine.cost_curve import ROWS
 
 
 def test_parse_variant_types_values():
@@ -44,8 +45,13 @@ def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
     assert 0 < rows["specfold"]["mode_metrics"]["fold_ratio"] <= 1 and rows["spiffy"]["fold_ratio"] is None
     assert rows["specfold"]["verify_speedup_vs_reference"] > 0
     assert "transformers generate (peer)" in (tmp_path / "bench.md").read_text()
+    for row in rows.values():   # the speedup explained: three measured factors against ar, and the measured ratio
+        found = row["speedup_explained"]
+        assert found["product"] == pytest.approx(found["tpf"] * found["row_cost"] * found["forward_share"])
+        assert found["measured"] == row["speedup_vs_ar"] and 0 < row["forward_share"] <= 1
+    assert "The speedup explained" in (tmp_path / "bench.md").read_text()
     cost = doc["verify_rows"]
-    assert list(cost["ms"]) == ["1", "2", "4", "8", "16"] and all(ms > 0 for ms in cost["ms"].values())
+    assert list(cost["ms"]) == [str(rows) for rows in ROWS] and all(ms > 0 for ms in cost["ms"].values())
     assert cost["vs_one_row"]["1"] == 1.0 and "Verify forward of k rows" in (tmp_path / "bench.md").read_text()
 
 

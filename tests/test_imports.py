@@ -14,8 +14,8 @@ ENTRY_POINT = ROOT / "specscope" / "backend" / "cli" / "__main__.py"
 # The server and the modules behind the CLI's bench, compare and calibrate commands (verify_rows and answer_fit are
 # the bench's figures; compare rates its answers with answer_fit too).
 COMMANDS = tuple(f"specscope.backend.{name}" for name in ("server", "bench", "verify_rows", "answer_fit", "calibrate",
-                                                           "bench_compare", "bench_load", "kernel_bench", "loadtest",
-                                                           "gpu_check"))
+                                                           "speedup", "bench_compare", "bench_load", "kernel_bench",
+                                                           "loadtest", "gpu_check"))
 # Upward imports docs/deviations.md explains (importer prefix, imported prefix).
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 

@@ -13,18 +13,20 @@ GEN = HELDOUT_GEN
 LOSSLESS = [m for m in mode_names() if REGISTRY[m].lossless_vs]
 
 
-def verify_lengths(mode: str) -> list[str | None]:
-    """A mode's verify lengths (engine/verify_length.py), each checked lossless; [None] where it has no choice."""
-    param = next((p for p in REGISTRY[mode].params if p.name == "verify"), None)
-    return list(param.choices) if param else [None]
+def variants(mode: str) -> list[dict]:
+    """The parameters each lossless mode is checked at beyond its claim's: every verify length
+    (engine/verify_length.py), each with a tree draft where the mode drafts trees (engine/draft_tree.py)."""
+    params = {p.name: p for p in REGISTRY[mode].params}
+    out = [{"verify": v} for v in params["verify"].choices] if "verify" in params else [{}]
+    return out + [{**o, "branches": 4} for o in out] if "branches" in params else out
 
 
-VARIANTS = [pytest.param(m, v, id=m if v is None else f"{m}-{v}") for m in LOSSLESS for v in verify_lengths(m)]
+VARIANTS = [pytest.param(m, v, id="-".join([m, *map(str, v.values())])) for m in LOSSLESS for v in variants(m)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mode", "verify"), VARIANTS)
-def test_lossless_mode_equals_its_reference_and_its_drafter_works(heldout_runs, mode, verify):
+@pytest.mark.parametrize(("mode", "extra"), VARIANTS)
+def test_lossless_mode_equals_its_reference_and_its_drafter_works(heldout_runs, mode, extra):
     """Greedy output == the reference mode's on every held-out prompt, at every verify length, and the drafting
     side does real work there (else equality would hold vacuously: a mode whose drafts are never used still
     equals ar). Each side is one batched run over the prompts, kept for the session (heldout_runs): a reference
@@ -33,7 +35,7 @@ def test_lossless_mode_equals_its_reference_and_its_drafter_works(heldout_runs, 
     cls = REGISTRY[mode]
     prompts = heldout_runs.prompts
     assert len(prompts) >= 35
-    claimed = {**GEN, **cls.lossless_params, **({} if verify is None else {"verify": verify})}
+    claimed = {**GEN, **cls.lossless_params, **extra}
     refs = heldout_runs(cls.lossless_vs, GEN)
     runs = heldout_runs(mode, claimed)
     for prompt, ref, run in zip(prompts, refs, runs, strict=True):
@@ -43,10 +45,10 @@ def test_lossless_mode_equals_its_reference_and_its_drafter_works(heldout_runs, 
     assert heldout_runs.engine.rt.pool.used == 0
     assert cls.drafter, f"{mode} claims lossless but declares no drafter metric to show its drafts work"
     metric, minimum = cls.drafter
-    drafting_params = {**GEN, **cls.drafter_params}
-    if verify is not None and verify != cls.drafter_params.get("verify"):
-        return      # the drafter is shown at its own verify length
+    if any(extra.get(k, v) != v for k, v in cls.drafter_params.items()):
+        return      # the drafter is shown at its own parameters (a fixed verify length)
     # the drafter at its parameters: on every 5th prompt where the lossless claim needs other ones
+    drafting_params = {**GEN, **cls.drafter_params, **extra}
     drafting = runs if drafting_params == claimed else heldout_runs(mode, drafting_params, prompts[::5])
     drafted = [run.metrics[metric] or 0.0 for run in drafting]
     assert all(run.status == "done" for run in drafting)

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from specscope.backend import tracing
+from specscope.backend.engine.cost_curve import ROWS
 from specscope.backend.server import BindError, check_bind, create_app
 from specscope.backend.server import app as app_module
 from specscope.backend.server.logs import redact_tokens
@@ -487,7 +488,7 @@ def test_health_modes_and_index(client, engine):
     assert body["status"] == "ok" and body["model"] == engine.model_name and body["pool"]["used"] == 0
     curve = body["cost_curve"]      # the engine's own, which its cost-aware rounds price rows with
     assert curve == engine.rt.cost.to_json() == client.get("/api/model_card").json()["cost_curve"]
-    assert set(curve["ms"]) == {"1", "2", "4", "8", "16"} and curve["vs_one_row"]["1"] == 1.0
+    assert set(curve["ms"]) == {str(rows) for rows in ROWS} and curve["vs_one_row"]["1"] == 1.0
     modes = {m["name"]: m for m in client.get("/api/modes").json()}
     assert {"ar", "block_diffusion", "linear_spec"} <= set(modes)
     params = {name: {p["name"] for p in m["params"]} for name, m in modes.items()}

@@ -19,6 +19,7 @@ from specscope.app.specmetrics import spec_metrics
 from specscope.app.trace import Cell, Event, Piece, RunTrace, id_piece
 from specscope.backend.bench_cells import pick_count
 from specscope.backend.engine.lossless import Claim, Outcome, model_difference, unmet, verdict
+from specscope.backend.speedup import FACTORS, against_ar
 from specscope.backend.tracing import ROUND_COUNTS
 
 VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
@@ -470,6 +471,30 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
     return (f'<div class="ss-scroll"><table class="ss-table"><thead><tr><th>run</th><th>status</th>{head}'
             f'{defined(PICK_LABEL)}<th>output</th><th>lossless claim</th></tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def speedup_html(runs: Sequence[RunTrace]) -> str:
+    """The speedup explained: each finished run's tok/s against the first finished `ar` run's, as its three
+    measured factors (TPF ratio × row cost × forward share ratio), their product, and the measured ratio."""
+    base = next((r for r in runs if r.mode == "ar" and r.status == "done"), None)
+    if base is None:
+        return ('<div class="ss-note" id="cmp-speedup">The speedup explained needs a finished <code>ar</code> run '
+                "in the comparison.</div>")
+    rows = []
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        found = against_ar(run.metrics, base.metrics) if run is not base and run.status == "done" else None
+        if found:
+            rows.append(f"<tr><td><b style=\"color:{mode_color(run.mode)}\">{esc(label)}</b></td>"
+                        + "".join(f'<td class="ss-num">{found[k]:.2f}</td>' for k in FACTORS)
+                        + f'<td class="ss-num"><b>{found["product"]:.2f}×</b></td>'
+                          f'<td class="ss-num">{found["measured"]:.2f}×</td></tr>')
+    if not rows:
+        return ""
+    return ('<div class="ss-scroll" id="cmp-speedup"><b>the speedup explained</b> (against the <code>ar</code> run: '
+            "tok/s ratio = TPF ratio × row cost, ar's mean forward ms ÷ the run's, × forward share ratio, the "
+            "run's share of wall time in forwards ÷ ar's)<table class=\"ss-table\"><thead><tr><th>run</th>"
+            "<th>TPF</th><th>× row cost</th><th>× forward share</th><th>= product</th><th>measured</th></tr>"
+            f"</thead><tbody>{''.join(rows)}</tbody></table></div>")
 
 
 def token_diff_html(reference: Sequence[int], output: Sequence[int], piece: Piece = id_piece) -> str:

@@ -10,6 +10,7 @@ import gradio as gr
 
 from specscope.app.client import BackendError, BackendUnavailable, Client
 from specscope.app.trace import Piece, RunTrace, make_piece
+from specscope.backend.engine.cost_curve import CostCurve
 
 
 class Backend:
@@ -80,6 +81,23 @@ class Backend:
             if found is not None:
                 self._vocabs[(client.http_url, found[0])] = found[1]
         return make_piece(self._vocabs.get(key), trace.known_pieces)
+
+    def stored_curves(self, client: Client) -> dict[str, CostCurve]:
+        """The cost curves of the stored benchmarks (GET /api/bench: the machine each ran on), by machine; the
+        visualizer projects a run's speedup on them."""
+        try:
+            stored = client.bench().get("modes") or {}
+        except (BackendError, BackendUnavailable):
+            return {}
+        meta, rows = stored.get("meta") or {}, stored.get("verify_rows")
+        if not rows:
+            return {}
+        try:
+            curve = CostCurve.from_json(rows)
+        except ValueError:
+            return {}
+        return {f"{meta.get('cpu', '?')} · {meta.get('matmul', 'float32')} matmuls (stored bench at "
+                f"{meta.get('commit', '?')})": curve}
 
     def explain(self, client: Client, mode: str) -> str:
         """What a round, "accepted" and "committed" mean in `mode`, as the backend's registry says (/api/modes)."""

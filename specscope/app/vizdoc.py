@@ -3,6 +3,7 @@ from it, so stepping never goes back to the server. Pure functions, no I/O."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from specscope.app.figures import (
@@ -20,6 +21,8 @@ from specscope.app.live import running_figures
 from specscope.app.palette import vocabulary
 from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
 from specscope.app.trace import Event, Piece, RunTrace
+from specscope.backend.engine.cost_curve import CostCurve
+from specscope.backend.speedup import against_one_row, projected, usable
 
 
 def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, Any]:
@@ -46,12 +49,24 @@ def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, A
     return out
 
 
+def speedup_figures(trace: RunTrace, elsewhere: Mapping[str, CostCurve]) -> dict[str, Any] | None:
+    """An ended run's speedup explained against its machine's 1-row step (speedup.against_one_row), and what its
+    forwards would give on each of `elsewhere`'s curves (stored benches of other machines)."""
+    metrics = trace.metrics
+    if trace.status == "running" or not trace.cost_curve or not usable(metrics):
+        return None
+    return {"here": against_one_row(metrics, CostCurve.from_json(trace.cost_curve)),
+            "elsewhere": [{"machine": name, "speedup": projected(metrics, curve)}
+                          for name, curve in elsewhere.items() if projected(metrics, curve) is not None]}
+
+
 def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: str = "",
-                 fit: dict[str, Any] | None = None) -> dict[str, Any]:
+                 fit: dict[str, Any] | None = None, elsewhere: Mapping[str, CostCurve] | None = None) -> dict[str, Any]:
     """Everything the visualizer shows of one run, with what it draws with (`vocab`: states, colours, limits) and
     each piece as shown (`shown`); the per-run charts come as Plotly JSON. `explain`: what a
     round means in the run's mode (its `explain` in /api/modes); `fit`: the served model's rating of the answer
-    (GET /api/runs/{id}/fit: its own pick and the NLL at each output token), when it has one."""
+    (GET /api/runs/{id}/fit: its own pick and the NLL at each output token), when it has one; `elsewhere`: other
+    machines' cost curves, on which the run's speedup is projected."""
     pieces: dict[int, str] = {t: piece(t) for t in trace.prompt_ids}
     rounds = [compact_round(r, piece, pieces) for r in trace.rounds]
     for token in [*trace.output_ids, *(fit or {}).get("picks", [])]:
@@ -72,6 +87,7 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
             "matmul": trace.matmul, "tiers": trace.tiers, "status": trace.status,
             "error": trace.error, "prompt": trace.prompt, "params": trace.params, "prompt_ids": trace.prompt_ids,
             "output_ids": trace.output_ids, "text": trace.text, "metrics": run_figures(trace), "spec": metrics,
+            "speedup": speedup_figures(trace, elsewhere or {}),
             "definitions": DEFINITIONS,
             "step_map": step_map(trace), "rounds": rounds, "pieces": {str(k): v for k, v in pieces.items()},
             "shown": shown_pieces({str(k): v for k, v in pieces.items()}), "vocab": vocabulary(),

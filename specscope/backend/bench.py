@@ -49,6 +49,7 @@ from specscope.backend.forward.fused_step import MATMULS
 from specscope.backend.model.checkpoint import DTYPES, load_checkpoint
 from specscope.backend.model.families import ADAPTER_SCOPES
 from specscope.backend.model.source import DEFAULT_MODEL, ModelSource, resolve
+from specscope.backend.speedup import against_ar
 from specscope.backend.tracing import NULL_TRACER, RecordingTracer
 from specscope.backend.train.prompts import prompt_set
 from specscope.backend.train.tasks import Task, checkpoint_tasks
@@ -56,7 +57,7 @@ from specscope.backend.verify_rows import markdown as verify_rows_markdown
 from specscope.backend.verify_rows import measured_tiers, verify_rows
 
 STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "kv_peak",
-            "kv_leaked", "rounds"}
+            "kv_leaked", "rounds", "forward_ms", "mean_forward_ms", "forward_share", "forward_rows"}
 PEER = "transformers"
 LLAMA_CPP = "llama.cpp"
 FLOAT32_AR = "ar (float32)"
@@ -236,8 +237,21 @@ class ModeBench:
             "verify_forward_ms": statistics.median(verify) if verify else None,
             "time_split": time_split(self.forward_ms, sum(self.times[False]) + sum(self.times[True])),
             "drafter_mean": sum(r.metrics.get(drafter[0]) or 0.0 for r in runs) / len(runs) if drafter else None,
+            **forward_figures(runs),
             "outputs": [r.output_ids for r in runs],
         }
+
+
+def forward_figures(runs: list[RunResult]) -> dict[str, Any]:
+    """The speedup decomposition's inputs over a row's runs: mean forward ms, the forwards' share of wall time,
+    and how many forwards computed each number of rows."""
+    forward_ms = sum(r.metrics["forward_ms"] for r in runs)
+    nfe, wall = sum(r.metrics["nfe"] for r in runs), sum(r.metrics["wall_ms"] for r in runs)
+    rows: Counter[str] = Counter()
+    for r in runs:
+        rows.update(r.metrics["forward_rows"])
+    return {"mean_forward_ms": forward_ms / nfe if nfe else None, "forward_share": forward_ms / wall if wall else None,
+            "forward_rows": dict(rows)}
 
 
 def mode_metrics(runs: list[RunResult]) -> dict[str, float]:
@@ -335,6 +349,7 @@ def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] 
                 row["verify_speedup_vs_reference"] = ref_ms / ms
         if "ar" in rows:
             row["speedup_vs_ar"] = row["tok_per_s"] / rows["ar"]["tok_per_s"]
+            row["speedup_explained"] = against_ar(row, rows["ar"])
         if peer is not None:
             row["vs_peer"] = row["tok_per_s"] / peer["tok_per_s"]
     if peer is not None and "ar" in rows:
@@ -398,6 +413,14 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
     text = intro + head + "\n".join(lines) + "\n"
     text += ("\nWhere the time goes: forwards by kind, other = sampling, mode and engine Python, tracing:\n\n"
              + "\n".join(split) + "\n")
+    explained = [(label, r["speedup_explained"]) for label, r in rows.items() if r.get("speedup_explained")]
+    if explained:
+        text += ("\nThe speedup explained: tok/s against ar = TPF ratio × row cost (ar's mean forward ms ÷ the "
+                 "row's) × forward share ratio (the row's share of wall time in forwards ÷ ar's); the product "
+                 "against the measured ratio:\n\n| mode | TPF | × row cost | × forward share | = product | "
+                 "measured |\n|---|---|---|---|---|---|\n"
+                 + "\n".join(f"| {label} | {e['tpf']:.2f} | {e['row_cost']:.2f} | {e['forward_share']:.2f} | "
+                             f"{e['product']:.2f}× | {e['measured']:.2f}× |" for label, e in explained) + "\n")
     if extras:
         text += "\nMode metrics (counts summed, ratios averaged over prompts):\n\n" + "\n".join(extras) + "\n"
     if FLOAT32_AR in rows:

@@ -120,6 +120,9 @@ window.specscopeViz = (() => {
     const off = (r.extra || {}).offsets;
     if (!off) return pos - (r.block_start || 0);
     const at = pos - (r.block_start || 0);
+    const kept = off.findIndex((o, j) => o === at && ["accepted", "bonus", "committed", "cut"]
+      .includes((r.states || [])[j]));
+    if (kept >= 0) return kept;
     const own = off.findIndex((o, j) => o === at && !ctx.masked.has((r.states || [])[j]) &&
                                         (r.states || [])[j] !== "draft");
     return own >= 0 ? own : off.indexOf(at);
@@ -157,6 +160,11 @@ window.specscopeViz = (() => {
     if (x.trim !== undefined) facts.push(`KV trimmed ${esc(x.trim)}`);
     if (x.forwards_saved !== undefined) facts.push(`forwards saved so far ${esc(x.forwards_saved)}`);
     if (x.tier !== undefined) facts.push(`tier ${esc(x.tier)}`);
+    if (x.verify !== undefined) {
+      facts.push(`verify <b>${esc(x.verify)}</b>` + (x.verified !== undefined
+        ? ` (${esc(x.verified)} drafts verified, ${esc(x.drafted)} drafted for the next round)` : ""));
+    }
+    if (x.tree) facts.push(treeHtml(ctx, r));
     if (r.fold_qkv !== undefined) facts.push(`fold QKV ${pct(r.fold_qkv)}`);
     if (r.fold_ffn_ratio !== undefined) facts.push(`fold FFN ${pct(r.fold_ffn_ratio)}`);
     if (x.replaced_draft != null) {
@@ -172,6 +180,21 @@ window.specscopeViz = (() => {
                                               `${fmt(p.ms, 1)} ms${shared(p)})`).join(" → ") || "no forward";
     return `<div class="ss-round-head"><b>round ${r.round}</b> · ${facts.join(" · ")}` +
       `<div class="ss-phases">${esc(phases)}</div></div>`;
+  }
+
+  // A tree draft's branches: each branch's nodes (cell i + 1 is node i), the rows it cost, and the path that won.
+  function treeHtml(ctx, r) {
+    const t = r.extra.tree;
+    const path = new Set(t.path);
+    const branches = (t.branch_rows || []).map((rows, b) => {
+      const nodes = t.branches.map((bb, i) => [bb, i]).filter(([bb]) => bb === b)
+        .map(([, i]) => (path.has(i) ? `<b>${esc(clip(ctx.shown(r.tokens[i + 1]), 16))}</b>`
+                                     : esc(clip(ctx.shown(r.tokens[i + 1]), 16))));
+      const won = t.won === b ? ' <span class="ss-badge ss-ok">won</span>' : "";
+      return `<span class="ssv-branch" data-branch="${b}">branch ${b}: ${nodes.join(" ")} (${rows} rows)${won}</span>`;
+    });
+    return `<span class="ssv-tree" title="the draft tree: each branch a first token and the chain after it; ` +
+      `bold: the accepted path">tree ${branches.join(" · ")}</span>`;
   }
 
   function bonusToken(r) {
@@ -377,7 +400,21 @@ window.specscopeViz = (() => {
       `${doc.matmul ? " · " + esc(doc.matmul) + " matmuls" : ""}</code></div>` +
       `<div class="ssv-explain">${esc(doc.explain)}</div>` +
       `<div class="ssv-metrics"><b>run</b> ${kv(ours)}</div>` +
-      (s ? `<div class="ssv-metrics" id="viz-vllm"><b>spec-decode (vLLM)</b> ${kv(vllm)}</div>` : "") + `</div>`;
+      (s ? `<div class="ssv-metrics" id="viz-vllm"><b>spec-decode (vLLM)</b> ${kv(vllm)}</div>` : "") +
+      speedupHtml(doc.speedup) + `</div>`;
+  }
+
+  // the speedup explained: TPF × (1-row forward ms ÷ the run's mean forward ms) × forward share, and the same
+  // run's forwards priced on other machines' stored curves
+  function speedupHtml(sp) {
+    if (!sp || !sp.here) return "";
+    const h = sp.here;
+    const there = (sp.elsewhere || []).map((e) => `${esc(e.machine)}: <b>${esc(fmt(e.speedup, 2))}×</b>`).join(" · ");
+    return `<div class="ssv-metrics" id="viz-speedup"><b>speedup explained</b> TPF ${esc(fmt(h.tpf, 2))} × ` +
+      `row cost ${esc(fmt(h.row_cost, 2))} (1-row step ${esc(fmt(h.one_row_ms, 2))} ms ÷ this run's mean forward) × ` +
+      `forward share ${esc(fmt(h.forward_share, 2))} ≈ <b>${esc(fmt(h.product, 2))}×</b> an ar whose 1-row ` +
+      `forwards take all its time, on this machine` +
+      (there ? `<div>its forwards on another machine's curve (forwards only): ${there}</div>` : "") + `</div>`;
   }
 
   function outputHtml(doc, ctx) {

@@ -24,6 +24,7 @@ from specscope.app.figures import (
     metrics_table_html,
     mode_claims,
     run_labels,
+    speedup_html,
     token_diff_html,
     warning_html,
 )
@@ -96,7 +97,8 @@ def ratings(traces: list[RunTrace], client: Client) -> dict[str, dict[str, Any] 
 def results(traces: list[RunTrace], ref_mode: str | None, backend: Backend, client: Client) -> list[Any]:
     """Chart, metrics table (with the served model's rating of each answer) and diffs of finished runs."""
     reference = pick_reference(traces, ref_mode)
-    table = metrics_table_html(traces, reference, mode_claims(client.modes()), ratings(traces, client))
+    table = (metrics_table_html(traces, reference, mode_claims(client.modes()), ratings(traces, client))
+             + speedup_html(traces))
     return [figure_json(comparison_figure(traces)), table, diffs_html(traces, reference, backend, client)]
 
 

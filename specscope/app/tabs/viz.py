@@ -93,7 +93,7 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         try:
             trace = backend.trace(client, run_id)
             doc = viz_document(trace, backend.piece(client, trace), explain=backend.explain(client, trace.mode),
-                               fit=backend.rating(client, trace))
+                               fit=backend.rating(client, trace), elsewhere=backend.stored_curves(client))
             return "", document_json(doc), trace.status == "running"
         except BackendError as exc:
             if exc.status == 404:  # a deep link to a deleted run, or to another store's

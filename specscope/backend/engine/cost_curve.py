@@ -20,7 +20,9 @@ from specscope.backend.model.source import cache_dir
 if TYPE_CHECKING:
     from specscope.backend.engine.engine import Engine
 
-ROWS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 3, 4, 6, 8, 16)
+"""The row counts measured: every count up to 4, where the kernels change pass (AVX2's fused step shares one weight
+pass among up to 3 rows, then turns compute-bound), and beyond by steps."""
 COST_PROMPT = "Write a short note about the weather today."
 """The prompt after whose prefix the engine measures its curve."""
 

@@ -112,5 +112,9 @@ class RunRecorder:
             "accept_len_mean": sum(req.accept_lens) / len(req.accept_lens) if req.accept_lens else None,
             "accept_hist": hist, "rounds": req.round, "kv_peak": req.kv_peak,
             "kv_leaked": self.pool_held(req.rid),
+            "forward_ms": round(req.forward_ms, 3),
+            "mean_forward_ms": round(req.forward_ms / req.nfe, 4) if req.nfe else None,
+            "forward_share": round(req.forward_ms / wall, 4) if wall > 0 else None,
+            "forward_rows": {str(k): v for k, v in sorted(req.forward_rows.items())},
             **self.policy(req.mode).metrics(req),
         }

@@ -46,6 +46,10 @@ class Request:
     """Extra rows this step's draft tier allows a round (engine.draft_tiers; None: the request's own parameters)."""
     tier: dict[str, Any] | None = None
     """The tiers in force this step, as the round records them (None when the engine has none)."""
+    forward_ms: float = 0.0
+    """Wall ms of the round forwards it took part in (prefill left out)."""
+    forward_rows: dict[int, int] = field(default_factory=dict)
+    """How many of those forwards computed each number of its rows."""
     confidence: float = 0.0
     """The model's probability of the last token a round committed (set by the modes that draft by cost)."""
     kv_peak: int = 0

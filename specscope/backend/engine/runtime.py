@@ -267,6 +267,9 @@ class Runtime:
             for req in s.owners:
                 if s.kind != "prefill":
                     req.nfe += 1
+                    req.forward_ms += ms
+                    own = s.plan.ids.shape[1]
+                    req.forward_rows[own] = req.forward_rows.get(own, 0) + 1
                 req.phases.append(Phase(s.kind, s.plan.attn, adapter_on, s.plan.ids.shape[1], ms, self.forwards,
                                         requests, rows))
             if s.write is not None:

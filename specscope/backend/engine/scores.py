@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from specscope.backend.engine.request import Request
-from specscope.backend.engine.sampling import best, confidence, pick
+from specscope.backend.engine.sampling import allowed, best, confidence, pick
 from specscope.kernels.isd_verify import Verdict, isd_verify
 
 
@@ -45,6 +45,11 @@ class Scores:
         excluded: the block modes' unmasking confidence at every temperature (as Nemotron's `generate` takes it)."""
         ids = pick(self.logits, self.req.temperature, self.req.generator, self.mask_id)[0]
         return ids.tolist(), confidence(self.logits, ids, self.mask_id).tolist()
+
+    def top(self, k: int) -> tuple[list[int], list[float]]:
+        """The first row's k likeliest tokens and their probabilities under the plain softmax, MASK excluded."""
+        probs = torch.softmax(allowed(self.logits[0], self.mask_id), dim=-1).topk(k)
+        return probs.indices.tolist(), probs.values.tolist()
 
     def confidence_of(self, ids: Sequence[int]) -> list[float]:
         """Each row's probability of `ids[j]` under the plain softmax, MASK excluded: how sure row j is of a token

@@ -5,9 +5,11 @@ exactly what a longer one would have accepted of that prefix, so greedy output s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from operator import mul
 
+from specscope.backend.engine.cost_curve import CostCurve
 from specscope.backend.engine.params import Param
 
 VERIFY_PARAM = Param("verify", str, "cost",
@@ -22,13 +24,39 @@ def chain_tokens(probs: Sequence[float]) -> list[float]:
     return [1.0, *(1.0 + s for s in accumulate(accumulate(probs, mul)))]
 
 
-def best_prefix(probs: Sequence[float], round_ms: Callable[[int], float]) -> int:
-    """How many leading drafts to verify: the L that gives the most expected tokens per ms of its round."""
-    gains = chain_tokens(probs)
+def best_count(chances: Sequence[float], round_ms: Callable[[int], float]) -> int:
+    """How many drafts to verify, given each one's chance of being accepted (its path's), best first: the count
+    that gives the most expected tokens (the bonus plus the chances) per ms of its round (`round_ms(n)`)."""
+    gains = [1.0, *(1.0 + s for s in accumulate(chances))]
     return max(range(len(gains)), key=lambda n: gains[n] / round_ms(n))
+
+
+def best_prefix(probs: Sequence[float], round_ms: Callable[[int], float]) -> int:
+    """How many leading drafts of a chain to verify (`probs`: each one's, given the one before it was accepted)."""
+    return best_count(list(accumulate(probs, mul)), round_ms)
 
 
 def best_draft_count(confidence: float, most: int, round_ms: Callable[[int], float]) -> int:
     """How many tokens to draft for the next round (0 .. most), when each is accepted with about `confidence`
     given the one before it was: the count that gives the most expected tokens per ms."""
     return best_prefix([confidence] * most, round_ms)
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """How a mode drafts on this curve: `drafts` tokens a drafting round, and whether a round drafts and verifies
+    at once (`alternate` False) or drafting rounds and verify-only rounds take turns, each a shorter forward."""
+    drafts: int
+    alternate: bool = False
+
+
+def draft_plan(confidence: float, most: int, round_rows: Callable[[int, int], int], curve: CostCurve) -> DraftPlan:
+    """The plan with the most expected tokens per ms when each draft is accepted with about `confidence` given the
+    one before it was; `round_rows(verified, drafted)`: the rows of a round that verifies and drafts that many.
+    Drafting 0 is a plain decode step."""
+    def tokens(drafts: int) -> float:
+        return chain_tokens([confidence] * drafts)[-1]
+    plans = [(tokens(m) / curve.at(round_rows(m, m)), DraftPlan(m)) for m in range(most + 1)]
+    plans += [((1 + tokens(m)) / (curve.at(round_rows(0, m)) + curve.at(round_rows(m, 0))), DraftPlan(m, True))
+              for m in range(1, most + 1)]
+    return max(plans, key=lambda rated: rated[0])[1]

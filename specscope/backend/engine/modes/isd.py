@@ -13,8 +13,9 @@ NFE = one forward per round; prefill not counted.
 
 `verify=cost` (engine/verify_length.py) verifies only the spec prefix whose drafts' own probabilities pay for its
 rows on the engine's cost curve, and drafts only as many new specs as the last committed token's confidence pays
-for: a round is [pending, spec0 .. spec(L-1), M x m] with L <= N-1 and m <= N-1 (m = 0 after a reject or with
-no specs: a plain decode step), and a cold start carries no padding. `verify=fixed` is the paper's block.
+for (verify_length.draft_plan: in every round, or in turns with verify-only rounds where two short forwards cost
+less than one long one): a round is [pending, spec0 .. spec(L-1), M x m] with L <= N-1 and m <= N-1 (nothing to
+verify and m = 0: a plain decode step), and a cold start carries no padding. `verify=fixed` is the paper's block.
 
 Drafts at T > 0: `draft=sample` (default) *draws* the specs from q, which makes the p/q rule exact
 speculative sampling; `draft=argmax` takes the argmax of q, as the I-DLM code does. At T = 0 both are argmax.
@@ -34,7 +35,7 @@ from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.scores import Scores, Verdict, verify_specs
-from specscope.backend.engine.verify_length import VERIFY_PARAM, best_draft_count, best_prefix
+from specscope.backend.engine.verify_length import VERIFY_PARAM, best_prefix, draft_plan
 from specscope.backend.tracing import RoundEvent
 
 
@@ -127,7 +128,8 @@ class ISD(Mode):
         k = st.n - 1
         if req.params["verify"] == "fixed":
             return st.specs, k, 0 if st.specs else k
-        drafting = best_draft_count(req.confidence, k, lambda m: rt.cost.at(1 + 2 * m))
+        plan = draft_plan(req.confidence, k, lambda verified, drafted: 1 + verified + drafted, rt.cost)
+        drafting = 0 if plan.alternate and st.specs else plan.drafts
         if not st.specs:
             return [], drafting, 0
         probs = st.draft.confidence_of(st.specs) if st.draft is not None else []

@@ -10,13 +10,26 @@ suffix is freed. Greedy output equals `ar`. NFE = draft passes + 1 verify per ro
 `verify=cost` (engine/verify_length.py) drafts a block only as long as the last committed token's confidence pays
 for on the engine's cost curve (a block of 1 is a plain decode step), then verifies only the draft prefix whose
 drafts' own probabilities pay for its rows. `verify=fixed` drafts and verifies the whole block (the reference).
+
+`branches > 1` (threshold 0) drafts a tree instead of a chain (engine/draft_tree.py): the seed row's likeliest
+first tokens, each followed by the sampler head's chain over the same MASK rows; the verify checks the nodes (all
+of them, or at verify=cost those whose chances pay for their rows) in one causal forward under a tree mask and
+keeps the longest path the verifier confirms, plus its bonus.
 """
 from __future__ import annotations
 
 from specscope.backend.engine.ask import Round
-from specscope.backend.engine.blocks import block_size, chain_block, check_block_params, fill_block, longest_match
+from specscope.backend.engine.blocks import (
+    block_logits,
+    block_size,
+    chain_block,
+    check_block_params,
+    fill_block,
+    longest_match,
+)
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
 from specscope.backend.engine.draft_tiers import block_length
+from specscope.backend.engine.draft_tree import DraftTree, grow
 from specscope.backend.engine.modes import register
 from specscope.backend.engine.modes.ar import decode_round
 from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
@@ -24,6 +37,7 @@ from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.verify_length import VERIFY_PARAM, best_draft_count, best_prefix
+from specscope.backend.model.transformer import tree_mask
 from specscope.backend.tracing import RoundEvent
 
 
@@ -49,6 +63,8 @@ class LinearSpec(Mode):
         Param("lora", bool, True, help="use the draft LoRA adapter when the model has one"),
         SAMPLER_PARAM,
         VERIFY_PARAM,
+        Param("branches", int, 1, 1, 8, "first-position branches of the draft: 1 drafts a chain, more a tree "
+                                        "verified in one forward (threshold 0)"),
     )
 
     def check(self, params: dict, rt: Runtime) -> None:
@@ -66,6 +82,8 @@ class LinearSpec(Mode):
         block = [req.tokens[-1]] + [rt.mask] * (size - 1)
         lora = req.params["lora"]
         threshold = req.params["threshold"]
+        if threshold == 0 and req.params["branches"] > 1:
+            return (yield from self._tree_round(req, rt, block, start, cost))
         if threshold == 0 and req.params["sampler"] and rt.chain is not None:
             conf = yield from chain_block(req, rt, block, start, lora)
         else:
@@ -86,6 +104,46 @@ class LinearSpec(Mode):
         view = (self._view(start, block, conf, accepted, ar[accepted], req.params["verify"])
                 if req.tracer.enabled else None)
         return RoundResult(block[1:keep] + [ar[accepted]], keep, commit=slots[:keep], free=[release], view=view)
+
+    def _tree_round(self, req: Request, rt: Runtime, block: list[int], start: int, cost: bool) -> Round:
+        """Draft a tree in one pass, verify its (paying) nodes in one forward, keep the confirmed path + bonus."""
+        rows = yield block_logits(req, rt, block, start, "draft", req.params["lora"])
+        tree = grow(rt, rows, req.params["branches"])
+        if cost:
+            drafted = rt.cost.at(len(block))
+            tree = tree.paying(lambda n: drafted + rt.cost.at(1 + n))
+        ids, offsets = [block[0], *tree.tokens], [0, *tree.depths]
+        slots = rt.alloc(req, [start + o for o in offsets])
+        verify = yield rt.ask(req, ids, start, "causal", kind="verify", write=slots,
+                              mask=tree_mask(tree.rows(), start), offsets=offsets)
+        ar = verify.tokens()
+        path = tree.path(ar)
+        kept = [0, *(node + 1 for node in path)]
+        bonus = ar[kept[-1]]
+        if cost:
+            req.confidence = verify.rows([kept[-1]]).confidence_of([bonus])[0]
+        dropped = [row for row in range(len(ids)) if row not in kept]
+        release = SlotRelease([slots[r] for r in dropped], [start + offsets[r] for r in dropped], "rejected")
+        view = self._tree_view(start, ids, tree, path, bonus, req.params["verify"]) if req.tracer.enabled else None
+        return RoundResult([tree.tokens[n] for n in path] + [bonus], len(kept), commit=[slots[r] for r in kept],
+                           free=[release], view=view)
+
+    @staticmethod
+    def _tree_view(start: int, ids: list[int], tree: DraftTree, path: list[int], bonus: int,
+                   verify: str) -> RoundEvent:
+        """The verify's rows in order (the seed, then every node at its depth: accepted on the winning path,
+        rejected elsewhere), then the bonus; `extra.tree` holds the shape, the path and each branch's rows."""
+        on_path = set(path)
+        states = ["committed"] + ["accepted" if n in on_path else "rejected" for n in range(len(tree.tokens))]
+        rows: dict[int, int] = {}
+        for b in tree.branches:
+            rows[b] = rows.get(b, 0) + 1
+        return RoundEvent(start, [*ids, bonus], [*states, "bonus"], [None, *tree.chances, None],
+                          block_size=len(ids), extra={
+                              "layout": "tree", "offsets": [0, *tree.depths, len(path) + 1], "verify": verify,
+                              "tree": {"parents": tree.parents, "branches": tree.branches, "path": path,
+                                       "won": tree.branches[path[0]] if path else None,
+                                       "branch_rows": [rows[b] for b in sorted(rows)]}})
 
     @staticmethod
     def _view(start: int, block: list[int], conf: list[float | None], accepted: int, bonus: int,

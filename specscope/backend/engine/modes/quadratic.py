@@ -16,7 +16,8 @@ spec is accepted when it equals the token drawn from the AR logits (as Nemotron'
 
 `verify=cost` (engine/verify_length.py) verifies only the spec prefix whose drafts' probabilities pay for its
 groups on the engine's cost curve, and gives each group only as many masks as the last committed token's
-confidence pays for ((L+1)(m+1) rows; m = 0 is a plain decode step). `verify=fixed` is the paper's layout.
+confidence pays for ((L+1)(m+1) rows; verify_length.draft_plan, which may take turns of drafting and verify-only
+rounds; L = m = 0 is a plain decode step). `verify=fixed` is the paper's layout.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.scores import Scores
-from specscope.backend.engine.verify_length import VERIFY_PARAM, best_draft_count, best_prefix
+from specscope.backend.engine.verify_length import VERIFY_PARAM, best_prefix, draft_plan
 from specscope.backend.model.transformer import interleaved_mask
 from specscope.backend.tracing import RoundEvent
 
@@ -112,7 +113,8 @@ class Quadratic(Mode):
         """The specs this round verifies, and the masks after each of them (the next round's drafts)."""
         if req.params["verify"] == "fixed":
             return st.specs, k
-        masks = best_draft_count(req.confidence, k, lambda m: rt.cost.at((m + 1) ** 2))
+        plan = draft_plan(req.confidence, k, lambda verified, drafted: (verified + 1) * (drafted + 1), rt.cost)
+        masks = 0 if plan.alternate and st.specs else plan.drafts
         verified = best_prefix(st.probs, lambda v: rt.cost.at((v + 1) * (masks + 1)))
         return st.specs[:verified], masks
 
