@@ -54,7 +54,9 @@ class Scores:
     def confidence_of(self, ids: Sequence[int]) -> list[float]:
         """Each row's probability of `ids[j]` under the plain softmax, MASK excluded: how sure row j is of a token
         (a draft's, for the cost-aware verify length)."""
-        return confidence(self.logits, torch.tensor(list(ids), device=self.logits.device), self.mask_id).tolist()
+        logits = allowed(self.logits, self.mask_id)
+        chosen = logits.gather(-1, torch.tensor(list(ids), device=logits.device)[:, None])[:, 0]
+        return torch.exp(chosen - torch.logsumexp(logits, -1)).tolist()   # no softmax row to write
 
     def argmax(self) -> list[int]:
         """Each row's most likely token (MASK excluded), whatever the request's temperature."""

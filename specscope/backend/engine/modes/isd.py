@@ -144,16 +144,10 @@ class ISD(Mode):
             return
         st.specs, st.draft = rt.drafts(masks, clean, req.params["draft"] == "argmax", req.params["sampler"])
 
-    @staticmethod
-    def _note_confidence(req: Request, row: Scores, token: int) -> None:
-        """Keep the model's probability of the token just committed: the cost-aware draft count reads it."""
-        if req.params["verify"] == "cost":
-            req.confidence = row.confidence_of([token])[0]
-
     def _cold_start(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int],
                     start: int, block: list[int], drafting: int) -> RoundResult:
         (clean,), (p_clean,) = scores.rows(slice(0, 1)).pick()
-        self._note_confidence(req, scores.rows(slice(0, 1)), clean)
+        req.confidence = p_clean
         self._draft(req, rt, st, scores.rows(slice(1, 1 + drafting)), clean)
         st.cases["C"] += 1
         release = SlotRelease(slots[1:], list(range(start + 1, start + len(block))), "mask")
@@ -169,9 +163,8 @@ class ISD(Mode):
     def _all_accepted(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int],
                       start: int, block: list[int], specs: list[int], drafting: int, pq: list[dict]) -> RoundResult:
         verified = len(specs)
-        clean_row = scores.rows(slice(verified, verified + 1))
-        (clean,), (p_clean,) = clean_row.pick()
-        self._note_confidence(req, clean_row, clean)
+        (clean,), (p_clean,) = scores.rows(slice(verified, verified + 1)).pick()
+        req.confidence = p_clean
         self._draft(req, rt, st, scores.rows(slice(verified + 1, verified + 1 + drafting)), clean)
         st.cases["V"] += 1
         release = SlotRelease(slots[verified + 1:], list(range(start + verified + 1, start + len(block))), "mask")
@@ -190,7 +183,8 @@ class ISD(Mode):
         """Reject at spec i: keep the i accepted specs and the correction `fix`."""
         verified = len(specs)
         masks = len(block) - 1 - verified
-        self._note_confidence(req, scores.rows(slice(i, i + 1)), fix)
+        if req.params["verify"] == "cost":       # how sure the model was of the correction: the draft plan reads it
+            req.confidence = scores.rows(slice(i, i + 1)).confidence_of([fix])[0]
         st.specs, st.draft = [], None
         st.cases["R"] += 1
         keep = 1 + i
