@@ -15,7 +15,7 @@ ENTRY_POINT = ROOT / "specscope" / "backend" / "cli" / "__main__.py"
 # the bench's figures; compare rates its answers with answer_fit too).
 COMMANDS = tuple(f"specscope.backend.{name}" for name in ("server", "bench", "verify_rows", "answer_fit", "calibrate",
                                                            "speedup", "bench_compare", "bench_load", "kernel_bench",
-                                                           "loadtest", "gpu_check"))
+                                                           "loadtest", "gpu_check", "sweep"))
 # Upward imports docs/deviations.md explains (importer prefix, imported prefix).
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 

@@ -23,14 +23,14 @@ import plotly.graph_objects as go
 from specscope.app.figures import LAYOUT, mode_color
 
 Run = Mapping[str, Any]
-GROUP_FIELDS = ("mode", "model", "status")  # besides `param:<name>`
+GROUP_FIELDS = ("mode", "model", "status", "sweep")  # besides `param:<name>`
 TERM = re.compile(r'(\w+)(=|>=|<=)("[^"]*"|\S+)|"([^"]*)"|(\S+)')
 
 
 @dataclass
 class RunQuery:
     """What a run must match: parameter conditions (`name=value`, `name>=x`, `name<=x`; also model=, mode=,
-    status=, since=YYYY-MM-DD), and words its prompt contains (case-insensitive)."""
+    status=, sweep=, since=YYYY-MM-DD), and words its prompt contains (case-insensitive)."""
     conditions: list[tuple[str, str, str]] = field(default_factory=list)
     words: list[str] = field(default_factory=list)
 
@@ -47,7 +47,7 @@ def parse_query(text: str) -> RunQuery:
 
 
 def field_value(run: Run, name: str) -> Any:
-    if name in ("model", "mode", "status"):
+    if name in ("model", "mode", "status", "sweep"):
         return run.get(name)
     if name == "since":
         return str(run.get("created_at") or "")[:10]

@@ -183,6 +183,8 @@ class ModeBench:
     traced: bool = True
     times: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})
     outputs: dict[bool, list[RunResult]] = field(default_factory=dict)
+    timed: list[RunResult] = field(default_factory=list)
+    """Every timed pass's untraced runs (the speedup's factors are summed over them, as its tok/s is timed)."""
     forward_ms: dict[str, list[float]] = field(default_factory=dict)
 
     def warm_up(self) -> None:
@@ -199,6 +201,7 @@ class ModeBench:
         for tracing, seconds in spent.items():
             if tracing in self.outputs and self.outputs[tracing]:
                 self.times[tracing].append(seconds)
+        self.timed += self.outputs[False]
 
     def row(self) -> dict[str, Any]:
         tasks, runs, verify = self.tasks, self.outputs[False], self.forward_ms.get("verify")
@@ -237,14 +240,14 @@ class ModeBench:
             "verify_forward_ms": statistics.median(verify) if verify else None,
             "time_split": time_split(self.forward_ms, sum(self.times[False]) + sum(self.times[True])),
             "drafter_mean": sum(r.metrics.get(drafter[0]) or 0.0 for r in runs) / len(runs) if drafter else None,
-            **forward_figures(runs),
+            **forward_figures(self.timed),
             "outputs": [r.output_ids for r in runs],
         }
 
 
 def forward_figures(runs: list[RunResult]) -> dict[str, Any]:
-    """The speedup decomposition's inputs over a row's runs: mean forward ms, the forwards' share of wall time,
-    and how many forwards computed each number of rows."""
+    """The speedup decomposition's inputs over a row's timed runs: mean forward ms, the forwards' share of wall
+    time, and how many forwards computed each number of rows."""
     forward_ms = sum(r.metrics["forward_ms"] for r in runs)
     nfe, wall = sum(r.metrics["nfe"] for r in runs), sum(r.metrics["wall_ms"] for r in runs)
     rows: Counter[str] = Counter()

@@ -36,7 +36,8 @@ ROUND_COUNTS = {  # a round event's two counts, as the visualizer names them
                  "accepted drafts plus the correction or bonus token, or in the block modes a whole block once "
                  "its last mask is filled (the event's `committed` list; its length here)",
 }
-RUN_STATUSES = ("done", "cancelled", "error")
+RUN_STATUSES = ("done", "cancelled", "error", "interrupted")
+"""How a run ends (run_end's status): interrupted when the engine replica serving it died."""
 
 
 @dataclass(slots=True)
@@ -170,8 +171,11 @@ class RecordingTracer:
     enabled = True
 
     def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None,
-                 keep: bool = True, hold_s: float | None = None, batch_end: Callable[[], None] | None = None):
+                 keep: bool = True, hold_s: float | None = None, batch_end: Callable[[], None] | None = None,
+                 tags: dict[str, Any] | None = None):
         self.run_id = run_id or new_run_id()
+        self.tags = tags or {}
+        """Fields added to run_start (a sweep's id and grid cell: `{"sweep": {"id", "cell"}}`)."""
         self.sink = sink
         self.batch_end = batch_end
         """Called after a round's batch of held events has gone to the sink (a sink that sends in messages sends
@@ -199,6 +203,8 @@ class RecordingTracer:
             raise ValueError(f"unknown event type {type!r}")
         self._make_held()
         self.ended = self.ended or type == "run_end"
+        if type == "run_start" and self.tags:
+            payload = {**payload, **self.tags}
         self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(time.perf_counter()),
                     "type": type, **sanitize(payload)})
 

@@ -28,8 +28,9 @@ FETCHED = 1000   # the newest runs the filter looks through (the REST list's lim
 CHARTS = ["an-hist", "an-positions", "an-tpf", "an-toks", "an-nfe"]
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
 FILTER_HELP = ('e.g. <code>delta=0.5 block_size&gt;=8 model=smollm2 since=2026-12-01 "capital of"</code>: '
-               'parameter conditions (=, &gt;=, &lt;=; also mode=, model= by prefix, since= a date) and words the '
-               'prompt contains. Metrics are each run\'s own run_end metrics; hover a chart for its definition.')
+               'parameter conditions (=, &gt;=, &lt;=; also mode=, sweep=, model= by prefix, since= a date) and '
+               'words the prompt contains. Metrics are each run\'s own run_end metrics; hover a chart for its '
+               'definition.')
 
 
 def group_choices(runs: Sequence[Run]) -> list[str]:

@@ -27,6 +27,8 @@ COMMANDS = {
                                                         "(a GPU's figures; --tiny on a CPU)"),
     "throughput": ("specscope.backend.cli.throughput", "a mode's tok/s in process, traced and stored, and through a "
                                                    "server"),
+    "sweep": ("specscope.backend.cli.sweep", "a grid of runs (modes × parameters × prompts), stored and resumable, "
+                                             "on this machine or a Ray cluster"),
     "loadtest": ("specscope.backend.loadtest", "a bounded load and fault run against a server over loopback"),
     "gpu-check": ("specscope.backend.gpu_check", "every mode on a GPU (--tiny: on the CPU), then bench-kernels"),
     "train": ("specscope.backend.cli.train", "train the tiny model, the self-speculation adapter or its head"),

@@ -16,6 +16,7 @@ from specscope.backend.store import LEASE_TIMEOUT_S, Store
 if TYPE_CHECKING:
     from specscope.backend.engine.engine import Engine
     from specscope.backend.server.app import UIMount
+    from specscope.backend.server.service import EngineService
 
 PARENTS = (store_options, model_options)
 
@@ -31,6 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "loadable folder)")
     p.add_argument("--max-queued", type=int, help="runs queued or running at once before new ones get a busy "
                                                   "error (default: MAX_QUEUED_RUNS in backend/server/protocol.py)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="serve engine replicas on Ray: join the cluster at ADDRESS, or with no address start one "
+                        "on this machine (needs the ray extra: pip install 'specscope[ray]')")
+    p.add_argument("--replicas", type=int, default=1, help="with --ray: engine replicas, one Ray actor each")
+    p.add_argument("--replica-cpus", type=float, default=1.0,
+                   help="with --ray: CPUs each replica reserves on the cluster (and its torch threads)")
     p.set_defaults(draft_tiers="auto")
     p.add_argument("--lease-timeout", type=float, default=LEASE_TIMEOUT_S, metavar="S",
                    help="this server renews a lease in the store every S/5 seconds; the running runs of a server "
@@ -53,12 +60,27 @@ def installed_ui() -> UIMount | None:
     return mount_ui
 
 
+def engine_service(args: argparse.Namespace, max_queued: int) -> EngineService:
+    """The engine in a process of its own, or with --ray, engine replicas on a Ray cluster."""
+    build = functools.partial(serve_build, args)
+    if args.ray is None:
+        from specscope.backend.server.engine_process import EngineProcess
+        return EngineProcess(build, max_queued=max_queued)
+    if args.replicas < 1:
+        raise CLIError(f"--replicas {args.replicas}: serve at least one replica")
+    try:
+        from specscope.backend.server.ray_replicas import Replicas
+    except ImportError:
+        raise CLIError("--ray needs Ray: pip install 'specscope[ray]'") from None
+    return Replicas(build, args.replicas, max_queued, address=None if args.ray == "local" else args.ray,
+                    cpus=args.replica_cpus)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specscope.backend.model.config import CheckpointError
     from specscope.backend.server import BindError, check_bind, create_app
-    from specscope.backend.server.engine_process import EngineProcess
     from specscope.backend.server.protocol import MAX_MESSAGE_BYTES, MAX_QUEUED_RUNS
     try:
         check_bind(args.host, args.token)
@@ -70,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--models {args.models}: no such directory")
     if args.models and not args.model:
         args.model = first_model(args.models)
-    engine = EngineProcess(functools.partial(serve_build, args), max_queued=args.max_queued or MAX_QUEUED_RUNS)
+    engine = engine_service(args, args.max_queued or MAX_QUEUED_RUNS)
     try:
         engine.start()
     except (ParamError, CheckpointError) as e:

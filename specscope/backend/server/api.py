@@ -101,6 +101,7 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
         return {"status": "ok" if outage is None else "degraded", "model": engine.model.name,
                 "active_runs": stats["active"], "queued_runs": stats["held"], "max_queued_runs": engine.max_queued,
                 "pool": stats["pool"], "cost_curve": engine.model.cost_curve,
+                **({"replicas": stats["replicas"]} if "replicas" in stats else {}),
                 "store": {"status": "ok" if outage is None else "unavailable",
                           "unavailable_s": None if outage is None else round(outage, 1)}}
 
@@ -151,9 +152,11 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
 
     @router.get("/runs")
     def list_runs(mode: str | None = None, status: str | None = None, limit: int = Query(50, ge=1, le=1000),
-                  offset: int = Query(0, ge=0, le=MAX_INDEX)) -> list[Row]:
+                  offset: int = Query(0, ge=0, le=MAX_INDEX),
+                  sweep: str | None = Query(None, max_length=128)) -> list[Row]:
+        """Stored runs, newest first (of one mode, status or sweep)."""
         settle()
-        return store.list_runs(mode, status, limit, offset)
+        return store.list_runs(mode, status, limit, offset, sweep)
 
     @router.get("/runs/{run_id}")
     def get_run(run_id: str) -> Row:

@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from specscope.backend.answer_fit import AnswerFit
 from specscope.backend.engine.engine import Engine
@@ -57,6 +56,14 @@ def portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+class Link(Protocol):
+    """One end of the server-engine link: a pipe's Connection, or a Ray replica's pair of queues."""
+
+    def send(self, message: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+
 FLUSH_S = 0.05
 """A message goes at most every FLUSH_S: each run's tracer hands on its events in batches at least ~50 ms apart
 (`RecordingTracer.hold_s`), and the batches of concurrent runs that end within FLUSH_S of the last message go with
@@ -72,7 +79,7 @@ class Outbound:
     they were made, while they are still in cache), a run_end or an error; other messages flush what waits first,
     keeping order."""
 
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: Link):
         self.conn = conn
         self._lock = threading.Lock()
         self._events: list[tuple[int, Event]] = []
@@ -158,9 +165,10 @@ class EngineSide:
             self.out.send(("reply", token, False, portable(e)))
 
 
-def engine_main(conn: Connection, build: Build) -> None:
+def engine_main(conn: Link, build: Build) -> None:
     """The engine process: build the engine, serve the server's messages until "stop" or until the server is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole process group: the server decides
+    if threading.current_thread() is threading.main_thread():   # a Ray replica's actor thread may be another
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole process group: the server decides
     out = Outbound(conn)
     try:
         engine = build(None)
@@ -175,7 +183,7 @@ def engine_main(conn: Connection, build: Build) -> None:
     out.send(("stopped",))
 
 
-def receive(conn: Connection, side: EngineSide) -> None:
+def receive(conn: Link, side: EngineSide) -> None:
     """Hand the server's messages to `side` until "stop" (which closes the worker) or until the server is gone."""
     handlers: dict[str, Callable[..., None]] = {"submit": side.submit, "cancel": side.cancel, "call": side.call}
     while True:
@@ -210,7 +218,7 @@ class EngineProcess:
         self._calls: dict[int, Future[Any]] = {}
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
-        self._conn: Connection | None = None
+        self._conn: Link | None = None
         self._proc: multiprocessing.process.BaseProcess | None = None
         self._reader: threading.Thread | None = None
         self._gone = False
@@ -225,36 +233,53 @@ class EngineProcess:
         return None if self._proc is None else self._proc.pid
 
     def start(self) -> None:
-        """Spawn the engine process and wait until it serves; raise what its build raised. Once only: a second
-        call (the app's lifespan after `specscope serve` started it) does nothing."""
-        if self._proc is not None:
+        """Launch the engine and wait until it serves; raise what its build raised. Once only: a second call (the
+        app's lifespan after `specscope serve` started it) does nothing."""
+        if self._reader is not None:
             return
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=engine_main, args=(child, self.build), name="specscope-engine",
-                                 daemon=True)
-        self._proc.start()
-        child.close()
+        self._conn = self._launch()
         try:
             kind, value = self._conn.recv()
         except EOFError:
-            self._proc.join(5)
-            raise RuntimeError(f"the engine process exited with status {self._proc.exitcode}") from None
+            self._join(5)
+            raise RuntimeError(f"the engine exited ({self._exit_status()})") from None
         if kind == "failed":
-            self._proc.join(5)
+            self._join(5)
             raise value
         self._model = value
+        self._gone = False
         self._reader = threading.Thread(target=self._receive, name="specscope-engine-link", daemon=True)
         self._reader.start()
 
     def stop(self, timeout: float = 60.0) -> None:
-        if self._proc is None or self._reader is None:
+        if self._reader is None:
             return
         self._send_quietly(("stop",))
         self._reader.join(timeout)
-        self._proc.join(timeout)
-        if self._proc.is_alive():
+        self._join(timeout)
+        self._kill()
+
+    # -- the transport: a child process and a pipe (a Ray replica overrides these) --
+    def _launch(self) -> Link:
+        """Start the engine; the server's end of its link."""
+        ctx = multiprocessing.get_context("spawn")
+        conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=engine_main, args=(child, self.build), name="specscope-engine",
+                                 daemon=True)
+        self._proc.start()
+        child.close()
+        return conn
+
+    def _join(self, timeout: float) -> None:
+        if self._proc is not None:
+            self._proc.join(timeout)
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
             self._proc.kill()
+
+    def _exit_status(self) -> str:
+        return f"status {None if self._proc is None else self._proc.exitcode}"
 
     def submit(self, prompt: Prompt, mode: str, params: dict[str, Any], tracer: RecordingTracer) -> Run:
         if len(self._runs) >= self.max_queued:
@@ -306,14 +331,13 @@ class EngineProcess:
 
     def _receive(self) -> None:
         """The link thread: hand each event to its run's sink, settle admissions and calls."""
-        assert self._conn is not None and self._proc is not None
+        assert self._conn is not None
         while True:
             try:
                 kind, *args = self._conn.recv()
             except (EOFError, OSError):
-                self._proc.join(5)
-                log.error("the engine process exited (status %s); its runs end with an error",
-                          self._proc.exitcode)
+                self._join(5)
+                log.error("the engine exited (%s); its runs end with an error", self._exit_status())
                 break
             if kind == "events":
                 for sid, event in args[0]:
@@ -340,7 +364,7 @@ class EngineProcess:
             self._runs.pop(sid).admitted.set_exception(exc)
 
     def _orphan_all(self) -> None:
-        """The engine process is gone: every run it held ends with an error (run_end sent), every call fails."""
+        """The engine is gone: every run it held ends (`_end_lost`: run_end sent), every call fails."""
         self._gone = True
         gone = RuntimeError("the engine process exited")
         for token in list(self._calls):
@@ -348,6 +372,9 @@ class EngineProcess:
         for sid in list(self._runs):
             link = self._runs.pop(sid)
             if link.admitted.done():
-                end_failed_run(link.tracer, "the engine process exited; see the server log")
+                self._end_lost(link.tracer)
             else:
                 link.admitted.set_exception(gone)
+
+    def _end_lost(self, tracer: RecordingTracer) -> None:
+        end_failed_run(tracer, "the engine process exited; see the server log")

@@ -208,7 +208,8 @@ class LiveRun:
                 if out:
                     yield out
             elif kind == "error":
-                raise OpenAIError(500, event.get("message", "the run failed"), "server_error", "run_failed")
+                raise OpenAIError(500, event.get("message", "the run failed"), "server_error",
+                                  event.get("code") or "run_failed")    # `interrupted`: its engine replica died
             elif kind == "run_end":
                 self.end = event
                 if not stop.stopped and (tail := stop.flush()):

@@ -58,6 +58,13 @@ def end_failed_run(tracer: RecordingTracer, message: str) -> None:
     tracer.emit("run_end", {"status": "error", "output_ids": [], "text": "", "metrics": {}})
 
 
+def end_lost_run(tracer: RecordingTracer, message: str) -> None:
+    """End a run whose engine replica died under it: an `interrupted` error event, then run_end with status
+    interrupted (the replica held its tokens)."""
+    tracer.emit("error", {"code": "interrupted", "message": message})
+    tracer.emit("run_end", {"status": "interrupted", "output_ids": [], "text": "", "metrics": {}})
+
+
 class Worker:
     def __init__(self, engine: Engine, max_queued: int = MAX_QUEUED_RUNS):
         self.engine = engine

@@ -49,12 +49,15 @@ class Run(Base):
     server: Mapped[str | None] = mapped_column(String(256), index=True)   # host:port of the server that ran it
     model_hash: Mapped[str | None] = mapped_column(String(128))          # run_start's model_hash, when given
     instance: Mapped[str | None] = mapped_column(String(64), index=True)  # the server instance (its lease) that ran it
+    sweep: Mapped[str | None] = mapped_column(String(128), index=True)    # the sweep that made it (run_start)
+    cell: Mapped[dict[str, Any] | None] = mapped_column(JSON)            # its cell of the sweep's grid
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "created_at": utc(self.created_at).isoformat(), "mode": self.mode,
                 "model": self.model, "params": self.params, "prompt": self.prompt, "status": self.status,
                 "output": self.output, "metrics": self.metrics, "n_rounds": self.n_rounds,
-                "n_tokens": self.n_tokens, "server": self.server, "model_hash": self.model_hash}
+                "n_tokens": self.n_tokens, "server": self.server, "model_hash": self.model_hash,
+                "sweep": self.sweep, "cell": self.cell}
 
 
 class Lease(Base):

@@ -94,11 +94,12 @@ class Store:
         run_id = event["run_id"]
         check_seq(run_id, 0, event["seq"])
         model_hash = event.get("model_hash")
+        sweep = event.get("sweep") if isinstance(event.get("sweep"), dict) else {}
         run = {"run_id": run_id, "created_at": datetime.now(UTC), "mode": event.get("mode") or "",
                "model": event.get("model"), "params": event.get("params") or {}, "prompt": event.get("prompt") or "",
                "status": "running", "output": None, "metrics": None, "n_rounds": 0, "n_tokens": 0,
                "server": self.server, "model_hash": model_hash if isinstance(model_hash, str) else None,
-               "instance": self.instance}
+               "instance": self.instance, "sweep": sweep.get("id"), "cell": sweep.get("cell")}
         rows = [to_row(event)]
         with self._lock:
             if run_id in self._recorded:
@@ -229,11 +230,13 @@ class Store:
         self._read(lambda session: session.execute(select(1)), None)
 
     def list_runs(self, mode: str | None = None, status: str | None = None, limit: int = 50,
-                  offset: int = 0) -> list[Row]:
+                  offset: int = 0, sweep: str | None = None) -> list[Row]:
         """Runs, newest first, without their events."""
         query = select(Run).order_by(Run.created_at.desc(), Run.run_id).limit(limit).offset(offset)
         if mode is not None:
             query = query.where(Run.mode == mode)
+        if sweep is not None:
+            query = query.where(Run.sweep == sweep)
         if status is not None:
             query = query.where(Run.status == status)
         return self._read(lambda session: [run.as_dict() for run in session.scalars(query)], [])
