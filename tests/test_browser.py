@@ -24,6 +24,7 @@ from support.browser import (
     chat,
     choose,
     new_page,
+    open_params,
     set_number,
     shot,
     start_long_raw_run,
@@ -185,6 +186,29 @@ def test_param_widgets_show_the_values_the_run_uses(page) -> None:
     assert page.input_value("#param-n input[type=number]") == "2"
     run = stored_run(page, send(page, PROMPT))
     assert run["params"]["max_new_tokens"] == 5 and run["params"]["n"] == 2
+
+
+def test_switching_modes_with_the_parameters_open_warns_of_nothing(page) -> None:
+    """Each mode's widgets are made anew: none is handed the last mode's value in its place (a checkbox's `true`
+    in a number box made the browser warn)."""
+    warnings: list[str] = []
+
+    def note(message) -> None:
+        if message.type == "warning":
+            warnings.append(message.text)
+    page.on("console", note)
+    try:
+        choose(page, "#chat-mode", "linear_spec")
+        page.wait_for_selector("text=linear_spec:")
+        open_params(page)
+        for mode in ("quadratic", "block_diffusion", "linear_spec", "block_diffusion", "isd", "ar"):
+            choose(page, "#chat-mode", mode)
+            page.wait_for_selector(f"text={mode}:")
+            page.locator("#param-max_new_tokens").wait_for()
+            page.wait_for_timeout(300)
+    finally:
+        page.remove_listener("console", note)
+    assert warnings == []
 
 
 def test_out_of_range_numbers_are_clamped_not_errors(page) -> None:

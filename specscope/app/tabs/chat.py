@@ -351,9 +351,16 @@ def latest_round(backend: Backend, client: Client, trace: RunTrace) -> str:
 
 
 def params_ui(mode: gr.Dropdown, modes: gr.State, chosen: gr.State, params_open: gr.State) -> None:
-    """The chosen mode's summary and its parameters, collapsed until the user opens them (then open in every mode)."""
-    @gr.render(inputs=[mode, modes, chosen, params_open], triggers=[mode.change])
+    """The chosen mode's summary and its parameters, collapsed until the user opens them (then open in every mode).
+    A switch renders nothing first, then the new mode's widgets: rendered over the last mode's in one step, the
+    browser would hand a new widget the value of the old one in its place (a checkbox's `true` to a number box)."""
+    panel = gr.Textbox(visible=False)    # the mode whose widgets show ("" between two modes)
+    mode.change(lambda: "", None, panel, queue=False).then(lambda name: name, mode, panel, queue=False)
+
+    @gr.render(inputs=[panel, modes, chosen, params_open], triggers=[panel.change])
     def shown(name: str | None, specs: list[Spec], values: dict, opened: bool) -> None:
+        if not name:
+            return
         spec = mode_spec(specs, name)
         if spec is None:
             gr.Markdown("*Modes load from the backend…*")
