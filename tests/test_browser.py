@@ -332,10 +332,12 @@ def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
     set_number(page, "#cmp-max-new", 12)
     page.click("#cmp-run")
     page.wait_for_selector("#cmp-table .ss-table")
-    assert page.locator("#cmp-table tbody tr").count() == 3
+    assert page.locator("#cmp-table table").first.locator("tbody tr").count() == 3   # the speedup table follows
     table = page.locator("#cmp-table").inner_text()
     assert "reference" in table and ("as reference" in table or "from reference" in table)
     assert "== ar" in table or "≠ ar" in table  # linear_spec's lossless claim, checked against the ar run
+    explained = page.locator("#cmp-speedup tbody tr").all_inner_texts()     # each other run's speedup over ar's
+    assert len(explained) == 2 and all(re.search(r"\d\.\d\d×.*\d\.\d\d×", row) for row in explained), explained
     picks = [page.locator("#cmp-table tbody tr").nth(i).locator("td").nth(-3).inner_text() for i in range(3)]
     greedy, tokens = picks[0].split(" ")[0].split("/")      # the served model rates each answer: ar's, all its own
     assert greedy == tokens and all(re.fullmatch(r"\d+/\d+ \(\d+\.\d\d\)", p) for p in picks), picks
@@ -350,7 +352,7 @@ def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
     set_number(page, "#cmp-max-new", 7)
     page.click("#cmp-open")  # …the saved comparison (selected after saving) brings them back
     page.wait_for_selector("#cmp-status >> text=Comparison three modes")
-    assert page.locator("#cmp-table tbody tr").count() == 3
+    assert page.locator("#cmp-table table").first.locator("tbody tr").count() == 3   # the speedup table follows
     page.wait_for_function("() => document.querySelector('#cmp-max-new input').value === '12'")
     ticked = page.eval_on_selector_all("#cmp-modes input:checked", "es => es.map(e => e.parentElement.innerText)")
     assert sorted(t.strip() for t in ticked) == ["ar", "block_diffusion", "linear_spec"]

@@ -27,6 +27,7 @@ NAVIGATION_NOISE = ("AbortError", "Connection errored out")
 def server(loaded, tmp_path_factory) -> Iterator[dict]:
     from specscope.app.ui import mount_ui
     from specscope.backend.engine.engine import Engine
+    from specscope.backend.engine.modes import REGISTRY
     from specscope.backend.server import create_app
     from specscope.backend.store import Store
     from specscope.backend.tracing import RecordingTracer
@@ -34,15 +35,18 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
     engine = Engine(loaded, num_slots=4096)
     store = Store(f"sqlite:///{tmp_path_factory.mktemp('viz') / 'runs.db'}")
     runs = {}
-    for mode, params in MODES.items():
+    for mode, params in MODES.items():    # each at its drafter's parameters: every round drafts, to be drawn
         tracer = RecordingTracer(sink=store.record)
-        engine.generate(CODE_PROMPT, mode, {"max_new_tokens": 12, "raw": True, **params}, tracer=tracer)
+        engine.generate(CODE_PROMPT, mode, {"max_new_tokens": 12, "raw": True, **REGISTRY[mode].drafter_params,
+                                            **params}, tracer=tracer)
         runs[mode] = tracer.run_id
+    fixed = REGISTRY["linear_spec"].drafter_params
     tracer = RecordingTracer(sink=store.record)   # with each position's top-3 alternatives
-    engine.generate(CODE_PROMPT, "linear_spec", {"max_new_tokens": 12, "raw": True, "trace_topk": 3}, tracer=tracer)
+    engine.generate(CODE_PROMPT, "linear_spec", {"max_new_tokens": 12, "raw": True, "trace_topk": 3, **fixed},
+                    tracer=tracer)
     runs["topk"] = tracer.run_id
     tracer = RecordingTracer(sink=store.record)   # its last round accepts more than max_new_tokens leaves room for
-    engine.generate(PROMPT, "linear_spec", {"max_new_tokens": 5}, tracer=tracer)
+    engine.generate(PROMPT, "linear_spec", {"max_new_tokens": 5, **fixed}, tracer=tracer)
     runs["cut"] = tracer.run_id
     port = free_port()
     app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
@@ -207,6 +211,8 @@ def test_linear_spec_shows_its_replaced_draft_and_vllm_metrics(page, server) -> 
     assert "accepted_len" in page.locator("#viz-summary .ssv-metric", has_text="tokens / round").get_attribute("title")
     page.wait_for_selector("#viz-positions .main-svg")
     assert "accepted" in page.locator("#viz-summary .ssv-explain").inner_text().lower()
+    explained = page.locator("#viz-speedup").inner_text()    # TPF × row cost × forward share, on this machine
+    assert "speedup explained" in explained and "TPF" in explained and "row cost" in explained
 
 
 def counts(page) -> tuple[int, int]:

@@ -157,7 +157,8 @@ def test_console_script(tmp_path):
 
 
 def test_run_takes_block_size_tiers_and_records_them(capsys, db):
-    run_id, _ = generate(capsys, db, "linear_spec", "--param", "block_size=4", "--block-size-tiers", "1:8,64:4")
+    run_id, _ = generate(capsys, db, "linear_spec", "--param", "block_size=4", "--param", "verify=fixed",
+                         "--block-size-tiers", "1:8,64:4")
     with Store(db) as store:
         events = store.events(run_id)
     assert events[0]["block_size_tiers"] == [[1, 8], [64, 4]]

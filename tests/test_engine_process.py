@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from support.modes import LONG_RAW_PROMPT
 
+from specscope.backend.engine.cost_curve import CostCurve
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.params import ParamError
 from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
@@ -88,8 +89,10 @@ def served():
 
 
 def test_a_run_streams_the_events_the_engine_makes(served, loaded) -> None:
-    local = RecordingTracer()
-    Engine(loaded, num_slots=1024).generate(PROMPT, "linear_spec", {"max_new_tokens": 24}, tracer=local)
+    local = RecordingTracer()   # priced on the engine process's curve, as its rounds are
+    curve = CostCurve.from_json(served.model.cost_curve)
+    Engine(loaded, num_slots=1024, cost_curve=curve).generate(PROMPT, "linear_spec", {"max_new_tokens": 24},
+                                                              tracer=local)
     remote = Ended()
     served.submit(PROMPT, "linear_spec", {"max_new_tokens": 24}, remote).admitted.result(60)
     end = remote.wait()

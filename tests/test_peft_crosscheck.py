@@ -103,10 +103,11 @@ def test_mask_scoped_adapter_keeps_isd_lossless(pair):
         params = {"max_new_tokens": 24}
         ar = ar_engine.generate(prompt, "ar", params).output_ids
         tracer = RecordingTracer()
-        assert scoped.generate(prompt, "isd", params | {"n": 3}, tracer=tracer).output_ids == ar, prompt
+        fixed = {"n": 3, "verify": "fixed"}   # every round drafts at MASK positions
+        assert scoped.generate(prompt, "isd", params | fixed, tracer=tracer).output_ids == ar, prompt
         phases = [p for e in tracer.events if e["type"] == "round" for p in e["phases"]]
         assert any(p["lora"] for p in phases) and not all(p["lora"] for p in phases)
-        differs += everywhere.generate(prompt, "isd", params | {"n": 3}).output_ids != ar
+        differs += everywhere.generate(prompt, "isd", params | fixed).output_ids != ar
     assert differs > 0
 
 

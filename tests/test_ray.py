@@ -26,7 +26,8 @@ from specscope.backend.model.checkpoint import load_checkpoint
 from specscope.backend.server import create_app
 from specscope.backend.server.ray_replicas import Replicas
 from specscope.backend.store import Store
-from specscope.backend.sweep import Sweep, execute, run_on_ray, stored_cells
+from specscope.backend.sweep import Sweep, execute, stored_cells
+from specscope.backend.sweep_ray import run_on_ray
 from specscope.backend.tracing import RecordingTracer
 
 pytest_plugins = ["support.browser"]

@@ -195,24 +195,6 @@ def run_local(sweep: Sweep, engine: Engine, todo: Sequence[Cell], keep: Callable
             keep(events)
 
 
-def run_on_ray(sweep: Sweep, build: Callable[[], Engine], todo: Sequence[Cell], keep: Callable[[list[Event]], None],
-               address: str | None, workers: int, cpus: float = 1.0) -> dict[int, int]:
-    """The cells over `workers` Ray actors, each holding one engine and reserving `cpus` of the cluster's; results
-    stored as each batch ends. Returns how many cells each worker (by process id) ran."""
-    from ray.util import ActorPool
-
-    from specscope.backend.sweep_ray import start_workers
-    pool = ActorPool(start_workers(build, address, workers, cpus))
-    ran: dict[int, int] = {}
-    for pid, results in pool.map_unordered(
-            lambda actor, group: actor.run.remote(sweep.name, group, sweep.prompts, sweep.max_new_tokens),
-            chunks(todo, BATCH)):
-        ran[pid] = ran.get(pid, 0) + len(results)
-        for events in results:
-            keep(events)
-    return ran
-
-
 def execute(sweep: Sweep, store: Any, run: Callable[[Sequence[Cell], Callable[[list[Event]], None]], Any],
             out: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Run the cells not stored yet through `run`, storing each as it ends, with a progress bar; then the table."""

@@ -6,9 +6,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
+from ray.util import ActorPool
 
 from specscope.backend.engine.engine import Engine
-from specscope.backend.sweep import Cell, Event, run_cells
+from specscope.backend.sweep import BATCH, Cell, Event, Sweep, chunks, run_cells
 
 
 @ray.remote
@@ -31,3 +32,18 @@ def start_workers(build: Callable[[], Engine], address: str | None, workers: int
                  log_to_driver=False)
     return [SweepWorker.options(num_cpus=cpus).remote(build, int(cpus))   # type: ignore[attr-defined]
             for _ in range(workers)]
+
+
+def run_on_ray(sweep: Sweep, build: Callable[[], Engine], todo: Sequence[Cell], keep: Callable[[list[Event]], None],
+               address: str | None, workers: int, cpus: float = 1.0) -> dict[int, int]:
+    """The cells over `workers` Ray actors, each holding one engine and reserving `cpus` of the cluster's; results
+    stored as each batch ends. Returns how many cells each worker (by process id) ran."""
+    pool = ActorPool(start_workers(build, address, workers, cpus))
+    ran: dict[int, int] = {}
+    for pid, results in pool.map_unordered(
+            lambda actor, group: actor.run.remote(sweep.name, group, sweep.prompts, sweep.max_new_tokens),
+            chunks(todo, BATCH)):
+        ran[pid] = ran.get(pid, 0) + len(results)
+        for events in results:
+            keep(events)
+    return ran

@@ -31,7 +31,7 @@ def held_out(args: argparse.Namespace, model: str | None, count: int) -> list[st
 
 
 def run(args: argparse.Namespace) -> int:
-    from specscope.backend.sweep import SpecError, execute, load_spec, run_local, run_on_ray
+    from specscope.backend.sweep import SpecError, execute, load_spec, run_local
     try:
         sweep = load_spec(Path(args.spec), args.model, functools.partial(held_out, args))
     except SpecError as e:
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             execute(sweep, store, lambda todo, keep: run_local(sweep, engine, todo, keep))
         else:
             try:
-                import ray  # noqa: F401
+                from specscope.backend.sweep_ray import run_on_ray
             except ImportError:
                 raise CLIError("--ray needs Ray: pip install 'specscope[ray]'") from None
             build = functools.partial(build_engine, args)

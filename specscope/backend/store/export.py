@@ -15,7 +15,8 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "prompt": (str,), "status": (str,), "output": (str, type(None)), "metrics": (dict, type(None)),
     "n_rounds": (int,), "n_tokens": (int,),
 }
-OPTIONAL_RUN_FIELDS: dict[str, tuple[type, ...]] = {"server": (str, type(None)), "model_hash": (str, type(None))}
+OPTIONAL_RUN_FIELDS: dict[str, tuple[type, ...]] = {"server": (str, type(None)), "model_hash": (str, type(None)),
+                                                    "sweep": (str, type(None)), "cell": (dict, type(None))}
 
 
 def export_json(store: Store, run_id: str) -> dict[str, Any]:
