@@ -17,7 +17,9 @@ def variants(mode: str) -> list[dict]:
     """The parameters each lossless mode is checked at beyond its claim's: every verify length
     (engine/verify_length.py), each with a tree draft where the mode drafts trees (engine/draft_tree.py)."""
     params = {p.name: p for p in REGISTRY[mode].params}
-    out = [{"verify": v} for v in params["verify"].choices] if "verify" in params else [{}]
+    if "verify" not in params:
+        return [{}]
+    out = [{"verify": v} for v in params["verify"].choices]
     return out + [{**o, "branches": 4} for o in out] if "branches" in params else out
 
 

@@ -595,14 +595,17 @@ def drafter_works(mode: str, row: dict[str, Any]) -> bool | None:
     drafter, claim = get_mode(mode).drafter, claim_of(mode)
     if drafter is None or claim is None or claim.params:
         return None
+    if any(row["params"].get(k) != v for k, v in get_mode(mode).drafter_params.items()):
+        return None     # the drafter shows its work at its own parameters (a fixed verify length): a --variant
     return row["drafter_mean"] >= drafter[1]
 
 
 def check_lossless(args: argparse.Namespace) -> dict[str, Any]:
-    """`bench --lossless`: one untraced pass of every claim and its reference; lossless.json and a table; exit
-    status 1 where a claim fails."""
+    """`bench --lossless`: one untraced pass of every claim (and each --variant) and its reference; lossless.json and
+    a table; exit status 1 where a claim fails."""
     args.no_peer, args.no_tracing, args.repeats, args.adapter_off = True, True, 1, False
-    rows = bench(args, claimed_runs([m for m in args.modes.split(",") if m] or mode_names()))
+    variants = [(spec, *parse_variant(spec)) for spec in args.variant]
+    rows = bench(args, claimed_runs([m for m in args.modes.split(",") if m] or mode_names()) + variants)
     report = []
     for label, row in rows.items():
         claim = claim_of(row["mode"])
