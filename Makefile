@@ -33,5 +33,6 @@ test-fast: $(STAMP)  # the core, without slow, browser, PostgreSQL, GPU or real-
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(addprefix specscope/backend/,engine tracing.py model/checkpoint.py model/config.py \
-		model/transformer.py model/sampler_head.py bench.py server store forward verify_rows.py) specscope/kernels \
+		model/transformer.py model/sampler_head.py bench.py server store forward verify_rows.py speedup.py sweep.py \
+		sweep_ray.py) specscope/kernels \
 		specscope/app specscope/backend/cli/throughput.py specscope/backend/kernel_bench.py tools/compile_check.py

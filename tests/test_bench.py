@@ -55,6 +55,21 @@ def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
     assert cost["vs_one_row"]["1"] == 1.0 and "Verify forward of k rows" in (tmp_path / "bench.md").read_text()
 
 
+def test_the_lossless_check_covers_each_variant_and_judges_the_drafter_at_its_own_parameters(tmp_path):
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--model", "tiny", "--modes", "linear_spec", "--per-kind", "2", "--max-new-tokens", "12",
+                         "--lossless", "--variant", "linear_spec:verify=fixed",
+                         "--variant", "linear_spec:verify=fixed,branches=3", "--out", str(tmp_path)])
+    bench.run(args)
+    rows = {r["row"]: r for r in json.loads((tmp_path / "lossless.json").read_text())["rows"]}
+    assert set(rows) == {"linear_spec", "linear_spec:verify=fixed", "linear_spec:verify=fixed,branches=3"}
+    assert all(r["identical"] == r["prompts"] > 0 for r in rows.values())
+    assert rows["linear_spec"]["drafter_works"] is None           # cost-aware: its drafter is judged where fixed
+    assert rows["linear_spec:verify=fixed"]["drafter_works"] is True
+    assert rows["linear_spec:verify=fixed,branches=3"]["drafter_works"] is True
+
+
 def test_a_lossy_modes_agreement_is_the_share_of_the_references_tokens_before_the_first_difference():
     ar = {"mode": "ar", "outputs": [[1, 2, 3, 4], [5, 6]], "tok_per_s": 10.0}
     block = {"mode": "block_diffusion", "outputs": [[1, 2, 9, 4], [5, 6]], "tok_per_s": 5.0}

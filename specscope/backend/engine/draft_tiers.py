@@ -63,7 +63,8 @@ def auto_tiers(curve: CostCurve, max_running: int = 64) -> DraftTiers:
     GPU) drafts stay long under load, where each row costs its share (float32 on AVX2) they shrink to none."""
     tiers: DraftTiers = [(1, None)]
     for running in (r for r in RUNNING if r <= max_running):
-        drafts = best_draft_count(ACCEPTANCE, 7, lambda d, r=running: curve.at(r * (1 + 2 * d)))
-        tiers.append((running, 2 * drafts))
+        def round_ms(drafts: int, running: int = running) -> float:
+            return curve.at(running * (1 + 2 * drafts))
+        tiers.append((running, 2 * best_draft_count(ACCEPTANCE, 7, round_ms)))
     tiers[-1] = (max(max_running, tiers[-1][0]), tiers[-1][1])
     return tiers

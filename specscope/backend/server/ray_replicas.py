@@ -125,6 +125,8 @@ class RayReplica(EngineProcess):
             ray.kill(self.actor, no_restart=True)
 
     def _exit_status(self) -> str:
+        if self._serving is None:
+            return f"replica {self.index} never served"
         try:
             ray.get(self._serving, timeout=0)
             return f"replica {self.index} stopped"
@@ -231,7 +233,7 @@ class Replicas:
 
     def stats(self) -> dict[str, Any]:
         """The replicas' counts summed, and each replica's own (`replicas`)."""
-        each = []
+        each: list[dict[str, Any]] = []
         for link in self.links:
             mine = link.stats() if link.serving else None
             each.append({"replica": link.index, "serving": link.serving, "restarts": link.restarts,

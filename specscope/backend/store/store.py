@@ -94,7 +94,8 @@ class Store:
         run_id = event["run_id"]
         check_seq(run_id, 0, event["seq"])
         model_hash = event.get("model_hash")
-        sweep = event.get("sweep") if isinstance(event.get("sweep"), dict) else {}
+        tagged = event.get("sweep")
+        sweep: dict[str, Any] = tagged if isinstance(tagged, dict) else {}
         run = {"run_id": run_id, "created_at": datetime.now(UTC), "mode": event.get("mode") or "",
                "model": event.get("model"), "params": event.get("params") or {}, "prompt": event.get("prompt") or "",
                "status": "running", "output": None, "metrics": None, "n_rounds": 0, "n_tokens": 0,
