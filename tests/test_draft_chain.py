@@ -153,6 +153,7 @@ def test_the_head_file_round_trips_and_a_bad_one_is_refused(tmp_path):
         load_sampler(tmp_path / "bad.safetensors")
 
 
+@pytest.mark.extended   # a training run: make test-all
 def test_tiny_pipeline_trains_a_head_that_keeps_every_chained_mode_lossless(tmp_path):
     """A short adapter run, then the head on its rows (one epoch, then one more resumed after answers were
     appended to the data, whose rows join the stored ones); with the head exported beside the adapter, the engine
