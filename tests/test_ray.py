@@ -1,7 +1,8 @@
-"""Scale-out on a local Ray cluster (loopback, 2 CPUs, the tiny model): two engine replicas behind one server take
-runs from 8 concurrent clients with a single engine's tokens, a killed replica's run ends interrupted while the
-other replica's runs go on unchanged and the replica comes back, and a sweep spreads over two engines, resumes
-after a kill without redoing stored cells, and groups in the Analysis tab."""
+"""Scale-out on a local Ray cluster (2 CPUs, the tiny model; our server listens on loopback, while Ray's own daemons
+take this node's address, to which Ray resolves loopback, behind Ray's token authentication): two engine replicas
+behind one server take runs from 8 concurrent clients with a single engine's tokens, a killed replica's run ends
+interrupted while the other replica's runs go on unchanged and the replica comes back, and a sweep spreads over two
+engines, resumes after a kill without redoing stored cells, and groups in the Analysis tab."""
 from __future__ import annotations
 
 import functools
@@ -44,7 +45,7 @@ def tiny_args(*more: str):
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
