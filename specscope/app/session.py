@@ -23,6 +23,7 @@ class Backend:
         self._runs: OrderedDict[tuple[str, str], RunTrace] = OrderedDict()
         self._vocabs: dict[tuple[str, str], list[str]] = {}  # (backend, model) -> display text of token ids
         self._explain: dict[str, dict[str, str]] = {}  # backend -> mode -> what a round means there
+        self._curves: dict[str, dict[str, CostCurve]] = {}  # backend -> its stored benches' cost curves
         self._ratings: OrderedDict[tuple[str, str, str | None], dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.switching: str | None = None  # the model a switch made through this UI is loading, if one is
@@ -83,21 +84,17 @@ class Backend:
         return make_piece(self._vocabs.get(key), trace.known_pieces)
 
     def stored_curves(self, client: Client) -> dict[str, CostCurve]:
-        """The cost curves of the stored benchmarks (GET /api/bench: the machine each ran on), by machine; the
-        visualizer projects a run's speedup on them."""
+        """The cost curves of the stored benchmarks (GET /api/bench: the machine each ran on), by machine, fetched
+        once a backend (a live follow rebuilds its document every step; a backend that did not answer is asked
+        again); the visualizer projects a run's speedup on them."""
+        if client.http_url in self._curves:
+            return self._curves[client.http_url]
         try:
             stored = client.bench().get("modes") or {}
         except (BackendError, BackendUnavailable):
             return {}
-        meta, rows = stored.get("meta") or {}, stored.get("verify_rows")
-        if not rows:
-            return {}
-        try:
-            curve = CostCurve.from_json(rows)
-        except ValueError:
-            return {}
-        return {f"{meta.get('cpu', '?')} · {meta.get('matmul', 'float32')} matmuls (stored bench at "
-                f"{meta.get('commit', '?')})": curve}
+        self._curves[client.http_url] = bench_curves(stored)
+        return self._curves[client.http_url]
 
     def explain(self, client: Client, mode: str) -> str:
         """What a round, "accepted" and "committed" mean in `mode`, as the backend's registry says (/api/modes)."""
@@ -126,3 +123,16 @@ class StopFlags:
         """A test of whether the session asked to stop (a `stop` for Client.generate)."""
         session = session_of(request)
         return lambda: session in self._sessions
+
+
+def bench_curves(stored: dict[str, Any]) -> dict[str, CostCurve]:
+    """A stored bench's cost curve, named by its machine (none where it has no readable curve)."""
+    meta, rows = stored.get("meta") or {}, stored.get("verify_rows")
+    try:
+        curve = CostCurve.from_json(rows) if rows else None
+    except ValueError:
+        curve = None
+    if curve is None:
+        return {}
+    return {f"{meta.get('cpu', '?')} · {meta.get('matmul', 'float32')} matmuls (stored bench at "
+            f"{meta.get('commit', '?')})": curve}

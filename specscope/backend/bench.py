@@ -41,7 +41,7 @@ from specscope.backend.answer_fit import answer_fit, summed
 from specscope.backend.bench_cells import model_pick, same_as_reference
 from specscope.backend.bench_load import load_table
 from specscope.backend.bench_load import markdown as load_markdown
-from specscope.backend.engine.draft_tiers import parse_draft_tiers
+from specscope.backend.engine.draft_tiers import draft_tiers_of
 from specscope.backend.engine.engine import Engine, RunResult
 from specscope.backend.engine.lossless import Claim, Outcome, Verdict, claim_of, verdict
 from specscope.backend.engine.modes import get_mode, mode_names
@@ -54,7 +54,7 @@ from specscope.backend.tracing import NULL_TRACER, RecordingTracer
 from specscope.backend.train.prompts import prompt_set
 from specscope.backend.train.tasks import Task, checkpoint_tasks
 from specscope.backend.verify_rows import markdown as verify_rows_markdown
-from specscope.backend.verify_rows import measured_tiers, verify_rows
+from specscope.backend.verify_rows import verify_rows
 
 STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "kv_peak",
             "kv_leaked", "rounds", "forward_ms", "mean_forward_ms", "forward_share", "forward_rows"}
@@ -561,9 +561,7 @@ def bench_concurrency(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     source = resolve(args.model)
     engine = bench_engine(args, source, 32768)
-    if args.draft_tiers != "none":
-        engine.scheduler.draft_tiers = (measured_tiers(engine) if args.draft_tiers == "auto"
-                                        else parse_draft_tiers(args.draft_tiers))
+    engine.scheduler.draft_tiers = draft_tiers_of(args.draft_tiers, engine.rt.cost)
     modes = [m for m in args.modes.split(",") if m] or list(LOAD_MODES)
     levels = [int(n) for n in args.concurrency.split(",")]
     tasks, _ = bench_prompts(source.folder, args)

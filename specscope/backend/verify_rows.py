@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from specscope.backend.engine.cost_curve import ROWS, measure
-from specscope.backend.engine.draft_tiers import DraftTiers, auto_tiers
 from specscope.backend.engine.engine import Engine
 
 
@@ -14,11 +13,6 @@ def verify_rows(engine: Engine, prompt: str, repeats: int = 7, rows: tuple[int, 
     curve = measure(engine, prompt, repeats, rows)
     return {"prefix": len(engine.encode_prompt(prompt, raw=False)), "ms": dict(curve.ms),
             "vs_one_row": curve.vs_one_row()}
-
-
-def measured_tiers(engine: Engine) -> DraftTiers:
-    """Draft tiers from this engine's own cost curve (`--draft-tiers auto`)."""
-    return auto_tiers(engine.rt.cost)
 
 
 def markdown(figures: dict[str, Any]) -> str:

@@ -15,7 +15,6 @@ from specscope.backend.engine.params import ParamError
 from specscope.backend.store import StoreWriter, Tee
 
 if TYPE_CHECKING:
-    from specscope.backend.engine.draft_tiers import DraftTiers
     from specscope.backend.engine.engine import Engine, RunResult
 
 Event = dict[str, Any]
@@ -50,6 +49,7 @@ def build_engine(args: argparse.Namespace) -> Engine:
     import torch
 
     from specscope.backend.cli.options import load_from_args
+    from specscope.backend.engine.draft_tiers import draft_tiers_of
     from specscope.backend.engine.engine import Engine
     from specscope.backend.engine.scheduler import MAX_RUNNING, parse_tiers
     if args.threads:
@@ -57,16 +57,8 @@ def build_engine(args: argparse.Namespace) -> Engine:
     tiers = parse_tiers(args.block_size_tiers) if args.block_size_tiers else None
     loaded, slots = load_from_args(args, at_most_per_sequence=MAX_RUNNING)
     engine = Engine(loaded, num_slots=slots, tiers=tiers, matmul=args.matmul)
-    engine.scheduler.draft_tiers = draft_tiers(engine, args.draft_tiers)
-    engine.rt.log.clear()   # the cost measurement's forwards are no user's
+    engine.scheduler.draft_tiers = draft_tiers_of(args.draft_tiers, engine.rt.cost)
     return engine
-
-
-def draft_tiers(engine: Engine, spec: str) -> DraftTiers:
-    """The --draft-tiers table: none, auto (from the engine's measured verify cost), or N:R pairs."""
-    from specscope.backend.engine.draft_tiers import parse_draft_tiers
-    from specscope.backend.verify_rows import measured_tiers
-    return [] if spec == "none" else measured_tiers(engine) if spec == "auto" else parse_draft_tiers(spec)
 
 
 def load_engine(args: argparse.Namespace) -> Engine:

@@ -68,3 +68,10 @@ def auto_tiers(curve: CostCurve, max_running: int = 64) -> DraftTiers:
         tiers.append((running, 2 * best_draft_count(ACCEPTANCE, 7, round_ms)))
     tiers[-1] = (max(max_running, tiers[-1][0]), tiers[-1][1])
     return tiers
+
+
+def draft_tiers_of(spec: str, curve: CostCurve) -> DraftTiers:
+    """The --draft-tiers option's table: none, auto (from the engine's cost curve), or N:R pairs."""
+    if spec == "none":
+        return []
+    return auto_tiers(curve) if spec == "auto" else parse_draft_tiers(spec)

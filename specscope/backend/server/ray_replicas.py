@@ -9,7 +9,6 @@ replicas, and a run no replica can take is refused as busy. Without `--ray` noth
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -75,9 +74,6 @@ class ReplicaActor:
         torch.set_num_threads(max(1, threads))
         engine_main(link, build)
 
-    def pid(self) -> int:
-        return os.getpid()
-
 
 class RayReplica(EngineProcess):
     """The server's link to one replica: an engine process whose transport is a Ray actor and two queues."""
@@ -90,10 +86,6 @@ class RayReplica(EngineProcess):
         self.actor = ReplicaActor.options(num_cpus=cpus).remote()   # type: ignore[attr-defined]
         self._serving: ray.ObjectRef | None = None
         self._stopping = False
-
-    @property
-    def pid(self) -> int | None:
-        return ray.get(self.actor.pid.remote(), timeout=30)
 
     @property
     def serving(self) -> bool:
@@ -170,13 +162,12 @@ class Replicas:
     `address`). A run goes to the live replica holding the fewest runs; a model switch switches every replica."""
 
     def __init__(self, build: Build, replicas: int, max_queued: int, address: str | None = None,
-                 cpus: float = 1.0, init: dict[str, Any] | None = None):
+                 cpus: float = 1.0):
         self.build = build
         self.count = replicas
         self.max_queued = max_queued
         self.address = address
         self.cpus = cpus
-        self.init = init or {}
         self.links: list[RayReplica] = []
         self.placed: OrderedDict[str, int] = OrderedDict()
         """The replica each of the latest runs went to (run id -> replica), PLACED_KEPT of them."""
@@ -189,7 +180,7 @@ class Replicas:
         if self.links:
             return
         if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False, **self.init)
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         self.links = [RayReplica(self.build, i, self.cpus, self.max_queued) for i in range(self.count)]
         errors: list[BaseException] = []
 
