@@ -199,7 +199,12 @@ def test_a_message_over_the_limit_is_refused_in_words(browser, server, errors) -
     page.fill("#chat-input textarea", "x" * 20_000)
     page.press("#chat-input textarea", "Enter")
     page.wait_for_selector("#chat-refused >> text=at most 16,000 characters")
+    page.wait_for_timeout(1_500)   # the queue's answering has come and gone: the refusal stays
+    assert page.locator("#chat-refused").is_visible()
     assert answers(page) == 0 and len(page.input_value("#chat-input textarea")) == 20_000
+    page.fill("#chat-input textarea", "Reverse: c b a")
+    page.press("#chat-input textarea", "Enter")
+    page.wait_for_selector("#chat-refused", state="detached")
     page.close()
 
 

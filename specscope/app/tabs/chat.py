@@ -206,6 +206,7 @@ def build_chat(backend: Backend) -> ChatTab:
                 stop = gr.Button("Stop", elem_id="chat-stop", min_width=80)
                 clear = gr.Button("Clear", elem_id="chat-clear", min_width=80)
             waiting_box = gr.HTML(queue_html(()), elem_id="chat-queue")  # under the buttons: they never move
+            refused_box = gr.HTML("", elem_id="chat-refusal")  # why the last message sent stayed in the box
             examples = example_picker(prompt, "chat-examples")
         with gr.Column(scale=2, min_width=320):
             mode = gr.Dropdown(label="decoding mode", choices=[], elem_id="chat-mode", interactive=True)
@@ -260,18 +261,18 @@ def build_chat(backend: Backend) -> ChatTab:
         finally:
             stops.clear(request)
 
-    def enqueue(message: str, request: gr.Request) -> tuple[str, Any]:
+    def enqueue(message: str, request: gr.Request) -> tuple[Any, str, Any]:
         """Take a sent message into the session's queue (at once, also while an answer streams); one the server
-        would refuse goes back into the box, with why."""
+        would refuse goes back into the box, and says why until the next message is taken."""
         session = session_of(request)
         why = too_long(message) or (f"The model is switching to {backend.switching}: send once it is served."
                                     if backend.switching and message.strip() else None)
         if why:
-            return refusal_html(why), message
+            return gr.skip(), refusal_html(why), message
         waiting = queued.setdefault(session, deque())
         if message.strip():
             waiting.append(message)
-        return (queue_html(waiting) if session in answering else ""), gr.skip()
+        return (queue_html(waiting) if session in answering else ""), "", gr.skip()
 
     async def answer_queue(history: History, said: list[dict[str, str]], name: str, specs: list[Spec], values: dict,
                            request: gr.Request) -> AsyncIterator[tuple[Any, ...]]:
@@ -297,7 +298,8 @@ def build_chat(backend: Backend) -> ChatTab:
     for sent in (prompt.submit, send.click):  # a message sent while an answer streams waits its turn, never dropped
         # every session's answers stream at once (no concurrency limit: the engine schedules the runs), and the
         # queue's overlay stays off the answer and the live round the user is watching
-        sent(enqueue, prompt, [waiting_box, prompt], js=CLEAR_ON_SEND, queue=False, trigger_mode="multiple").then(
+        sent(enqueue, prompt, [waiting_box, refused_box, prompt], js=CLEAR_ON_SEND, queue=False,
+             trigger_mode="multiple").then(
             answer_queue, [chatbot, conversation, mode, modes, chosen], answered_into, trigger_mode="always_last",
             concurrency_limit=None, show_progress="hidden")
 
