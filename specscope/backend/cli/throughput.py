@@ -17,7 +17,9 @@ the paths interleaved in a shuffled order, after a warm-up run of each.
 In-process tok/s is the engine's own figure (run_end metrics); through the server both the engine's figure from
 run_end and the client's (tokens over the time from sending `generate` to receiving run_end, a new connection per
 run as the UI's client makes) are reported, each also as the median of its per-run ratios to the untraced in-process run
-of the same prompt in the same repeat, and to the traced in-process run (what serving adds to tracing).
+of the same prompt in the same repeat, and to the traced in-process run (what serving adds to tracing). A run that
+ends after a few tokens measures latency more than throughput, so each path's tokens over its seconds, all runs
+together, are reported too (and their ratio to the untraced runs'): the cost serving adds to every token.
 """
 from __future__ import annotations
 
@@ -40,22 +42,24 @@ from specscope.backend.engine.engine import Engine
 from specscope.backend.store import Store, StoreWriter, Tee
 from specscope.backend.tracing import NULL_TRACER
 
-Path = Callable[[str], dict[str, float]]
-"""One way to run a prompt: its figures (tok/s) by row label."""
+Timed = tuple[int, float]
+"""A run's tokens and seconds."""
+Path = Callable[[str], dict[str, Timed]]
+"""One way to run a prompt: its (tokens, seconds) by row label."""
 PROMPTS = ["What is 12 + 30?", "Reverse: a b c d e f", "Write a haiku about rivers.",
            "import os\n\n\nclass Config:\n    def __init__(self, path):\n        "]
 
 
-def in_process(engine: Engine, tee: Tee | None, mode: str, prompt: str, n: int) -> float:
-    """tok/s of one run in this process: untraced (tee None), or traced into `tee` (stored when it has a writer)."""
+def in_process(engine: Engine, tee: Tee | None, mode: str, prompt: str, n: int) -> Timed:
+    """One run in this process: untraced (tee None), or traced into `tee` (stored when it has a writer)."""
     res = engine.generate(prompt, mode, {"max_new_tokens": n}, tee.tracer() if tee else NULL_TRACER)
     if tee is not None and tee.writer is not None:
         tee.writer.flush()
-    return res.metrics["tokens"] / (res.metrics["wall_ms"] / 1000)
+    return res.metrics["tokens"], res.metrics["wall_ms"] / 1000
 
 
-async def through_server(port: int, mode: str, prompt: str, n: int, frames: str = "event") -> tuple[float, float]:
-    """(tok/s as the client sees it, the engine's own tok/s from run_end) of one run through the server."""
+async def through_server(port: int, mode: str, prompt: str, n: int, frames: str = "event") -> tuple[Timed, Timed]:
+    """One run through the server, as the client timed it and as the engine did (run_end's wall_ms)."""
     async with connect(f"ws://127.0.0.1:{port}/ws/generate?frames={frames}", max_size=None) as ws:
         began = time.perf_counter()
         await ws.send(json.dumps({"type": "generate", "prompt": prompt, "mode": mode,
@@ -67,7 +71,7 @@ async def through_server(port: int, mode: str, prompt: str, n: int, frames: str 
             event = event[-1] if isinstance(event, list) else event
             if event["type"] == "run_end":
                 tokens, wall = event["metrics"]["tokens"], time.perf_counter() - began
-                return tokens / wall, tokens / (event["metrics"]["wall_ms"] / 1000)
+                return (tokens, wall), (tokens, event["metrics"]["wall_ms"] / 1000)
     raise RuntimeError("the server closed the socket before run_end")
 
 
@@ -110,11 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     engine, mode, n = build_engine(args), args.mode, args.max_new_tokens   # sets torch's threads to --threads
     server = serve_in_process(args)
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, list[Timed]] = {}
     try:
         with Store(args.db, server="throughput:0") as store, StoreWriter(store) as writer:
             def through(label: str, frames: str) -> Path:
-                def one(q: str) -> dict[str, float]:
+                def one(q: str) -> dict[str, Timed]:
                     client, engine_side = asyncio.run(through_server(args.port, mode, q, n, frames))
                     return {f"through the server{label} (engine's figure)": engine_side,
                             f"through the server{label} (client)": client}
@@ -141,11 +145,25 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.terminate()
         server.wait(60)
-    untraced, traced = rows["in-process, untraced"], rows["in-process, traced"]
-    print(f"{'':47s} {'median tok/s':>12s} {'min':>7s} {'max':>7s}  vs untraced  vs traced (medians of per-run ratios)")
-    for label, figures in rows.items():
-        vs_untraced, vs_traced = (statistics.median(f / b for f, b in zip(figures, base, strict=True))
-                                  for base in (untraced, traced))
-        print(f"{label:47s} {statistics.median(figures):12.1f} {min(figures):7.1f} {max(figures):7.1f}  "
-              f"{vs_untraced:10.3f}x  {vs_traced:8.3f}x")
+    print_table(rows)
     return 0
+
+
+def print_table(rows: dict[str, list[Timed]]) -> None:
+    """Each path's tok/s: per run (median, min, max, and the medians of its per-run ratios to the untraced and the
+    traced in-process runs), and all its runs' tokens over all their seconds (and that against the untraced runs')."""
+    def rate(run: Timed) -> float:
+        return run[0] / run[1]
+
+    def overall(runs: list[Timed]) -> float:
+        return sum(t for t, _ in runs) / sum(s for _, s in runs)
+
+    untraced, traced = rows["in-process, untraced"], rows["in-process, traced"]
+    print(f"{'':47s} {'median tok/s':>12s} {'min':>7s} {'max':>7s}  vs untraced  vs traced   all runs  vs untraced")
+    for label, runs in rows.items():
+        vs_untraced, vs_traced = (statistics.median(rate(r) / rate(b) for r, b in zip(runs, base, strict=True))
+                                  for base in (untraced, traced))
+        rates, total = [rate(r) for r in runs], overall(runs)
+        print(f"{label:47s} {statistics.median(rates):12.1f} {min(rates):7.1f} {max(rates):7.1f}  "
+              f"{vs_untraced:10.3f}x {vs_traced:8.3f}x  {total:9.1f} {total / overall(untraced):10.3f}x")
+    print("(per-run columns: medians of per-run ratios; all runs: tokens over seconds, every run of the path)")
