@@ -25,7 +25,7 @@ from specscope.backend.cli.serve import serve_build
 from specscope.backend.engine.engine import Engine
 from specscope.backend.model.checkpoint import load_checkpoint
 from specscope.backend.server import create_app
-from specscope.backend.server.ray_replicas import Replicas
+from specscope.backend.server.ray_replicas import Replicas, rough_need
 from specscope.backend.store import Store
 from specscope.backend.sweep import Sweep, execute, stored_cells
 from specscope.backend.sweep_ray import run_on_ray
@@ -196,3 +196,36 @@ def test_the_analysis_tab_filters_a_sweep_and_groups_by_its_parameters(browser, 
                                            "cs => cs.map(c => c.innerText)")
         assert groups == ["block_size=4", "block_size=8"] and counts == ["3", "3"]   # the other run left out
         page.close()
+
+
+class HeldLink:
+    """A replica's link as routing sees it: its runs held and its free KV slots."""
+
+    def __init__(self, index: int, held: int, free: int):
+        self.index, self.held, self.free, self.serving, self.taken = index, held, free, True, 0
+
+    def free_slots(self) -> int:
+        return self.free
+
+    def submit(self, *_: object) -> str:
+        self.taken += 1
+        return f"replica {self.index}"
+
+
+@pytest.mark.parametrize(("links", "chosen"), [
+    ([(0, 0, 40), (1, 3, 4000)], 1),     # the idle replica has no KV room for the run: the busier one with room
+    ([(0, 2, 4000), (1, 1, 200)], 1),    # both have room: the one holding fewer runs
+    ([(0, 1, 300), (1, 1, 3000)], 1),    # as many runs each: the one with more free slots
+    ([(0, 0, 10), (1, 0, 50)], 1),       # neither has room: the one nearer to it
+])
+def test_a_run_goes_to_a_replica_with_kv_room_then_the_least_held(links, chosen) -> None:
+    service = Replicas(lambda folder: None, replicas=len(links), max_queued=64)
+    service.links = [HeldLink(*link) for link in links]   # type: ignore[list-item]
+    ran = service.submit("x" * 30, "ar", {"max_new_tokens": 64}, RecordingTracer())   # about 10 + 64 slots
+    assert ran == f"replica {chosen}" and service.placed[next(reversed(service.placed))] == chosen
+
+
+def test_a_runs_rough_need_counts_its_prompt_and_answer() -> None:
+    assert rough_need("abcdef" * 10, {"max_new_tokens": 32}) == 20 + 32
+    assert rough_need([{"role": "user", "content": "abc" * 4}], {}) == 4
+    assert rough_need("abc", {"max_new_tokens": "many"}) == 1   # refused by the replica, not here

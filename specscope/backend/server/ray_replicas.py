@@ -1,11 +1,15 @@
 """Engine replicas on Ray (`specscope serve --ray [ADDRESS] --replicas N`): each replica is one Ray actor holding one
 batched engine, stepped on the actor's main thread as the engine process steps its own, and linked to the server by
-the engine process's messages over a pair of Ray queues. The server stays one: it routes each run to the live
-replica holding the fewest runs, relays every replica's events into the one store, and answers health for all.
+the engine process's messages over a pair of Ray queues. The server stays one: it routes each run to a live replica
+(below), relays every replica's events into the one store, and answers health for all.
 
 A replica that dies mid-run ends its runs `interrupted` (an error event, then run_end), Ray restarts its actor
 (`max_restarts`), and the link serves again once the new engine is built; meanwhile new runs go to the live
-replicas, and a run no replica can take is refused as busy. Without `--ray` nothing here is imported."""
+replicas, and a run no replica can take is refused as busy.
+
+A run goes to the live replica with room for it in its KV pool (free slots at least its prompt's rough token count
+plus its max_new_tokens), then holding the fewest runs, then with the most free slots. Without `--ray` nothing here
+is imported."""
 from __future__ import annotations
 
 import logging
@@ -31,10 +35,14 @@ POLL_S = 0.2
 MAX_RESTARTS = 8
 """How often Ray restarts a replica's actor after it died."""
 QUEUE_OPTIONS = {"num_cpus": 0}
+"""A link's queues take no CPU of the cluster's: the replicas' engines hold them."""
 PLACED_KEPT = 1000
 RELAUNCH_TRIES, RELAUNCH_WAIT_S = 120, 0.5
 """How long a dead replica's link waits for Ray's restart of it: a minute."""
-"""A link's queues take no CPU of the cluster's: the replicas' engines hold them."""
+POOL_FRESH_S, POOL_TIMEOUT_S = 0.5, 2.0
+"""How old a replica's free-slot count may be when a run is routed, and how long reading it may take."""
+CHARS_PER_TOKEN = 3
+"""A prompt's rough token count for routing: its characters over this (the tokenizer runs on the replica)."""
 
 
 class QueueLink:
@@ -86,6 +94,18 @@ class RayReplica(EngineProcess):
         self.actor = ReplicaActor.options(num_cpus=cpus).remote()   # type: ignore[attr-defined]
         self._serving: ray.ObjectRef | None = None
         self._stopping = False
+        self._free, self._free_read = 0, -POOL_FRESH_S
+
+    def free_slots(self) -> int:
+        """The replica's free KV slots, read at most every POOL_FRESH_S (0 when it does not answer in time)."""
+        if time.monotonic() - self._free_read > POOL_FRESH_S:
+            try:
+                pool = self._call("stats", None, timeout=POOL_TIMEOUT_S)["pool"]
+                self._free = pool["slots"] - pool["used"]
+            except (RuntimeError, TimeoutError):
+                self._free = 0
+            self._free_read = time.monotonic()
+        return self._free
 
     @property
     def serving(self) -> bool:
@@ -157,9 +177,18 @@ class RayReplica(EngineProcess):
         log.error("engine replica %d did not come back", self.index)
 
 
+def rough_need(prompt: Prompt, params: dict[str, Any]) -> int:
+    """The KV slots a run will roughly take: its prompt's characters over CHARS_PER_TOKEN, plus max_new_tokens when
+    given (a bad value counts nothing here: the replica refuses it)."""
+    text = prompt if isinstance(prompt, str) else "".join(str(m.get("content", "")) for m in prompt)
+    answer = params.get("max_new_tokens")
+    return len(text) // CHARS_PER_TOKEN + (answer if type(answer) is int and answer > 0 else 0)
+
+
 class Replicas:
     """An `EngineService` over N engine replicas on a Ray cluster (started here on this machine, or joined at
-    `address`). A run goes to the live replica holding the fewest runs; a model switch switches every replica."""
+    `address`). A run goes to a live replica with KV room for it holding the fewest runs (see the module's doc); a
+    model switch switches every replica."""
 
     def __init__(self, build: Build, replicas: int, max_queued: int, address: str | None = None,
                  cpus: float = 1.0):
@@ -209,7 +238,8 @@ class Replicas:
         live = [link for link in self.links if link.serving]
         if not live:
             raise Busy("no engine replica is serving (they are restarting); try again shortly")
-        link = min(live, key=lambda link: (link.held, link.index))
+        need, free = rough_need(prompt, params), {link.index: link.free_slots() for link in live}
+        link = min(live, key=lambda link: (free[link.index] < need, link.held, -free[link.index], link.index))
         run = link.submit(prompt, mode, params, tracer)
         self.placed[tracer.run_id] = link.index
         while len(self.placed) > PLACED_KEPT:
