@@ -70,3 +70,25 @@ def test_the_scheduler_shows_shared_forwards_by_mode_and_links_their_rounds(brow
     shot(page, "scheduler")
     page.close()
     assert errors == []
+
+
+def test_a_stored_runs_forwards_replay_with_the_runs_that_shared_them(browser, errors, server) -> None:
+    """`/?forwards=<id>` opens the Scheduler on that run's forwards, rebuilt from the store with the other runs that
+    shared them; an unknown run id gets a clear warning."""
+    run_ids = run_at_once(server["ws"], ["ar", "quadratic"])
+    page = new_page(browser, errors)
+    page.goto(f"{server['url']}?forwards={run_ids[1]}")
+    page.wait_for_load_state("load")
+    page.wait_for_selector("#sched-replayed >> text=replayed from the store")
+    assert f"run {run_ids[1]}" in page.locator("#sched-replayed").inner_text()
+    assert "shared with 1 other stored run" in page.locator("#sched-replayed").inner_text()
+    page.wait_for_selector("#sched-chart .js-plotly-plot")
+    names = page.evaluate("() => document.querySelector('#sched-chart .js-plotly-plot').data.map(d => d.name)")
+    assert {"ar", "quadratic", "KV pool in use"} <= set(names)
+    links = page.eval_on_selector_all("#sched-forwards a.ss-open", "as => as.map(a => a.getAttribute('href'))")
+    assert any(f"?run={run_ids[0]}&round=" in href for href in links)
+    page.fill("#sched-run input", "r_nothing_here")
+    page.click("#sched-replay")
+    page.wait_for_selector("#sched-summary >> text=no run r_nothing_here")
+    page.close()
+    assert errors == []

@@ -69,8 +69,8 @@ class Ended(RecordingTracer):
 
 
 def content(event: dict) -> dict:
-    """An event less its timings and run id."""
-    out = {k: v for k, v in event.items() if k not in ("run_id", "t_ms", "metrics")}
+    """An event less its timings, run id and engine id."""
+    out = {k: v for k, v in event.items() if k not in ("run_id", "t_ms", "metrics", "engine")}
     if "phases" in out:
         out["phases"] = [{k: v for k, v in p.items() if k != "ms"} for p in out["phases"]]
     return out
@@ -172,8 +172,9 @@ def test_a_dead_engine_process_ends_its_runs_with_an_error(tmp_path) -> None:
 
 @pytest.mark.extended
 def test_a_killed_server_takes_its_engine_process_with_it() -> None:
-    script = ("import time; from backend.server.engine_process import EngineProcess; from test_engine_process "
-              "import build; e = EngineProcess(build); e.start(); print(e.pid, flush=True); time.sleep(600)")
+    script = ("import time; from specscope.backend.server.engine_process import EngineProcess; "
+              "from test_engine_process import build; e = EngineProcess(build); e.start(); print(e.pid, flush=True); "
+              "time.sleep(600)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
     server = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     try:

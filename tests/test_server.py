@@ -765,3 +765,10 @@ def test_the_forwards_log_shows_what_shared_each_forward(engine, store, monkeypa
                    for r in shared)
         assert {g["mode"] for r in shared for g in r["groups"]} == {"isd", "ar"}
         assert c.get("/api/forwards", params={"limit": 5000}).status_code == 422
+        for run_id in runs:   # replayed from the store: the same forwards, the run's span of them
+            replay = c.get(f"/api/runs/{run_id}/forwards").json()
+            assert replay["runs"] == sorted(runs) and replay["complete"]
+            live = {r["id"]: r for r in records}
+            assert all({k: r[k] for k in ("rows", "pool_used", "pool_slots")} ==
+                       {k: live[r["id"]][k] for k in ("rows", "pool_used", "pool_slots")} for r in replay["forwards"])
+        assert c.get("/api/runs/r_unknown/forwards").status_code == 404

@@ -62,7 +62,7 @@ def count(store: Store, model: type[Base], run_id: str) -> int:
 def test_schema_is_migrated(store: Store) -> None:
     with store.engine.connect() as conn:
         context = MigrationContext.configure(conn)
-        assert context.get_current_revision() == "0004"   # the newest migration in backend/store/migrations
+        assert context.get_current_revision() == "0005"   # the newest migration in backend/store/migrations
         assert compare_metadata(context, Base.metadata) == []
         if conn.dialect.name == "sqlite":
             pragmas = [conn.exec_driver_sql(f"PRAGMA {name}").scalar() for name in ("journal_mode", "foreign_keys")]

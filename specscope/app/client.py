@@ -69,6 +69,10 @@ class Client:
         """The engine's latest forwards after id `since` (GET /api/forwards)."""
         return self.get("/api/forwards", since=since, limit=limit)["forwards"]
 
+    def run_forwards(self, run_id: str) -> dict[str, Any]:
+        """A stored run's forwards, with every stored run that took part (GET /api/runs/{id}/forwards)."""
+        return self.get(f"/api/runs/{quote(run_id, safe='')}/forwards")
+
     def health(self, timeout: float = 2.0) -> dict[str, Any]:
         return self.request("GET", "/api/health", timeout=timeout).json()
 

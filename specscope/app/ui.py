@@ -81,7 +81,7 @@ def build_ui(backend: Backend) -> gr.Blocks:
             with gr.Tab("Runs", id="runs") as runs_tab:
                 runs = build_runs(backend, runs_tab)
             with gr.Tab("Scheduler", id="scheduler") as scheduler_tab:
-                build_scheduler(backend, scheduler_tab)
+                scheduler = build_scheduler(backend, scheduler_tab)
             with gr.Tab("Analysis", id="analysis") as analysis_tab:
                 build_analysis(backend, analysis_tab)
             with gr.Tab("Bench", id="bench") as bench_tab:
@@ -117,9 +117,13 @@ def build_ui(backend: Backend) -> gr.Blocks:
         def open_run(run_id: str) -> tuple[Any, Any]:
             return (gr.Tabs(selected="viz"), run_id) if run_id else (gr.skip(), gr.skip())
 
-        def open_from_url(request: gr.Request) -> tuple[Any, Any]:
-            """`/?run=<id>&round=<n>` opens that run in the visualizer (app/static/viz.js then goes to the round)."""
-            return open_run(request.query_params.get("run", "").strip())
+        def open_from_url(request: gr.Request) -> tuple[Any, Any, Any]:
+            """`/?run=<id>&round=<n>` opens that run in the visualizer (app/static/viz.js then goes to the round);
+            `/?forwards=<id>` replays that run's forwards in the Scheduler."""
+            replayed = request.query_params.get("forwards", "").strip()
+            if replayed:
+                return gr.Tabs(selected="scheduler"), gr.skip(), replayed
+            return *open_run(request.query_params.get("run", "").strip()), gr.skip()
 
         def begin_switch(name: str) -> tuple[str, Any]:
             """At once: say the switch is under way and hold sending until the model is served."""
@@ -146,7 +150,9 @@ def build_ui(backend: Backend) -> gr.Blocks:
             concurrency_limit=1, show_progress="hidden")
         demo.load(card.load, None, carded, concurrency_limit=None, show_progress="hidden")
         demo.load(check, [chat.modes, chat.mode], checked, concurrency_limit=None, show_progress="hidden")
-        demo.load(open_from_url, None, [tabs, viz.run], concurrency_limit=None, show_progress="hidden")
+        demo.load(open_from_url, None, [tabs, viz.run, scheduler.run], concurrency_limit=None,
+                  show_progress="hidden").then(scheduler.opened, scheduler.run, scheduler.shown,
+                                               concurrency_limit=None, show_progress="hidden")
         health_timer.tick(check, [chat.modes, chat.mode], checked, concurrency_limit=None, show_progress="hidden")
         health_timer.tick(picker.follow, picker.choice, [picker.choice, picker.info], concurrency_limit=None,
                           show_progress="hidden")

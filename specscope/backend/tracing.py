@@ -54,6 +54,8 @@ class Phase:
     """Requests whose row groups shared the forward."""
     batch_rows: int = 0
     """Query rows of the forward, every request's."""
+    pool_used: int = 0
+    """KV slots in use in the engine's pool as the forward ran."""
 
 
 @dataclass(slots=True)
@@ -261,7 +263,8 @@ class RecordingTracer:
                "fold": None if e.fold is None else [list(rows) for rows in e.fold],
                "block_size": e.block_size, "round": e.round,
                "phases": [{"kind": p.kind, "attn": p.attn, "lora": p.lora, "n_query": p.n_query, "ms": p.ms,
-                           "forward_id": p.forward_id, "batch_requests": p.batch_requests, "batch_rows": p.batch_rows}
+                           "forward_id": p.forward_id, "batch_requests": p.batch_requests, "batch_rows": p.batch_rows,
+                           "pool_used": p.pool_used}
                           for p in e.phases],
                "accepted_len": e.accepted_len, "accepted": e.accepted, "committed": e.committed, "nfe": e.nfe,
                "text_delta": e.text_delta}

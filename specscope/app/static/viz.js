@@ -26,6 +26,7 @@ window.specscopeViz = (() => {
       masked: new Set(vocab.masked),
       counts: vocab.counts || {},
       contextCells: Number(vocab.context_cells || 0),
+      runId: doc.run_id || null,
     };
   }
   // On a phone Plotly's tool bar would cover the charts' right edge: it shows there only while a chart is touched
@@ -178,8 +179,11 @@ window.specscopeViz = (() => {
                            `${p.n_query} of ${p.batch_rows} rows` : "");
     const phases = (r.phases || []).map((p) => `${p.kind} (${p.attn}${p.lora ? ", LoRA" : ""}, ${p.n_query} q, ` +
                                               `${fmt(p.ms, 1)} ms${shared(p)})`).join(" → ") || "no forward";
+    const replay = ctx.runId && (r.phases || []).some((p) => p.batch_requests > 1)
+      ? ` <a class="ss-open ssv-forwards" href="?forwards=${encodeURIComponent(ctx.runId)}" target="_blank">` +
+        "what shared these forwards</a>" : "";
     return `<div class="ss-round-head"><b>round ${r.round}</b> · ${facts.join(" · ")}` +
-      `<div class="ss-phases">${esc(phases)}</div></div>`;
+      `<div class="ss-phases">${esc(phases)}${replay}</div></div>`;
   }
 
   // A tree draft's branches: each branch's nodes (cell i + 1 is node i), the rows it cost, and the path that won.

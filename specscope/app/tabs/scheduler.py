@@ -1,10 +1,13 @@
-"""Scheduler tab: what the engine's forwards served (GET /api/forwards). Each forward is a bar of its rows, stacked
-by request and coloured by mode, over the KV pool's occupancy; the table below names each forward's requests and
-links every one to the run at the round that forward computed. It refreshes while "follow" is on."""
+"""Scheduler tab: what the engine's forwards served (GET /api/forwards), or, replayed from the store, the forwards
+of one stored run and every stored run that shared them (GET /api/runs/{id}/forwards; `/?forwards=<id>` opens it).
+Each forward is a bar of its rows, stacked by request and coloured by mode, over the KV pool's occupancy; the table
+below names each forward's requests and links every one to the run at the round that forward computed. The live
+view refreshes while "follow" is on."""
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -39,7 +42,8 @@ def scheduler_figure(records: Sequence[Record]) -> go.Figure:
         fig.add_bar(x=x, y=y, name=mode, legendgroup=mode, showlegend=mode not in shown_modes, hovertext=text,
                     marker_color=mode_color(mode), hoverinfo="text+y", customdata=[run_id] * len(x))
         shown_modes.add(mode)
-    fig.add_scatter(x=[r["id"] for r in records], y=[r["pool_used"] / r["pool_slots"] for r in records],
+    pooled = [r for r in records if r.get("pool_used") is not None and r.get("pool_slots")]   # stored runs may lack it
+    fig.add_scatter(x=[r["id"] for r in pooled], y=[r["pool_used"] / r["pool_slots"] for r in pooled],
                     name="KV pool in use", yaxis="y2", mode="lines", line={"color": "#0f172a", "width": 1})
     fig.update_layout(barmode="stack", height=360, margin={"l": 50, "r": 50, "t": 30, "b": 40},
                       xaxis_title="forward", yaxis_title="query rows",
@@ -64,26 +68,64 @@ def forwards_table_html(records: Sequence[Record]) -> str:
             f'<th>rows</th><th>requests</th><th>served</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
 
 
-def build_scheduler(backend: Backend, tab: gr.Tab) -> None:
+@dataclass
+class SchedulerTab:
+    run: gr.Textbox
+    """The stored run whose forwards are replayed (empty: the live view)."""
+    opened: Callable[..., list[Any]]
+    """Replay the run now in `run` (set from the page's URL), into `shown`; nothing when it is empty."""
+    shown: list[Any]
+
+
+def replay_note(replay: Record) -> str:
+    """What a replay shows: the run, how many forwards, the other runs that shared them, and what is missing."""
+    others = [r for r in replay["runs"] if r != replay["run_id"]]
+    shared = sum(len(r["groups"]) > 1 for r in replay["forwards"])
+    note = (f"run {replay['run_id']}, replayed from the store: {len(replay['forwards'])} forwards of its engine, "
+            f"{shared} shared with {len(others)} other stored run{'' if len(others) == 1 else 's'}")
+    if not replay["complete"]:
+        note += " · some forwards or rows belong to runs not stored (still running, or stored elsewhere)"
+    return f'<div class="ss-note" id="sched-replayed">{html.escape(note)}</div>'
+
+
+def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
     with gr.Row():
         refresh = gr.Button("↻ refresh", elem_id="sched-refresh", scale=0, min_width=110)
         follow = gr.Checkbox(label="follow (refresh every 2 s)", value=False, elem_id="sched-follow", scale=0)
+        run = gr.Textbox(label="replay a stored run's forwards (run id; empty: the live engine)", elem_id="sched-run",
+                         scale=2, max_lines=1)
+        replay = gr.Button("replay", elem_id="sched-replay", scale=0, min_width=90)
     summary = gr.HTML(elem_id="sched-summary")
     plot = chart("sched-chart")
     table = gr.HTML(elem_id="sched-table")
     timer = gr.Timer(FOLLOW_S, active=False)
 
-    def fetch(request: gr.Request) -> list[Any]:
+    def drawn(note: str, records: Sequence[Record]) -> list[Any]:
+        return [note, figure_json(scheduler_figure(records)), forwards_table_html(records)]
+
+    def fetch(run_id: str, request: gr.Request) -> list[Any]:
+        client = backend.client(request)
         try:
-            records = backend.client(request).forwards()[-SHOWN:]
+            if run_id.strip():
+                replayed = client.run_forwards(run_id.strip())
+                return drawn(replay_note(replayed), replayed["forwards"])
+            records = client.forwards()[-SHOWN:]
         except (BackendUnavailable, BackendError) as exc:
             return [warning_html(exc), gr.skip(), gr.skip()]
         shared = sum(len(r["groups"]) > 1 for r in records)
         note = (f"the latest {len(records)} forwards; {shared} served more than one request" if records
                 else "no forward yet")
-        return [f'<div class="ss-note">{html.escape(note)}</div>', figure_json(scheduler_figure(records)),
-                forwards_table_html(records)]
+        return drawn(f'<div class="ss-note">{html.escape(note)}</div>', records)
 
-    for trigger in (refresh.click, tab.select, timer.tick):
-        trigger(fetch, None, [summary, plot, table], concurrency_limit=None, show_progress="hidden")
+    def live(run_id: str, request: gr.Request) -> list[Any]:
+        """A follow tick: the live view only (a replay is stored: it does not change)."""
+        return fetch("", request) if not run_id.strip() else [gr.skip()] * 3
+
+    def opened(run_id: str, request: gr.Request) -> list[Any]:
+        return fetch(run_id, request) if run_id.strip() else [gr.skip()] * 3
+
+    for trigger in (refresh.click, replay.click, run.submit, tab.select):
+        trigger(fetch, run, [summary, plot, table], concurrency_limit=None, show_progress="hidden")
+    timer.tick(live, run, [summary, plot, table], concurrency_limit=None, show_progress="hidden")
     follow.change(lambda on: gr.Timer(active=on), follow, timer, queue=False)
+    return SchedulerTab(run=run, opened=opened, shown=[summary, plot, table])

@@ -108,6 +108,7 @@ class Engine:
                                       "block_size_tiers": [list(t) for t in tiers],
                                       "draft_tiers": [list(t) for t in self.scheduler.draft_tiers],
                                       "cost_curve": self.rt.cost.to_json(),
+                                      "engine": self.rt.engine_id, "kv_slots": self.rt.pool.num_slots,
                                       "prompt": prompt if isinstance(prompt, str) else last_user(prompt),
                                       **({} if isinstance(prompt, str) else {"messages": prompt}),
                                       "prompt_ids": ids,

@@ -1,6 +1,7 @@
 """The model runner: the only place that builds tensors for a forward, allocates slots and records phases."""
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -78,6 +79,8 @@ class Runtime:
         self.cost: CostCurve = FLAT
         """What a forward costs by its rows on this machine (the engine measures it at start): the cost-aware
         verify length and the draft tiers price rows with it."""
+        self.engine_id = os.urandom(6).hex()
+        """This runtime's name in traces (run_start's `engine`): forward ids count within it."""
         self.forwards = 0
         """Forwards run so far (each phase records the one it was part of)."""
         self.log: deque[dict[str, Any]] = deque(maxlen=FORWARD_LOG)
@@ -271,7 +274,7 @@ class Runtime:
                     own = s.plan.ids.shape[1]
                     req.forward_rows[own] = req.forward_rows.get(own, 0) + 1
                 req.phases.append(Phase(s.kind, s.plan.attn, adapter_on, s.plan.ids.shape[1], ms, self.forwards,
-                                        requests, rows))
+                                        requests, rows, self.pool.used))
             if s.write is not None:
                 for req, slots, row in zip(s.owners, s.write, s.rows_at, strict=True):
                     if req.tracer.enabled:

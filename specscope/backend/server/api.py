@@ -208,6 +208,17 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
                                      "when fewer are running") from None
         return {"run_id": run_id, "model": served.name, **rated.summary(), "picks": rated.picks, "nll": rated.nll}
 
+    @router.get("/runs/{run_id}/forwards")
+    def run_forwards(run_id: str) -> Row:
+        """A stored run's forwards replayed: its engine's forwards from the run's first to its last, as /forwards
+        showed them live, each with every stored run that took part; `runs` lists them, and `complete` says whether
+        stored runs account for every forward and row of that span."""
+        settle()
+        replay = store.shared_forwards(run_id)
+        if replay is None:
+            raise HTTPException(404, f"no run {run_id}")
+        return replay
+
     @router.get("/runs/{run_id}/kv")
     def kv(run_id: str) -> list[Row]:
         run_or_404(run_id)

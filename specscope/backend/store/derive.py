@@ -56,9 +56,23 @@ def run_summary(events: Sequence[Event]) -> dict[str, Any]:
     """Status, output, metrics and counts of a run; a run without run_end was interrupted."""
     n_rounds = sum(e["type"] == "round" for e in events)
     committed = sum(len(e.get("committed") or []) for e in events if e["type"] == "round")
+    span = forward_span(events)
     end = next((e for e in reversed(events) if e["type"] == "run_end"), None)
     if end is None:
-        return {"status": "interrupted", "output": None, "metrics": None, "n_rounds": n_rounds, "n_tokens": committed}
+        return {"status": "interrupted", "output": None, "metrics": None, "n_rounds": n_rounds, "n_tokens": committed,
+                **span}
     metrics = end.get("metrics") or {}
     return {"status": end["status"], "output": end.get("text"), "metrics": end.get("metrics"), "n_rounds": n_rounds,
-            "n_tokens": metrics.get("tokens", committed)}
+            "n_tokens": metrics.get("tokens", committed), **span}
+
+
+def forward_span(events: Sequence[Event]) -> dict[str, int | None]:
+    """The first and last of its engine's forwards a run's rounds took part in (None without any)."""
+    ids = [p["forward_id"] for e in events if e["type"] == "round" for p in counted_phases(e)]
+    return {"first_forward": min(ids, default=None), "last_forward": max(ids, default=None)}
+
+
+def counted_phases(event: Event) -> list[Event]:
+    """A round's phases that name their forward (runs stored before forwards were counted name none)."""
+    return [p for p in event.get("phases") or []
+            if isinstance(p, dict) and type(p.get("forward_id")) is int and 0 < p["forward_id"] < 2**31]

@@ -51,6 +51,9 @@ class Run(Base):
     instance: Mapped[str | None] = mapped_column(String(64), index=True)  # the server instance (its lease) that ran it
     sweep: Mapped[str | None] = mapped_column(String(128), index=True)    # the sweep that made it (run_start)
     cell: Mapped[dict[str, Any] | None] = mapped_column(JSON)            # its cell of the sweep's grid
+    engine: Mapped[str | None] = mapped_column(String(32), index=True)    # the engine that ran it (run_start)
+    first_forward: Mapped[int | None] = mapped_column(Integer)           # the span of that engine's forwards it
+    last_forward: Mapped[int | None] = mapped_column(Integer)            # took part in (its rounds' phases)
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "created_at": utc(self.created_at).isoformat(), "mode": self.mode,

@@ -15,6 +15,7 @@ from specscope.backend.store.db import DEFAULT_URL, make_engine
 from specscope.backend.store.derive import kv_interval_rows, round_rows, run_summary
 from specscope.backend.store.errors import RunExistsError, StoreError, StoreUnavailable, TraceError, UnknownRunError
 from specscope.backend.store.events import check_envelope, check_seq, check_stream, from_row, to_row
+from specscope.backend.store.forwards import shared_forwards
 from specscope.backend.store.migrate import upgrade
 from specscope.backend.store.models import Base, Comparison, ComparisonRun, Event, KVInterval, Lease, Round, Run, utc
 from specscope.backend.store.retry import is_unreachable, retry_locked
@@ -100,7 +101,8 @@ class Store:
                "model": event.get("model"), "params": event.get("params") or {}, "prompt": event.get("prompt") or "",
                "status": "running", "output": None, "metrics": None, "n_rounds": 0, "n_tokens": 0,
                "server": self.server, "model_hash": model_hash if isinstance(model_hash, str) else None,
-               "instance": self.instance, "sweep": sweep.get("id"), "cell": sweep.get("cell")}
+               "instance": self.instance, "sweep": sweep.get("id"), "cell": sweep.get("cell"),
+               "engine": engine[:32] if isinstance(engine := event.get("engine"), str) else None}
         rows = [to_row(event)]
         with self._lock:
             if run_id in self._recorded:
@@ -264,6 +266,10 @@ class Store:
         if stop is not None:
             query = query.where(Round.round < stop)
         return self._read(lambda session: list(session.scalars(query)), [])
+
+    def shared_forwards(self, run_id: str) -> Row | None:
+        """Its engine's forwards over a stored run's span, with every stored run that took part (`forwards.py`)."""
+        return self._read(lambda session: shared_forwards(session, run_id), None)
 
     def kv_intervals(self, run_id: str) -> list[Row]:
         """KV slot occupancy intervals, by slot then allocation order."""
