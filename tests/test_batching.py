@@ -92,6 +92,21 @@ def test_the_phases_of_one_forward_share_its_id_and_its_counts(shared_engine, he
         assert phases[0]["batch_rows"] == sum(p["n_query"] for p in phases)
 
 
+def test_causal_rows_and_blocks_of_other_widths_share_one_forward(shared_engine, heldout_prompts):
+    """Attention switches inside a forward: ar's causal decode row and block_diffusion's bidirectional blocks of
+    two widths run in one forward, and each run's tokens, NFE and rounds are those it gives alone."""
+    requests = [(heldout_prompts[0], "ar", {"max_new_tokens": 12}),
+                (heldout_prompts[1], "block_diffusion", {"max_new_tokens": 12, "block_size": 4}),
+                (heldout_prompts[2], "block_diffusion", {"max_new_tokens": 12, "block_size": 8})]
+    by_forward: dict[int, list[dict]] = {}
+    for p in check_sharing(shared_engine, requests):
+        by_forward.setdefault(p["forward_id"], []).append(p)
+    mixed = [ps for ps in by_forward.values() if {p["attn"] for p in ps} == {"causal", "block"}]
+    widths = [ps for ps in by_forward.values() if len({p["n_query"] for p in ps if p["attn"] == "block"}) == 2]
+    assert mixed and widths, by_forward
+    assert all(ps[0]["batch_rows"] == sum(p["n_query"] for p in ps) for ps in mixed + widths)
+
+
 @pytest.mark.slow
 @pytest.mark.real_model
 @pytest.mark.parametrize("n", [1, 4, pytest.param(16, marks=pytest.mark.extended)])

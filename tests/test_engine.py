@@ -102,7 +102,7 @@ def test_events_held_for_a_whole_run_equal_events_made_at_once(loaded, heldout_p
         tracer = RecordingTracer(hold_s=hold_s)
         Engine(loaded, num_slots=1024).generate(heldout_prompts[1], mode, {"max_new_tokens": 40, "raw": True},
                                                  tracer=tracer)
-        return [{k: v for k, v in e.items() if k not in ("run_id", "t_ms", "metrics")}
+        return [{k: v for k, v in e.items() if k not in ("run_id", "t_ms", "metrics", "engine")}
                 | {"phases": [{k: v for k, v in p.items() if k != "ms"} for p in e.get("phases", [])]}
                 for e in tracer.events]
 

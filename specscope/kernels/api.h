@@ -8,8 +8,8 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
                 const float *odd_values, int rows, const int64_t *ids, const int64_t *positions,
                 const float *cos, const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp,
                 const int64_t *lengths, const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache,
-                int block, const int64_t *lora, int lora_rank, float lora_scale, const uint8_t *lora_on,
-                float *logits, float *hidden);
+                const int64_t *own_first, const int64_t *own_count, const int64_t *lora, int lora_rank,
+                float lora_scale, const uint8_t *lora_on, float *logits, float *hidden);
 
 int64_t fold_gate(const float *h, int64_t branches, int64_t n, int64_t d, const int64_t *parents,
                   const int64_t *ancestors, int64_t depth, float delta2, uint8_t *recompute, int64_t *rows,

@@ -1,8 +1,8 @@
 /* One decode step of our decoder, fused for the CPU: independent query rows, each with its own prefix slots.
    A short causal chunk is a run of rows whose slot tables extend by one row each (backend/forward/fused_step.py):
-   every row's K/V is written before any row attends, so each sees the rows before it. A bidirectional block
-   (`block` rows per request) attends to its prefix slots and to every row of its block, from the step's own
-   K/V, whether or not it writes them.
+   every row's K/V is written before any row attends, so each sees the rows before it. A row of a bidirectional
+   block attends to its prefix slots and to every row of its block, from the step's own K/V, whether or not it
+   writes them. One step may hold causal rows and blocks of any widths side by side.
 
    A 1-row forward of a small model is op-bound in eager PyTorch (some 200 dispatched ops per token, each a few
    microseconds); here every layer is one pass of plain loops, and each weight is streamed once per step for
@@ -387,9 +387,10 @@ static void add_lora(const float *a, const float *bt, int rank, float scale, int
    but for its odd_count rows odd_rows, whose logits come from their float32 values odd_values [odd_count,
    hidden] instead (rows a block format cannot hold). positions [rows]; cos/sin [P, head_dim] and q_scale [P] (or NULL)
    are tables by position, covering every row's position. prefix [rows, ldp] slot ids with lengths [rows];
-   write [rows] the slot each row's K/V goes to (NULL: read-only). k/v caches [layers, slots, kv_heads,
-   head_dim], their layers layer_cache elements apart. block: 0, each row attending to its table and itself;
-   else rows come in blocks of `block` (one per request), each row attending to its table and its whole block.
+   write [rows] the slot each row's K/V goes to, -1 for a row that writes none (NULL: none does). k/v caches
+   [layers, slots, kv_heads, head_dim], their layers layer_cache elements apart. own_first, own_count [rows]: row
+   m attends to its table, then to this step's K/V of rows own_first[m] .. own_first[m] + own_count[m] - 1:
+   itself (a causal row), or its whole block (a row of a bidirectional block) (NULL: every row itself).
    lora [layers, 2 * N_LORA] (or NULL): each adapted projection's float32 A [rank, in] and B transposed [rank, out]
    (with AMX projections: A, and B in rank pairs, in bfloat16; amx.h) (0 = none), in LORA_OF order,
    scaled by lora_scale and added at the rows with lora_on[m] (NULL: none).
@@ -400,8 +401,8 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
                 const float *odd_values, int rows, const int64_t *ids, const int64_t *positions,
                 const float *cos, const float *sin, const float *q_scale, const int64_t *prefix, int64_t ldp,
                 const int64_t *lengths, const int64_t *write, float *k_cache, float *v_cache, int64_t layer_cache,
-                int block, const int64_t *lora, int lora_rank, float lora_scale, const uint8_t *lora_on,
-                float *logits, float *hidden) {
+                const int64_t *own_first, const int64_t *own_count, const int64_t *lora, int lora_rank,
+                float lora_scale, const uint8_t *lora_on, float *logits, float *hidden) {
     int D = (int)dims[HIDDEN], I = (int)dims[INTER], H = (int)dims[HEADS], Hkv = (int)dims[KV_HEADS];
     int hd = (int)dims[HEAD_DIM], V = (int)dims[VOCAB];
     int fmt = (int)dims[FORMAT], head_fmt = (int)dims[HEAD_FORMAT];
@@ -409,7 +410,8 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
     int64_t max_len = 0;
     for (int m = 0; m < rows; m++) max_len = lengths[m] > max_len ? lengths[m] : max_len;
     int qs = H * hd, kvs = Hkv * hd;
-    int own = block ? block : 1;
+    int64_t own = 1;   /* the widest window of the step's own rows */
+    for (int m = 0; own_count && m < rows; m++) own = own_count[m] > own ? own_count[m] : own;
 #ifdef _OPENMP
     int threads = omp_get_max_threads();
 #else
@@ -464,7 +466,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
             const float *cos_m = cos + positions[m] * hd, *sin_m = sin + positions[m] * hd;
             rope(qm, H, hd, cos_m, sin_m, q_scale ? q_scale[positions[m]] : 1.0f);
             rope(km, Hkv, hd, cos_m, sin_m, 1.0f);
-            if (write) {
+            if (write && write[m] >= 0) {
                 memcpy(k_layer + write[m] * kvs, km, sizeof(float) * kvs);
                 memcpy(v_layer + write[m] * kvs, vm, sizeof(float) * kvs);
             }
@@ -472,14 +474,15 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
         _Pragma("omp parallel for collapse(2) schedule(static) if (rows * H * (max_len + own) >= 4096)")
         for (int m = 0; m < rows; m++)
             for (int hh = 0; hh < H; hh++) {
-                int first = block ? m / block * block : m;
+                int64_t first = own_first ? own_first[m] : m;
 #ifdef _OPENMP
                 float *room = scores + (int64_t)omp_get_thread_num() * score_room;
 #else
                 float *room = scores;
 #endif
-                attend_head(dims, hh, q + m * qs, k + first * kvs, v + first * kvs, own, k_layer, v_layer,
-                            prefix + m * ldp, lengths[m], room, att + m * qs);
+                attend_head(dims, hh, q + m * qs, k + first * kvs, v + first * kvs,
+                            own_count ? (int)own_count[m] : 1, k_layer, v_layer, prefix + m * ldp, lengths[m], room,
+                            att + m * qs);
             }
         PROJECT(WO, F(BO), D, qs, att, qs, x, D);
         for (int i = 0; i < rows * D; i++) h[i] += x[i];

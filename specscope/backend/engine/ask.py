@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 CAUSAL = ("causal", "strict_causal")
 RAGGED = ("rows",)
-"""The key of asks that pack flat into one forward whatever their shapes."""
+"""The key of asks that pack flat into one forward whatever their shapes and attention."""
 
 
 @dataclass
@@ -38,15 +38,14 @@ class Ask:
     offsets: Sequence[int] | None = None
 
     def key(self) -> tuple[Any, ...] | None:
-        """Asks with equal keys share one forward, one row group each: any rows that write their K/V and attend
-        causally (or under a mask override) pack flat whatever their lengths (RAGGED); bidirectional or read-only
-        groups of one shape stack; None: this one runs alone."""
+        """Asks with equal keys share one forward, one row group each, packed flat whatever their lengths (RAGGED):
+        rows that write their K/V and attend causally or under a mask override, and bidirectional blocks of any
+        width, beside each other; None: this one runs alone."""
         if self.write is not None and (self.attn in CAUSAL or self.mask is not None):
             return RAGGED
-        if self.mask is not None:
-            return None
-        offsets = None if self.offsets is None else tuple(self.offsets)
-        return self.kind, self.attn, len(self.ids), offsets, self.write is not None, self.lora, self.kv_op
+        if self.attn == "block" and self.mask is None:
+            return RAGGED
+        return None
 
 
 @dataclass

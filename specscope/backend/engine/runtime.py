@@ -11,7 +11,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from specscope.backend.engine.ask import RAGGED, Ask, BranchAsk
+from specscope.backend.engine.ask import Ask, BranchAsk
 from specscope.backend.engine.cost_curve import FLAT, CostCurve
 from specscope.backend.engine.draft_chain import draft_chain
 from specscope.backend.engine.kv import KVPool
@@ -159,11 +159,8 @@ class Runtime:
         if len(asks) == 1:
             return [self.score(first.req, first.ids, first.start, first.attn, kind=first.kind, write=first.write,
                                lora=first.lora, kv_op=first.kv_op, mask=first.mask, offsets=first.offsets)]
-        asks = cast(Sequence[Ask], asks)
-        if first.key() == RAGGED:
-            packed = self.score_ragged(asks)
-            return packed if packed is not None else [self.answer([a])[0] for a in asks]
-        return self.score_together(asks)
+        packed = self.score_ragged(cast(Sequence[Ask], asks))   # asks share a key only when it is RAGGED
+        return packed if packed is not None else [self.answer([a])[0] for a in asks]
 
     def group_limit(self, ask: Ask) -> int:
         """How many asks of this one's key may share a forward: as many as keep it on the fused CPU step, whose
@@ -178,20 +175,7 @@ class Runtime:
         q, writes = len(ask.ids), ask.write is not None
         if not fused.accepts(q, ask.attn, None, writes, 1, fused.max_chunk):
             return 1
-        if ask.attn == "block":
-            return fused.max_chunk // q
         return MAX_SHARED
-
-    def score_together(self, asks: Sequence[Ask]) -> list[Scores]:
-        """One forward of several requests' row groups of one shape (equal `Ask.key`), each group's rows as Scores."""
-        first, reqs = asks[0], [a.req for a in asks]
-        writes = None if first.write is None else [cast(list[int], a.write) for a in asks]
-        result = self.run(reqs, torch.tensor([a.ids for a in asks]), [a.start for a in asks], first.attn,
-                          self._context(reqs, writes), kind=first.kind, write=writes, lora=first.lora,
-                          kv_op=first.kv_op, offsets=first.offsets)
-        hidden = result.hidden
-        return [Scores(result.logits[i], r, self.mask_id, None if hidden is None else hidden[i])
-                for i, r in enumerate(reqs)]
 
     def branches(self, req: Request, states: Sequence[Sequence[int]], start: int) -> list[Scores]:
         """One read-only `block` forward of R states of one request's open block (row 0 the main state), as R
@@ -281,20 +265,22 @@ class Runtime:
                         req.tracer.kv(s.kv_op, slots, row, req.round)
 
     def score_ragged(self, asks: Sequence[Ask]) -> list[Scores] | None:
-        """One forward of several requests' row groups of any lengths and positions (each writes its K/V), packed
-        flat on the fused step; None where it cannot take them all."""
+        """One forward of several requests' row groups of any lengths, positions and attention (causal ones write
+        their K/V; bidirectional blocks may or may not), packed flat on the fused step; None where it cannot take
+        them all."""
         if not isinstance(self.backend, FusedDecode):
             return None
         t0 = time.perf_counter()
         planned = [self.plan(torch.tensor([a.ids]), [a.start], a.attn,
-                             self._context([a.req], [cast(list[int], a.write)]), a.lora, a.mask, None, a.offsets)
+                             self._context([a.req], None if a.write is None else [a.write]), a.lora, a.mask, None,
+                             a.offsets)
                    for a in asks]
         with torch.inference_mode():
             raw = self.backend.run_ragged([plan for plan, _ in planned])
         if raw is None:
             return None
         results = [self.aligned(r, a.attn) for r, a in zip(raw, asks, strict=True)]
-        self.account([Served([a.req], a.kind, plan, rows_at, [cast(list[int], a.write)], a.kv_op)
+        self.account([Served([a.req], a.kind, plan, rows_at, None if a.write is None else [a.write], a.kv_op)
                       for a, (plan, rows_at) in zip(asks, planned, strict=True)], results, t0)
         return [Scores(r.logits[0], a.req, self.mask_id, None if r.hidden is None else r.hidden[0])
                 for r, a in zip(results, asks, strict=True)]

@@ -265,19 +265,17 @@ class FusedDecode:
         rows = self.rows(plan)
         if rows is None:
             return self.fallback.run(plan)
-        block = plan.attn == "block" and plan.mask is None
-        return self.call([rows], plan.ids.shape[1] if block else 0)[0]
+        return self.call([rows])[0]
 
     def run_ragged(self, plans: Sequence[ForwardPlan]) -> list[ForwardResult] | None:
-        """Several row groups of other lengths, positions, prefixes, attention (causal or a mask override) and
-        adapter rows, each its own plan, packed flat into one call, never padded to the longest; None unless the
-        kernel takes every group as it is (each then computes what it would alone)."""
-        if any(p.kv is None or p.kv.write_slots is None or p.attn == "block" and p.mask is None for p in plans):
-            return None
+        """Several row groups of other lengths, positions, prefixes, attention (causal, a mask override, or
+        bidirectional blocks of any width), writes and adapter rows, each its own plan, packed flat into one call,
+        never padded to the longest; None unless the kernel takes every group as it is (each then computes what it
+        would alone)."""
         rows = [self.rows(p) for p in plans]
         if any(r is None for r in rows):
             return None
-        return self.call(cast(list[Rows], rows), 0)
+        return self.call(cast(list[Rows], rows))
 
     def rows(self, plan: ForwardPlan) -> Rows | None:
         """The plan's rows as the kernel reads them, or None where the kernel cannot run the plan."""
@@ -292,11 +290,12 @@ class FusedDecode:
         if tables is None:
             return None
         return Rows(requests, queries, _flat(ids), _flat(plan.positions), *tables,
-                    None if kv.write_slots is None else _flat(kv.write_slots), adapter, plan.hidden, kv.cache)
+                    None if kv.write_slots is None else _flat(kv.write_slots), adapter, plan.hidden, kv.cache, block)
 
-    def call(self, groups: list[Rows], block: int) -> list[ForwardResult]:
-        """One kernel call over every group's rows (block: the width of a bidirectional block, 0 for none)."""
+    def call(self, groups: list[Rows]) -> list[ForwardResult]:
+        """One kernel call over every group's rows."""
         flat = packed(groups)
+        own_first, own_count = own_windows(groups)
         count, cache = flat.count, flat.cache
         self.rope.cover(int(flat.at.max()))
         rope, weights = self.rope, self.weights.pointers
@@ -306,7 +305,7 @@ class FusedDecode:
             weights.dims, weights.eps, weights.tensors, weights.embed, weights.final_norm, weights.head,
             weights.odd_rows, weights.odd_count, weights.odd_values, count, ptr(flat.ids), ptr(flat.at),
             ptr(rope.cos), ptr(rope.sin), ptr(rope.q_scale), ptr(flat.prefix), flat.prefix.shape[1], ptr(flat.lengths),
-            ptr(flat.write), ptr(cache.k), ptr(cache.v), cache.k.stride(0), block,
+            ptr(flat.write), ptr(cache.k), ptr(cache.v), cache.k.stride(0), ptr(own_first), ptr(own_count),
             self.lora_pointer if flat.adapter is not None else ptr(None), self.lora_rank, self.lora_scale,
             ptr(flat.adapter),
             ptr(logits), ptr(hidden))
@@ -337,6 +336,8 @@ class Rows:
     adapter: np.ndarray | None
     hidden: bool
     cache: PagedKV
+    block: bool = False
+    """Each request's rows are a bidirectional block: every one attends to all of them (else each to itself)."""
 
     @property
     def count(self) -> int:
@@ -351,12 +352,28 @@ def packed(groups: list[Rows]) -> Rows:
     width = max(g.prefix.shape[1] for g in groups)
     prefix = np.concatenate([np.pad(g.prefix, ((0, 0), (0, width - g.prefix.shape[1]))) for g in groups])
     at, ids, lengths = (np.concatenate([getattr(g, f) for g in groups]) for f in ("at", "ids", "lengths"))
-    write = None if groups[0].write is None else np.concatenate([cast(np.ndarray, g.write) for g in groups])
+    write = None
+    if any(g.write is not None for g in groups):   # -1: a read-only group's rows write nothing
+        write = np.concatenate([np.full(g.count, -1, np.int64) if g.write is None else g.write for g in groups])
     adapter = None
     if any(g.adapter is not None for g in groups):
         adapter = np.concatenate([np.zeros(g.count, np.uint8) if g.adapter is None else g.adapter for g in groups])
     return Rows(1, sum(g.count for g in groups), ids, at, prefix, lengths, write, adapter,
                 any(g.hidden for g in groups), groups[0].cache)
+
+
+def own_windows(groups: list[Rows]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Per packed row, the first of the step's rows it attends to beside its table and how many: its request's
+    whole block (a bidirectional group), or itself; (None, None) when every row attends to itself alone."""
+    if not any(g.block for g in groups):
+        return None, None
+    first, count, base = [], [], 0
+    for g in groups:
+        rows = np.arange(g.count, dtype=np.int64)
+        first.append(base + (rows // g.queries * g.queries if g.block else rows))
+        count.append(np.full(g.count, g.queries if g.block else 1, np.int64))
+        base += g.count
+    return np.concatenate(first), np.concatenate(count)
 
 
 def float32_lora_pair(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
