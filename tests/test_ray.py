@@ -124,6 +124,15 @@ def test_runs_from_8_clients_land_on_both_replicas_with_one_engines_tokens(repli
         with ThreadPoolExecutor(8) as pool:
             texts = list(pool.map(complete, asks))
         health = httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=30).json()
+        logs = [httpx.get(f"http://127.0.0.1:{port}/api/forwards", params={"replica": i}, timeout=30)
+                for i in range(3)]
+        replayed = {r["run_id"]: httpx.get(f"http://127.0.0.1:{port}/api/runs/{r['run_id']}/forwards",
+                                           timeout=30).json() for r in store.list_runs(limit=100)}
+    assert [log.status_code for log in logs] == [200, 200, 404]   # each replica's own forwards; no third one
+    served = [{g["run_id"] for r in log.json()["forwards"] for g in r["groups"]} for log in logs[:2]]
+    assert all(r["replica"] == i for i, log in enumerate(logs[:2]) for r in log.json()["forwards"])
+    for run_id, replay in replayed.items():   # a stored run's forwards are its own replica's, never the other's
+        assert run_id in served[replicas.placed[run_id]] and set(replay["runs"]) <= served[replicas.placed[run_id]]
     assert texts == [single.generate(p, m, {"max_new_tokens": 24, "raw": True}).text for p, m in asks]
     runs = store.list_runs(limit=100)
     assert len(runs) == 8 and {r["run_id"] for r in runs} <= set(replicas.placed)

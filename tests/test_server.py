@@ -772,3 +772,4 @@ def test_the_forwards_log_shows_what_shared_each_forward(engine, store, monkeypa
             assert all({k: r[k] for k in ("rows", "pool_used", "pool_slots")} ==
                        {k: live[r["id"]][k] for k in ("rows", "pool_used", "pool_slots")} for r in replay["forwards"])
         assert c.get("/api/runs/r_unknown/forwards").status_code == 404
+        assert c.get("/api/forwards", params={"replica": 1}).status_code == 404   # one engine: replica 0

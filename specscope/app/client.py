@@ -65,9 +65,9 @@ class Client:
     def get(self, path: str, **params: Any) -> Any:
         return self.request("GET", path, params={k: v for k, v in params.items() if v is not None}).json()
 
-    def forwards(self, since: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        """The engine's latest forwards after id `since` (GET /api/forwards)."""
-        return self.get("/api/forwards", since=since, limit=limit)["forwards"]
+    def forwards(self, since: int = 0, limit: int = 1000, replica: int = 0) -> list[dict[str, Any]]:
+        """The engine's (or engine replica's) latest forwards after id `since` (GET /api/forwards)."""
+        return self.get("/api/forwards", since=since, limit=limit, replica=replica)["forwards"]
 
     def run_forwards(self, run_id: str) -> dict[str, Any]:
         """A stored run's forwards, with every stored run that took part (GET /api/runs/{id}/forwards)."""

@@ -2,7 +2,7 @@
 of one stored run and every stored run that shared them (GET /api/runs/{id}/forwards; `/?forwards=<id>` opens it).
 Each forward is a bar of its rows, stacked by request and coloured by mode, over the KV pool's occupancy; the table
 below names each forward's requests and links every one to the run at the round that forward computed. The live
-view refreshes while "follow" is on."""
+view refreshes while "follow" is on; with engine replicas (`serve --ray`) it shows the replica picked."""
 from __future__ import annotations
 
 import html
@@ -92,6 +92,8 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
     with gr.Row():
         refresh = gr.Button("↻ refresh", elem_id="sched-refresh", scale=0, min_width=110)
         follow = gr.Checkbox(label="follow (refresh every 2 s)", value=False, elem_id="sched-follow", scale=0)
+        replica = gr.Dropdown(label="engine replica", choices=[0], value=0, elem_id="sched-replica", scale=0,
+                              min_width=130, visible=False)
         run = gr.Textbox(label="replay a stored run's forwards (run id; empty: the live engine)", elem_id="sched-run",
                          scale=2, max_lines=1)
         replay = gr.Button("replay", elem_id="sched-replay", scale=0, min_width=90)
@@ -103,29 +105,42 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
     def drawn(note: str, records: Sequence[Record]) -> list[Any]:
         return [note, figure_json(scheduler_figure(records)), forwards_table_html(records)]
 
-    def fetch(run_id: str, request: gr.Request) -> list[Any]:
+    def fetch(run_id: str, replica: int | None, request: gr.Request) -> list[Any]:
         client = backend.client(request)
         try:
             if run_id.strip():
                 replayed = client.run_forwards(run_id.strip())
                 return drawn(replay_note(replayed), replayed["forwards"])
-            records = client.forwards()[-SHOWN:]
+            records = client.forwards(replica=int(replica or 0))[-SHOWN:]
         except (BackendUnavailable, BackendError) as exc:
             return [warning_html(exc), gr.skip(), gr.skip()]
         shared = sum(len(r["groups"]) > 1 for r in records)
         note = (f"the latest {len(records)} forwards; {shared} served more than one request" if records
                 else "no forward yet")
+        if records and "replica" in records[-1]:
+            note += f" (engine replica {records[-1]['replica']})"
         return drawn(f'<div class="ss-note">{html.escape(note)}</div>', records)
 
-    def live(run_id: str, request: gr.Request) -> list[Any]:
+    def live(run_id: str, replica: int | None, request: gr.Request) -> list[Any]:
         """A follow tick: the live view only (a replay is stored: it does not change)."""
-        return fetch("", request) if not run_id.strip() else [gr.skip()] * 3
+        return fetch("", replica, request) if not run_id.strip() else [gr.skip()] * 3
+
+    def replicas(replica: int | None, request: gr.Request) -> Any:
+        """The replica picker: shown when the server runs engine replicas (`serve --ray`)."""
+        try:
+            listed = backend.client(request).health().get("replicas") or []
+        except (BackendUnavailable, BackendError):
+            return gr.skip()
+        choices = [int(r["replica"]) for r in listed] or [0]
+        return gr.Dropdown(choices=choices, value=replica if replica in choices else choices[0],
+                           visible=len(listed) > 1)
 
     def opened(run_id: str, request: gr.Request) -> list[Any]:
-        return fetch(run_id, request) if run_id.strip() else [gr.skip()] * 3
+        return fetch(run_id, 0, request) if run_id.strip() else [gr.skip()] * 3
 
-    for trigger in (refresh.click, replay.click, run.submit, tab.select):
-        trigger(fetch, run, [summary, plot, table], concurrency_limit=None, show_progress="hidden")
-    timer.tick(live, run, [summary, plot, table], concurrency_limit=None, show_progress="hidden")
+    tab.select(replicas, replica, replica, concurrency_limit=None, show_progress="hidden")
+    for trigger in (refresh.click, replay.click, run.submit, tab.select, replica.input):
+        trigger(fetch, [run, replica], [summary, plot, table], concurrency_limit=None, show_progress="hidden")
+    timer.tick(live, [run, replica], [summary, plot, table], concurrency_limit=None, show_progress="hidden")
     follow.change(lambda on: gr.Timer(active=on), follow, timer, queue=False)
     return SchedulerTab(run=run, opened=opened, shown=[summary, plot, table])

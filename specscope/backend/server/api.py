@@ -106,11 +106,15 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
                           "unavailable_s": None if outage is None else round(outage, 1)}}
 
     @router.get("/forwards")
-    def forwards(since: int = Query(0, ge=0, le=MAX_INDEX), limit: int = Query(500, ge=1, le=MAX_FORWARDS)) -> Row:
+    def forwards(since: int = Query(0, ge=0, le=MAX_INDEX), limit: int = Query(500, ge=1, le=MAX_FORWARDS),
+                 replica: int = Query(0, ge=0, le=MAX_INDEX)) -> Row:
         """The engine's latest forwards after id `since` (oldest first, at most `limit`): when, how long, the rows
-        of each request and mode it served, and the KV pool's occupancy; `next` is the `since` of the next page."""
+        of each request and mode it served, and the KV pool's occupancy; `next` is the `since` of the next page.
+        With engine replicas (`serve --ray`), replica `replica`'s (each counts its own forwards)."""
         try:
-            records = engine.forwards(since, limit)
+            records = engine.forwards(since, limit, replica)
+        except LookupError as e:
+            raise HTTPException(404, str(e)) from None
         except RuntimeError as e:
             raise HTTPException(503, str(e)) from None
         return {"forwards": records, "next": records[-1]["id"] if records else since}

@@ -304,7 +304,9 @@ class EngineProcess:
     def stats(self) -> dict[str, Any]:
         return {**self._call("stats", None, timeout=30), "held": len(self._runs)}
 
-    def forwards(self, since: int, limit: int) -> list[dict[str, Any]]:
+    def forwards(self, since: int, limit: int, replica: int = 0) -> list[dict[str, Any]]:
+        if replica:
+            raise LookupError(f"no engine replica {replica}: this server runs one engine, replica 0")
         return self._call("forwards", (since, limit), timeout=30)
 
     def _call(self, name: str, arg: Any, timeout: float | None) -> Any:

@@ -264,9 +264,14 @@ class Replicas:
         return {"active": sum(e["active"] for e in each), "held": sum(e["held"] for e in each),
                 "pool": {k: sum(p[k] for p in pools) for k in ("used", "slots", "peak")}, "replicas": each}
 
-    def forwards(self, since: int, limit: int) -> list[dict[str, Any]]:
-        """The first serving replica's forwards (each replica counts its own)."""
-        return self._first().forwards(since, limit)
+    def forwards(self, since: int, limit: int, replica: int = 0) -> list[dict[str, Any]]:
+        """Replica `replica`'s forwards (each replica counts its own), each record naming it."""
+        link = next((link for link in self.links if link.index == replica), None)
+        if link is None:
+            raise LookupError(f"no engine replica {replica}: this server runs replicas 0 to {len(self.links) - 1}")
+        if not link.serving:
+            raise RuntimeError(f"engine replica {replica} is restarting; try again shortly")
+        return [{**record, "replica": replica} for record in link.forwards(since, limit)]
 
     def _first(self) -> RayReplica:
         live = [link for link in self.links if link.serving]

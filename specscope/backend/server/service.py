@@ -88,12 +88,15 @@ class EngineService(Protocol):
         """{"active": runs waiting or running, "held": runs submitted and not ended,
         "pool": {"used", "slots", "peak"}}."""
 
-    def forwards(self, since: int, limit: int) -> list[dict[str, Any]]:
-        """The engine's records of its forwards after id `since`, oldest first, at most `limit`."""
+    def forwards(self, since: int, limit: int, replica: int = 0) -> list[dict[str, Any]]:
+        """An engine's records of its forwards after id `since`, oldest first, at most `limit`: the engine replica's
+        of that index (LookupError for one this service does not run; a single engine is replica 0)."""
 
 
-def forward_records(worker: Worker, since: int, limit: int) -> list[dict[str, Any]]:
+def forward_records(worker: Worker, since: int, limit: int, replica: int = 0) -> list[dict[str, Any]]:
     """The engine side of `EngineService.forwards` (a copy: the engine's thread keeps appending)."""
+    if replica:
+        raise LookupError(f"no engine replica {replica}: this server runs one engine, replica 0")
     return [r for r in list(worker.engine.rt.log) if r["id"] > since][:limit]
 
 
@@ -151,5 +154,5 @@ class LocalEngine:
     def stats(self) -> dict[str, Any]:
         return engine_stats(self.worker)
 
-    def forwards(self, since: int, limit: int) -> list[dict[str, Any]]:
-        return forward_records(self.worker, since, limit)
+    def forwards(self, since: int, limit: int, replica: int = 0) -> list[dict[str, Any]]:
+        return forward_records(self.worker, since, limit, replica)
