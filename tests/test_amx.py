@@ -26,14 +26,14 @@ from test_cpu_decode import (
 
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.lossless import Outcome, claim_of, verdict
-from specscope.backend.engine.modes import REGISTRY
+from specscope.backend.engine.modes import REGISTRY, mode_names
 from specscope.backend.forward import fused_step, weight_blocks
 from specscope.backend.forward.fused_step import FusedDecode, MatmulUnavailable, fused_decode
 from specscope.backend.model.transformer import KVContext, PagedKV
 from specscope.backend.tracing import RecordingTracer
 from specscope.kernels.native import library
 
-LOSSLESS = [m for m in REGISTRY if REGISTRY[m].lossless_vs]
+LOSSLESS = [m for m in mode_names() if REGISTRY[m].lossless_vs]   # mode_names() loads every mode first
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CFG = CONFIGS["qwen3"]   # every output a multiple of 16 and every input of 32: the AMX formats' shapes

@@ -27,7 +27,7 @@ NAVIGATION_NOISE = ("AbortError", "Connection errored out")
 def server(loaded, tmp_path_factory) -> Iterator[dict]:
     from specscope.app.ui import mount_ui
     from specscope.backend.engine.engine import Engine
-    from specscope.backend.engine.modes import REGISTRY
+    from specscope.backend.engine.modes import get_mode
     from specscope.backend.server import create_app
     from specscope.backend.store import Store
     from specscope.backend.tracing import RecordingTracer
@@ -37,10 +37,10 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
     runs = {}
     for mode, params in MODES.items():    # each at its drafter's parameters: every round drafts, to be drawn
         tracer = RecordingTracer(sink=store.record)
-        engine.generate(CODE_PROMPT, mode, {"max_new_tokens": 12, "raw": True, **REGISTRY[mode].drafter_params,
+        engine.generate(CODE_PROMPT, mode, {"max_new_tokens": 12, "raw": True, **get_mode(mode).drafter_params,
                                             **params}, tracer=tracer)
         runs[mode] = tracer.run_id
-    fixed = REGISTRY["linear_spec"].drafter_params
+    fixed = get_mode("linear_spec").drafter_params
     tracer = RecordingTracer(sink=store.record)   # with each position's top-3 alternatives
     engine.generate(CODE_PROMPT, "linear_spec", {"max_new_tokens": 12, "raw": True, "trace_topk": 3, **fixed},
                     tracer=tracer)
@@ -48,6 +48,10 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
     tracer = RecordingTracer(sink=store.record)   # its last round accepts more than max_new_tokens leaves room for
     engine.generate(PROMPT, "linear_spec", {"max_new_tokens": 5, **fixed}, tracer=tracer)
     runs["cut"] = tracer.run_id
+    together = [RecordingTracer(sink=store.record) for _ in range(2)]   # two runs that share their forwards
+    engine.run([engine.new_request(PROMPT, mode, {"max_new_tokens": 6}, t)
+                for mode, t in zip(("ar", "isd"), together, strict=True)])
+    runs["shared"], runs["sharer"] = together[0].run_id, together[1].run_id
     port = free_port()
     app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
     with serving(app, port):
@@ -117,6 +121,19 @@ def test_url_opens_the_round_and_follows_steps(page, server) -> None:
     open_run(page, server, "ar", 99999, by_url=True)  # past the end: the last round, no error
     last = page.eval_on_selector("#viz-slider", "e => e.max")
     assert label(page).startswith(f"round {last} of")
+
+
+def test_a_shared_round_links_to_the_forwards_it_shared(page, server) -> None:
+    """A round whose forward served other runs links to the Scheduler's replay of the run's forwards, which names
+    the run that shared them."""
+    open_run(page, server, "shared", 2)
+    link = page.locator("#viz-grid .ssv-forwards")
+    assert link.count() == 1 and link.get_attribute("href") == f"?forwards={server['runs']['shared']}"
+    page.goto(server["url"] + link.get_attribute("href"))
+    page.wait_for_selector("#sched-replayed >> text=shared with 1 other stored run")
+    page.wait_for_selector(f"#sched-forwards >> text={server['runs']['sharer']}")
+    open_run(page, server, "ar", 2, by_url=True)   # a run that ran alone: no such link
+    assert page.locator("#viz-grid .ssv-forwards").count() == 0
 
 
 def test_chart_click_jumps_and_token_history(page, server) -> None:
