@@ -48,9 +48,11 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
     tracer = RecordingTracer(sink=store.record)   # its last round accepts more than max_new_tokens leaves room for
     engine.generate(PROMPT, "linear_spec", {"max_new_tokens": 5, **fixed}, tracer=tracer)
     runs["cut"] = tracer.run_id
-    together = [RecordingTracer(sink=store.record) for _ in range(2)]   # two runs that share their forwards
+    together = [RecordingTracer(sink=store.record) for _ in range(2)]   # two runs that share their forwards,
+    engine.scheduler.draft_tiers = [(1, None), (64, 0)]                  # under a tier of no drafts from 2 running
     engine.run([engine.new_request(PROMPT, mode, {"max_new_tokens": 6}, t)
                 for mode, t in zip(("ar", "isd"), together, strict=True)])
+    engine.scheduler.draft_tiers = []
     runs["shared"], runs["sharer"] = together[0].run_id, together[1].run_id
     port = free_port()
     app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
@@ -124,9 +126,10 @@ def test_url_opens_the_round_and_follows_steps(page, server) -> None:
 
 
 def test_a_shared_round_links_to_the_forwards_it_shared(page, server) -> None:
-    """A round whose forward served other runs links to the Scheduler's replay of the run's forwards, which names
-    the run that shared them."""
+    """A round whose forward served other runs says the tier in force and links to the Scheduler's replay of the
+    run's forwards, which names the run that shared them."""
     open_run(page, server, "shared", 2)
+    assert "tier at 2 running: no drafting" in page.locator("#viz-grid .ss-round-head").inner_text()
     link = page.locator("#viz-grid .ssv-forwards")
     assert link.count() == 1 and link.get_attribute("href") == f"?forwards={server['runs']['shared']}"
     page.goto(server["url"] + link.get_attribute("href"))

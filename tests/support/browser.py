@@ -37,18 +37,32 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
+TOAST_WATCH = """new MutationObserver((changes) => {
+  for (const change of changes)
+    for (const node of change.addedNodes)
+      if (node.nodeType === 1)
+        for (const toast of [node, ...node.querySelectorAll('.toast-body.error')])
+          if (toast.matches('.toast-body.error') && !/Connection to the server was lost/.test(toast.innerText))
+            console.error(`Gradio error toast: ${toast.innerText}`);
+}).observe(document, {childList: true, subtree: true});"""
+"""Reports every error toast Gradio shows (an event handler that raised) as a console error; not the one a page
+shows as it navigates away (its event stream closes: "Connection to the server was lost")."""
+
+
 @pytest.fixture(scope="module")
 def errors() -> list[str]:
-    """Console errors and uncaught exceptions of the module's pages."""
+    """Console errors, uncaught exceptions and Gradio's error toasts of the module's pages."""
     return []
 
 
 def new_page(browser: Any, errors: list[str] | None = None) -> Any:
-    """A desktop-sized page with the tests' timeout; its console errors and exceptions go to `errors`."""
+    """A desktop-sized page with the tests' timeout; its console errors, exceptions and error toasts go to
+    `errors`."""
     ARTIFACTS.mkdir(exist_ok=True)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(TIMEOUT_MS)
     if errors is not None:
+        page.add_init_script(TOAST_WATCH)
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
     return page

@@ -160,7 +160,7 @@ window.specscopeViz = (() => {
     if (x.n !== undefined) facts.push(`n ${esc(x.n)}`);
     if (x.trim !== undefined) facts.push(`KV trimmed ${esc(x.trim)}`);
     if (x.forwards_saved !== undefined) facts.push(`forwards saved so far ${esc(x.forwards_saved)}`);
-    if (x.tier !== undefined) facts.push(`tier ${esc(x.tier)}`);
+    if (x.tier) facts.push(tierText(x.tier));
     if (x.verify !== undefined) {
       facts.push(`verify <b>${esc(x.verify)}</b>` + (x.verified !== undefined
         ? ` (${esc(x.verified)} drafts verified, ${esc(x.drafted)} drafted for the next round)` : ""));
@@ -184,6 +184,15 @@ window.specscopeViz = (() => {
         "what shared these forwards</a>" : "";
     return `<div class="ss-round-head"><b>round ${r.round}</b> · ${facts.join(" · ")}` +
       `<div class="ss-phases">${esc(phases)}${replay}</div></div>`;
+  }
+
+  // The tier in force for the round's step (scheduler.py): how many requests ran, and the block size and extra
+  // draft rows it allowed (null: the request's own setting; 0 extra rows: a plain decode step).
+  function tierText(t) {
+    const parts = [];
+    if (t.block_size != null) parts.push(`block ${esc(t.block_size)}`);
+    if (t.extra_rows != null) parts.push(t.extra_rows ? `≤ ${esc(t.extra_rows)} draft rows` : "no drafting");
+    return `tier at ${esc(t.running)} running` + (parts.length ? `: ${parts.join(", ")}` : "");
   }
 
   // A tree draft's branches: each branch's nodes (cell i + 1 is node i), the rows it cost, and the path that won.

@@ -94,8 +94,8 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
         follow = gr.Checkbox(label="follow (refresh every 2 s)", value=False, elem_id="sched-follow", scale=0)
         replica = gr.Dropdown(label="engine replica", choices=[0], value=0, elem_id="sched-replica", scale=0,
                               min_width=130, visible=False)
-        run = gr.Textbox(label="replay a stored run's forwards (run id; empty: the live engine)", elem_id="sched-run",
-                         scale=2, max_lines=1)
+        run = gr.Textbox("", label="replay a stored run's forwards (run id; empty: the live engine)",
+                         elem_id="sched-run", scale=2, max_lines=1)
         replay = gr.Button("replay", elem_id="sched-replay", scale=0, min_width=90)
     summary = gr.HTML(elem_id="sched-summary")
     plot = chart("sched-chart")
@@ -105,11 +105,11 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
     def drawn(note: str, records: Sequence[Record]) -> list[Any]:
         return [note, figure_json(scheduler_figure(records)), forwards_table_html(records)]
 
-    def fetch(run_id: str, replica: int | None, request: gr.Request) -> list[Any]:
-        client = backend.client(request)
+    def fetch(run_id: str | None, replica: int | None, request: gr.Request) -> list[Any]:
+        client, run_id = backend.client(request), (run_id or "").strip()
         try:
-            if run_id.strip():
-                replayed = client.run_forwards(run_id.strip())
+            if run_id:
+                replayed = client.run_forwards(run_id)
                 return drawn(replay_note(replayed), replayed["forwards"])
             records = client.forwards(replica=int(replica or 0))[-SHOWN:]
         except (BackendUnavailable, BackendError) as exc:
@@ -121,9 +121,9 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
             note += f" (engine replica {records[-1]['replica']})"
         return drawn(f'<div class="ss-note">{html.escape(note)}</div>', records)
 
-    def live(run_id: str, replica: int | None, request: gr.Request) -> list[Any]:
+    def live(run_id: str | None, replica: int | None, request: gr.Request) -> list[Any]:
         """A follow tick: the live view only (a replay is stored: it does not change)."""
-        return fetch("", replica, request) if not run_id.strip() else [gr.skip()] * 3
+        return fetch("", replica, request) if not (run_id or "").strip() else [gr.skip()] * 3
 
     def replicas(replica: int | None, request: gr.Request) -> Any:
         """The replica picker: shown when the server runs engine replicas (`serve --ray`)."""
@@ -135,8 +135,9 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
         return gr.Dropdown(choices=choices, value=replica if replica in choices else choices[0],
                            visible=len(listed) > 1)
 
-    def opened(run_id: str, request: gr.Request) -> list[Any]:
-        return fetch(run_id, 0, request) if run_id.strip() else [gr.skip()] * 3
+    def opened(run_id: str | None, request: gr.Request) -> list[Any]:
+        """On page load: the replay `/?forwards=<id>` asked for (the box's value may be None until set)."""
+        return fetch(run_id, 0, request) if (run_id or "").strip() else [gr.skip()] * 3
 
     tab.select(replicas, replica, replica, concurrency_limit=None, show_progress="hidden")
     for trigger in (refresh.click, replay.click, run.submit, tab.select, replica.input):
