@@ -24,6 +24,8 @@ ROWS = (1, 2, 3, 4, 6, 8, 16)
 pass among up to 3 rows, then turns compute-bound), and beyond by steps."""
 COST_PROMPT = "Write a short note about the weather today."
 """The prompt after whose prefix the engine measures its curve."""
+METHOD = 2
+"""The way curves are measured (`fastest_forwards`); part of the cache key, so a change of way measures anew."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def measure(engine: Engine, prompt: str = COST_PROMPT, repeats: int = 5,
 
 def machine_key(engine: Engine) -> str:
     """What the curve depends on: the CPU (model name and flags), the threads, the device, the weights, the
-    matmul precision and this code's version."""
+    matmul precision, this code's version and the way it is measured."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         lines = [line for line in open("/proc/cpuinfo").read().splitlines()
@@ -111,7 +113,8 @@ def machine_key(engine: Engine) -> str:
     except PackageNotFoundError:
         ours = "source"
     rt = engine.rt
-    parts = [*lines, str(torch.get_num_threads()), str(rt.device), rt.loaded.weights_hash, rt.matmul, ours]
+    parts = [*lines, str(torch.get_num_threads()), str(rt.device), rt.loaded.weights_hash, rt.matmul, ours,
+             f"method {METHOD}"]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
