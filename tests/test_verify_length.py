@@ -1,6 +1,8 @@
 """Cost-aware verify length: a round verifies the draft prefix, and drafts the tokens, that pay for their rows on
 the engine's cost curve. Where rows are free it drafts as the fixed length does; where each row costs a decode
 step it falls back to decode steps; at every length the tokens are `ar`'s."""
+import random
+
 import pytest
 
 from specscope.backend.engine.cost_curve import FLAT, CostCurve
@@ -66,3 +68,12 @@ def test_a_round_records_its_verify_length_and_the_run_its_curve(engines, heldou
     assert start["params"]["verify"] == "cost" and start["cost_curve"] == AVX2.to_json()
     rounds = [e for e in tracer.events if e["type"] == "round" and e.get("extra")]
     assert rounds and all(e["extra"]["verify"] == "cost" for e in rounds)
+
+
+def test_a_cost_curve_read_from_its_json_gives_the_same_json() -> None:
+    """An engine given another's curve (run_start, /api/health) prices rows as that engine did: the JSON's ratios
+    are those its own ms give, whatever the measured ms were."""
+    draw = random.Random(7)
+    for _ in range(500):
+        curve = CostCurve({k: draw.uniform(0.5, 80.0) for k in (1, 2, 3, 4, 6, 8, 16)})
+        assert CostCurve.from_json(curve.to_json()).to_json() == curve.to_json()

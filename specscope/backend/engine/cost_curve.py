@@ -45,8 +45,10 @@ class CostCurve:
         return {k: v / one for k, v in sorted(self.ms.items())}
 
     def to_json(self) -> dict[str, Any]:
-        return {"ms": {str(k): round(v, 4) for k, v in sorted(self.ms.items())},
-                "vs_one_row": {str(k): round(v, 3) for k, v in self.vs_one_row().items()}}
+        """The ms (to 0.1 µs) and the ratios those ms give: `from_json` of it gives a curve with the same JSON."""
+        shown = CostCurve({k: round(v, 4) for k, v in self.ms.items()})
+        return {"ms": {str(k): v for k, v in sorted(shown.ms.items())},
+                "vs_one_row": {str(k): round(v, 3) for k, v in shown.vs_one_row().items()}}
 
     @staticmethod
     def from_json(doc: Mapping[str, Any]) -> CostCurve:
@@ -91,9 +93,10 @@ def fastest_forwards(engine: Engine, prompt: str, rows: tuple[int, ...], repeats
 
 def measure(engine: Engine, prompt: str = COST_PROMPT, repeats: int = 5,
             rows: tuple[int, ...] = ROWS) -> CostCurve:
-    """This engine's curve, measured now (its forward log is left as it was)."""
+    """This engine's curve, measured now, its ms to 0.1 µs as its JSON has them, so an engine given the JSON prices
+    rows exactly as this one does (its forward log is left as it was)."""
     log = list(engine.rt.log)
-    curve = CostCurve(fastest_forwards(engine, prompt, rows, repeats))
+    curve = CostCurve({k: round(ms, 4) for k, ms in fastest_forwards(engine, prompt, rows, repeats).items()})
     engine.rt.log.clear()
     engine.rt.log.extend(log)
     return curve
