@@ -55,9 +55,10 @@ def speedup_figures(trace: RunTrace, elsewhere: Mapping[str, CostCurve]) -> dict
     metrics = trace.metrics
     if trace.status == "running" or not trace.cost_curve or not usable(metrics):
         return None
+    there = {name: projected(metrics, curve) for name, curve in elsewhere.items()}
     return {"here": against_one_row(metrics, CostCurve.from_json(trace.cost_curve)),
-            "elsewhere": [{"machine": name, "speedup": projected(metrics, curve)}
-                          for name, curve in elsewhere.items() if projected(metrics, curve) is not None]}
+            "elsewhere": [{"machine": name, "speedup": speedup} for name, speedup in there.items()
+                          if speedup is not None]}
 
 
 def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: str = "",

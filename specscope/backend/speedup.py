@@ -8,6 +8,7 @@ give over an `ar` whose forwards took all its time; on another machine's cost cu
 there."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,7 +54,4 @@ def projected(m: Metrics, curve: CostCurve) -> float | None:
 
 
 def product(factors: Mapping[str, float]) -> float:
-    out = 1.0
-    for name in FACTORS:
-        out *= factors[name]
-    return out
+    return math.prod(factors[name] for name in FACTORS)

@@ -137,13 +137,9 @@ def chunks(cells: Sequence[Cell], size: int) -> list[list[Cell]]:
 
 def store_run(store: Any, events: list[Event]) -> None:
     """One finished run's events into the store (a refused cell's lone error event is not a run)."""
-    if not events or events[0]["type"] != "run_start":
-        return
-    store.begin_run(events[0])
-    if len(events) > 2:
-        store.add_events(events[1:-1])
-    if events[-1]["type"] == "run_end":
-        store.end_run(events[-1])
+    if events and events[0]["type"] == "run_start":
+        for event in events:
+            store.record(event)
 
 
 def stored_cells(store: Any, sweep_id: str) -> set[str]:

@@ -18,16 +18,21 @@ VERIFY_PARAM = Param("verify", str, "cost",
                      choices=("cost", "fixed"))
 
 
+def expected_tokens(chances: Sequence[float]) -> list[float]:
+    """Expected tokens of a round that verifies the first n drafts, for n = 0 .. len(chances): the bonus plus each
+    draft's chance of being accepted (its whole path's)."""
+    return [1.0, *(1.0 + s for s in accumulate(chances))]
+
+
 def chain_tokens(probs: Sequence[float]) -> list[float]:
-    """Expected tokens of a round that verifies the first L drafts of a chain, for L = 0 .. len(probs): the bonus
-    plus each draft weighted by the chance that it and every draft before it are accepted."""
-    return [1.0, *(1.0 + s for s in accumulate(accumulate(probs, mul)))]
+    """`expected_tokens` of a chain: each draft is accepted only with every draft before it."""
+    return expected_tokens(list(accumulate(probs, mul)))
 
 
 def best_count(chances: Sequence[float], round_ms: Callable[[int], float]) -> int:
     """How many drafts to verify, given each one's chance of being accepted (its path's), best first: the count
     that gives the most expected tokens (the bonus plus the chances) per ms of its round (`round_ms(n)`)."""
-    gains = [1.0, *(1.0 + s for s in accumulate(chances))]
+    gains = expected_tokens(chances)
     return max(range(len(gains)), key=lambda n: gains[n] / round_ms(n))
 
 

@@ -37,6 +37,7 @@ from specscope.backend.server.service import (
     ServedModel,
     engine_stats,
     forward_records,
+    one_engine,
     served_model,
 )
 from specscope.backend.server.worker import Busy, Worker, end_failed_run
@@ -305,8 +306,7 @@ class EngineProcess:
         return {**self._call("stats", None, timeout=30), "held": len(self._runs)}
 
     def forwards(self, since: int, limit: int, replica: int = 0) -> list[dict[str, Any]]:
-        if replica:
-            raise LookupError(f"no engine replica {replica}: this server runs one engine, replica 0")
+        one_engine(replica)
         return self._call("forwards", (since, limit), timeout=30)
 
     def _call(self, name: str, arg: Any, timeout: float | None) -> Any:

@@ -93,11 +93,15 @@ class EngineService(Protocol):
         of that index (LookupError for one this service does not run; a single engine is replica 0)."""
 
 
-def forward_records(worker: Worker, since: int, limit: int, replica: int = 0) -> list[dict[str, Any]]:
+def forward_records(worker: Worker, since: int, limit: int) -> list[dict[str, Any]]:
     """The engine side of `EngineService.forwards` (a copy: the engine's thread keeps appending)."""
+    return [r for r in list(worker.engine.rt.log) if r["id"] > since][:limit]
+
+
+def one_engine(replica: int) -> None:
+    """A service of one engine has replica 0 only: LookupError for any other."""
     if replica:
         raise LookupError(f"no engine replica {replica}: this server runs one engine, replica 0")
-    return [r for r in list(worker.engine.rt.log) if r["id"] > since][:limit]
 
 
 def engine_stats(worker: Worker) -> dict[str, Any]:
@@ -155,4 +159,5 @@ class LocalEngine:
         return engine_stats(self.worker)
 
     def forwards(self, since: int, limit: int, replica: int = 0) -> list[dict[str, Any]]:
-        return forward_records(self.worker, since, limit, replica)
+        one_engine(replica)
+        return forward_records(self.worker, since, limit)

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from specscope.backend.store.derive import counted_phases
+from specscope.backend.store.derive import counted_phases, forward_span
 from specscope.backend.store.events import from_row
 from specscope.backend.store.models import Event, Run, utc
 
@@ -26,10 +26,9 @@ def shared_forwards(session: Session, run_id: str) -> Record | None:
     if run is None:
         return None
     own = rounds_of(session, [run])
-    ids = [p["forward_id"] for _, event in own for p in counted_phases(event)]
-    if not ids:
+    lo, hi = forward_span([event for _, event in own]).values()
+    if lo is None or hi is None:
         return {"run_id": run_id, "engine": run.engine, "forwards": [], "runs": [run_id], "complete": True}
-    lo, hi = min(ids), max(ids)
     others: list[Run] = []
     if run.engine is not None:
         query = (select(Run).where(Run.engine == run.engine, Run.run_id != run_id, Run.first_forward <= hi,

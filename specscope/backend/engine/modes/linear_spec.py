@@ -18,6 +18,8 @@ keeps the longest path the verifier confirms, plus its bonus.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from specscope.backend.engine.ask import Round
 from specscope.backend.engine.blocks import (
     block_logits,
@@ -135,9 +137,7 @@ class LinearSpec(Mode):
         rejected elsewhere), then the bonus; `extra.tree` holds the shape, the path and each branch's rows."""
         on_path = set(path)
         states = ["committed"] + ["accepted" if n in on_path else "rejected" for n in range(len(tree.tokens))]
-        rows: dict[int, int] = {}
-        for b in tree.branches:
-            rows[b] = rows.get(b, 0) + 1
+        rows = Counter(tree.branches)
         return RoundEvent(start, [*ids, bonus], [*states, "bonus"], [None, *tree.chances, None],
                           block_size=len(ids), extra={
                               "layout": "tree", "offsets": [0, *tree.depths, len(path) + 1], "verify": verify,
