@@ -3,7 +3,15 @@ says, each round records the tier, a lone request keeps its own parameters, and 
 import pytest
 
 from specscope.backend.engine.cost_curve import CostCurve
-from specscope.backend.engine.draft_tiers import auto_tiers, block_length, budget, isd_n, quadratic_k
+from specscope.backend.engine.draft_tiers import (
+    auto_tiers,
+    block_length,
+    budget,
+    isd_n,
+    quadratic_k,
+    tier_cut,
+    tier_note,
+)
 from specscope.backend.tracing import RecordingTracer
 
 AVX2 = CostCurve({1: 1.0, 2: 1.15, 4: 1.72, 8: 2.63, 16: 3.88})   # a float32 verify on AVX2: each row its share
@@ -44,3 +52,36 @@ def test_a_tier_of_no_drafts_turns_rounds_into_decode_steps_and_keeps_the_tokens
     assert any(p["batch_requests"] > 1 for e in tiered for p in e["phases"])   # decode steps shared, as ar's are
     starts = [e for t in tracers for e in t.events if e["type"] == "run_start"]
     assert all(s["draft_tiers"] == [[1, None], [64, 0]] for s in starts)
+
+
+def test_the_rounds_a_tier_cut_are_counted_with_why() -> None:
+    off = {"running": 2, "block_size": None, "extra_rows": 0, "own_rows": 6}
+    fewer = {"running": 3, "block_size": None, "extra_rows": 2, "own_rows": 6}
+    roomy = {"running": 2, "block_size": None, "extra_rows": 8, "own_rows": 6}
+    smaller = {"running": 4, "block_size": 8, "extra_rows": None, "own_rows": 0}
+    cut = tier_cut([off, None, off, fewer, roomy, smaller], {"block_size": 16})
+    assert cut == {"rounds": 4, "why": {"drafting off with 2 runs active": 2,
+                                        "draft rows cut to 2 of 6 with 3 runs active": 1,
+                                        "block size 8 instead of 16 with 4 runs active": 1}}
+    assert tier_note(cut).startswith("load tier reduced drafting in 4 rounds: drafting off with 2 runs active (2); ")
+    ar = {"running": 2, "block_size": None, "extra_rows": 0, "own_rows": 0}   # a mode that never drafts
+    assert tier_cut([ar, roomy, None], {}) is None and tier_note(None) == ""
+
+
+def test_a_run_with_tiers_off_drafts_as_it_would_alone_under_load(shared_engine, heldout_prompts) -> None:
+    """Two isd runs at once under a tier of no drafts: the one that turned tiers off drafts and records no tier;
+    the other runs decode steps and its metrics say why."""
+    shared_engine.scheduler.draft_tiers = [(1, None), (64, 0)]
+    try:
+        tracers = [RecordingTracer() for _ in range(2)]
+        params = {"max_new_tokens": 12, "verify": "fixed"}
+        done = shared_engine.run([shared_engine.new_request(heldout_prompts[2], "isd", {**params, "tiers": tiers}, t)
+                                  for tiers, t in zip((False, True), tracers, strict=True)])
+    finally:
+        shared_engine.scheduler.draft_tiers = []
+    alone, served = done
+    assert alone.output_ids == served.output_ids
+    assert alone.metrics["tpf"] > 1 and "tier_cut" not in alone.metrics
+    assert all("tier" not in (e.get("extra") or {}) for e in tracers[0].events if e["type"] == "round")
+    assert tracers[0].events[0]["draft_tiers"] == [] and tracers[1].events[0]["draft_tiers"] == [[1, None], [64, 0]]
+    assert served.metrics["tier_cut"]["why"]["drafting off with 2 runs active"] > 0

@@ -49,7 +49,7 @@ from specscope.backend.forward.fused_step import MATMULS
 from specscope.backend.model.checkpoint import DTYPES, load_checkpoint
 from specscope.backend.model.families import ADAPTER_SCOPES
 from specscope.backend.model.source import DEFAULT_MODEL, ModelSource, resolve
-from specscope.backend.speedup import against_ar
+from specscope.backend.speedup import DIGITS, against_ar, shown
 from specscope.backend.tracing import NULL_TRACER, RecordingTracer
 from specscope.backend.train.prompts import prompt_set
 from specscope.backend.train.tasks import Task, checkpoint_tasks
@@ -416,14 +416,15 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
     text = intro + head + "\n".join(lines) + "\n"
     text += ("\nWhere the time goes: forwards by kind, other = sampling, mode and engine Python, tracing:\n\n"
              + "\n".join(split) + "\n")
-    explained = [(label, r["speedup_explained"]) for label, r in rows.items() if r.get("speedup_explained")]
+    explained = [(label, shown(r["speedup_explained"])) for label, r in rows.items() if r.get("speedup_explained")]
     if explained:
         text += ("\nThe speedup explained: tok/s against ar = TPF ratio × row cost (ar's mean forward ms ÷ the "
                  "row's) × forward share ratio (the row's share of wall time in forwards ÷ ar's); the product "
                  "against the measured ratio:\n\n| mode | TPF | × row cost | × forward share | = product | "
                  "measured |\n|---|---|---|---|---|---|\n"
-                 + "\n".join(f"| {label} | {e['tpf']:.2f} | {e['row_cost']:.2f} | {e['forward_share']:.2f} | "
-                             f"{e['product']:.2f}× | {e['measured']:.2f}× |" for label, e in explained) + "\n")
+                 + "\n".join(f"| {label} | {e['tpf']:.{DIGITS}f} | {e['row_cost']:.{DIGITS}f} | "
+                             f"{e['forward_share']:.{DIGITS}f} | {e['product']:.{DIGITS}f}× | "
+                             f"{e['measured']:.{DIGITS}f}× |" for label, e in explained) + "\n")
     if extras:
         text += "\nMode metrics (counts summed, ratios averaged over prompts):\n\n" + "\n".join(extras) + "\n"
     if FLOAT32_AR in rows:

@@ -16,6 +16,8 @@ from specscope.backend.engine.cost_curve import CostCurve
 
 Metrics = Mapping[str, Any]
 FACTORS = ("tpf", "row_cost", "forward_share")
+DIGITS = 3
+"""Decimals every view shows a factor and a product with."""
 
 
 def usable(m: Metrics) -> bool:
@@ -55,3 +57,10 @@ def projected(m: Metrics, curve: CostCurve) -> float | None:
 
 def product(factors: Mapping[str, float]) -> float:
     return math.prod(factors[name] for name in FACTORS)
+
+
+def shown(found: Mapping[str, float], digits: int = DIGITS) -> dict[str, float]:
+    """The figures as displayed: each rounded to `digits` decimals, and the product taken of the rounded factors
+    (then rounded alike), so the displayed factors multiply to the displayed product."""
+    out = {k: round(v, digits) for k, v in found.items()}
+    return {**out, "product": round(product(out), digits)}

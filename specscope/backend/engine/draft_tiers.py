@@ -5,6 +5,9 @@ in force a request drafts at its own parameters; a budget of 0 makes its rounds 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from specscope.backend.engine.cost_curve import CostCurve
 from specscope.backend.engine.params import ParamError
@@ -75,3 +78,34 @@ def draft_tiers_of(spec: str, curve: CostCurve) -> DraftTiers:
     if spec == "none":
         return []
     return auto_tiers(curve) if spec == "auto" else parse_draft_tiers(spec)
+
+
+def cut_reason(tier: Mapping[str, Any] | None, params: Mapping[str, Any]) -> str | None:
+    """Why a round's tier (as recorded in its event) drafted less than the run's own parameters, or None when it
+    did not: no rows or fewer rows to draft, or another block size."""
+    if not tier:
+        return None
+    running, rows, own = tier.get("running"), tier.get("extra_rows"), tier.get("own_rows") or 0
+    if rows is not None and rows < own:
+        cut = "drafting off" if rows == 0 else f"draft rows cut to {rows} of {own}"
+        return f"{cut} with {running} runs active"
+    size = tier.get("block_size")
+    if size is not None and "block_size" in params and size != params["block_size"]:
+        return f"block size {size} instead of {params['block_size']} with {running} runs active"
+    return None
+
+
+def tier_cut(tiers: Iterable[Mapping[str, Any] | None], params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A run's rounds whose drafting a tier cut, from each round's recorded tier: {"rounds": how many, "why":
+    {reason: rounds}}, or None when no tier cut any."""
+    reasons = Counter(why for why in (cut_reason(t, params) for t in tiers) if why)
+    return {"rounds": sum(reasons.values()), "why": dict(reasons.most_common())} if reasons else None
+
+
+def tier_note(cut: Mapping[str, Any] | None) -> str:
+    """`tier_cut`'s answer in words: 'load tier reduced drafting in 9 rounds: drafting off with 2 runs active (9)';
+    '' for none."""
+    if not cut:
+        return ""
+    why = "; ".join(f"{reason} ({n})" for reason, n in cut["why"].items())
+    return f"load tier reduced drafting in {cut['rounds']} rounds: {why}"

@@ -102,11 +102,12 @@ class Engine:
         if need > self.rt.pool.num_slots:
             raise ParamError(f"request needs up to {need} KV slots; the pool has {self.rt.pool.num_slots}")
         if tracer.enabled:
-            tiers = self.scheduler.tiers if "block_size" in checked else []
+            tiered = checked["tiers"]
+            tiers = self.scheduler.tiers if "block_size" in checked and tiered else []
             tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
                                       "model_hash": self.rt.loaded.weights_hash, "matmul": self.rt.matmul,
                                       "block_size_tiers": [list(t) for t in tiers],
-                                      "draft_tiers": [list(t) for t in self.scheduler.draft_tiers],
+                                      "draft_tiers": [list(t) for t in self.scheduler.draft_tiers if tiered],
                                       "cost_curve": self.rt.cost.to_json(),
                                       "engine": self.rt.engine_id, "kv_slots": self.rt.pool.num_slots,
                                       "prompt": prompt if isinstance(prompt, str) else last_user(prompt),

@@ -52,6 +52,8 @@ COMMON_PARAMS = (
     Param("temperature", float, 0.0, 0.0, 10.0, "0 = greedy"),
     Param("seed", int, 0, 0, 2**31 - 1, "sampling seed (T > 0)"),
     Param("raw", bool, False, help="send the prompt as is, without the chat template"),
+    Param("tiers", bool, True, help="follow the server's load tiers (shorter drafts, or none, while several runs "
+                                    "are active); off: draft at this run's own parameters, as it would alone"),
     Param("trace_topk", int, 0, 0, 20, "record each position's k most likely tokens with entropy and top-1/top-2 "
                                        "margin, per forward, in the trace (0: off, and free)"),
 )

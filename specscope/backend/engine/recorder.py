@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from specscope.backend.engine.draft_tiers import tier_cut
 from specscope.backend.engine.modes.base import Mode
 from specscope.backend.engine.request import Request
 from specscope.backend.model.tokenizer import byte_table, text_decoder, text_stream
@@ -106,6 +107,7 @@ class RunRecorder:
         hist: dict[str, int] = {}
         for n in req.accept_lens:
             hist[str(n)] = hist.get(str(n), 0) + 1
+        cut = tier_cut(req.tier_log, req.params)
         return {
             "nfe": req.nfe, "tokens": tokens, "tpf": tokens / req.nfe if req.nfe else None,
             "wall_ms": round(wall, 3), "tok_per_s": tokens / wall * 1000 if wall > 0 else None,
@@ -116,5 +118,6 @@ class RunRecorder:
             "mean_forward_ms": round(req.forward_ms / req.nfe, 4) if req.nfe else None,
             "forward_share": round(req.forward_ms / wall, 4) if wall > 0 else None,
             "forward_rows": {str(k): v for k, v in sorted(req.forward_rows.items())},
+            **({"tier_cut": cut} if cut else {}),
             **self.policy(req.mode).metrics(req),
         }

@@ -46,6 +46,8 @@ class Request:
     """Extra rows this step's draft tier allows a round (engine.draft_tiers; None: the request's own parameters)."""
     tier: dict[str, Any] | None = None
     """The tiers in force this step, as the round records them (None when the engine has none)."""
+    tier_log: list[dict[str, Any] | None] = field(default_factory=list)
+    """The tier each round after the prefill ran under (run_end's metrics say which of them cut its drafting)."""
     forward_ms: float = 0.0
     """Wall ms of the round forwards it took part in (prefill left out)."""
     forward_rows: dict[int, int] = field(default_factory=dict)

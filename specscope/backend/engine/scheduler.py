@@ -9,7 +9,8 @@ A request is admitted when the pool can hold its worst
 case (prompt + max_new_tokens + the mode's extra positions, sized for the largest block-size tier) on top of
 what running requests may still grow to, so a round never runs out of slots. Modes with a `block_size` take
 it from `block_size_tiers` when set: the first tier whose max_running covers the running count (SGLang
-DllmConfig). What a run shows of itself (events, metrics, text) is the recorder's job.
+DllmConfig). A request whose `tiers` parameter is off keeps its own parameters whatever the load (Race and
+Compare run each mode as it runs alone). What a run shows of itself (events, metrics, text) is the recorder's job.
 """
 from __future__ import annotations
 
@@ -131,11 +132,14 @@ class Scheduler:
         running = len(self.running)
         tier, rows = self.block_size_for(running), budget(self.draft_tiers, running)
         for req in self.running:
+            if not req.params.get("tiers", True):   # a run that asked to draft as it would alone
+                continue
             if "block_size" in req.params:
                 req.block_size = tier
             req.draft_rows = rows
             if self.tiers or self.draft_tiers:
-                req.tier = {"running": running, "block_size": tier, "extra_rows": rows}
+                req.tier = {"running": running, "block_size": tier, "extra_rows": rows,
+                            "own_rows": self.policy(req.mode).tier_rows(req.params)}
         self._run_rounds([r for r in self.running if not r.finished])
         finished += [r for r in self.running if r.finished]
         self.running = [r for r in self.running if not r.finished]
@@ -240,6 +244,7 @@ class Scheduler:
         req.tokens.extend(emitted)
         if req.round > 0:
             req.accept_lens.append(accepted)
+            req.tier_log.append(req.tier)
         if req.tracer.enabled:
             self.recorder.round(req, res.view, accepted, emitted)
         req.round += 1

@@ -39,10 +39,17 @@ def describe_modes(mask_token: bool = True) -> list[dict]:
     token can run each mode."""
     _load_all()
     return [{"name": name, "summary": cls.summary, "nfe": cls.nfe_note, "explain": cls.explain,
-             "lossless_vs": cls.lossless_vs, "lossless_params": cls.lossless_params,
+             "lossless_vs": cls.lossless_vs, "lossless_params": cls.lossless_params, "lossy": lossy(name),
              "available": mask_token or not cls.needs_mask,
              "unavailable": None if mask_token or not cls.needs_mask else "the model has no mask token",
              "params": [p.schema() for p in param_specs(cls())]} for name, cls in sorted(REGISTRY.items())]
+
+
+def lossy(name: str) -> bool:
+    """Whether a mode's greedy output may differ from the model's own greedy decode: it is not exact, and its
+    lossless claims do not lead back to an exact mode."""
+    cls = REGISTRY[name]
+    return not cls.exact and (cls.lossless_vs is None or lossy(cls.lossless_vs))
 
 
 @functools.cache

@@ -16,6 +16,7 @@ class AR(Mode):
     nfe_note = "one forward per token; prefill not counted"
     explain = ("One forward per token. Each round commits exactly the token the model picked; nothing is "
                "drafted.")
+    exact = True
     needs_mask = False
 
     def extra_positions(self, params: dict) -> int:

@@ -44,6 +44,8 @@ class Mode:
     explain: ClassVar[str] = ""          # what a round, "accepted" and "committed" mean here (the visualizer shows it)
     lossless_vs: ClassVar[str | None] = None
     """The mode whose greedy output this one must reproduce token for token, if any."""
+    exact: ClassVar[bool] = False
+    """Its greedy output is the model's own greedy decode (the baseline that lossless claims lead back to)."""
     lossless_params: ClassVar[dict[str, Any]] = {}
     """Parameters under which the lossless claim holds (e.g. SpecFold: δ = 0 with the strict FFN gate)."""
     drafter: ClassVar[tuple[str, float] | None] = None
@@ -60,6 +62,11 @@ class Mode:
     def extra_positions(self, params: dict[str, Any]) -> int:
         """How many positions past the emitted ones a round may touch (for context and KV sizing)."""
         return params.get("block_size", 1)
+
+    def tier_rows(self, params: dict[str, Any]) -> int:
+        """The extra rows a round runs at the request's own parameters, which a draft tier's budget is weighed
+        against (0: draft tiers leave the mode alone)."""
+        return 0
 
     def start(self, req: Request, rt: Runtime) -> Any:
         """The request's mode state, set up after the prefill."""

@@ -84,6 +84,9 @@ class ISD(Mode):
     def extra_positions(self, params: dict) -> int:
         return 2 * params["n"]
 
+    def tier_rows(self, params: dict) -> int:
+        return 2 * params["n"] - 2
+
     def start(self, req: Request, rt: Runtime) -> ISDState:
         return ISDState()
 

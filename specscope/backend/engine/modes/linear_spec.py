@@ -72,6 +72,9 @@ class LinearSpec(Mode):
     def check(self, params: dict, rt: Runtime) -> None:
         check_block_params(params, rt)
 
+    def tier_rows(self, params: dict) -> int:
+        return 2 * params["block_size"] - 1
+
     def round(self, req: Request, rt: Runtime) -> Round:
         size, start = block_length(block_size(req), req.draft_rows), req.cached
         cost = req.params["verify"] == "cost"

@@ -73,6 +73,9 @@ class Quadratic(Mode):
     def extra_positions(self, params: dict) -> int:
         return (params["k"] + 1) ** 2
 
+    def tier_rows(self, params: dict) -> int:
+        return (params["k"] + 1) ** 2 - 1
+
     def start(self, req: Request, rt: Runtime) -> QuadraticState:
         return QuadraticState()
 
