@@ -19,6 +19,8 @@ COMMANDS = {
     "compare": ("specscope.backend.cli.compare", "run several modes on one prompt"),
     "export": ("specscope.backend.cli.export", "write a stored run as JSON or a Perfetto trace"),
     "runs": ("specscope.backend.cli.runs", "list, show or delete stored runs"),
+    "diverge": ("specscope.backend.cli.diverge", "why two stored runs of one prompt differ: the first differing "
+                                                 "token, re-scored"),
     "bench": ("specscope.backend.bench", "benchmark the modes on held-out prompts"),
     "calibrate": ("specscope.backend.calibrate", "calibrate the spiffy / specfold draft graph"),
     "bench-diff": ("specscope.backend.bench_compare", "two sets of bench reports side by side (a change's before "

@@ -287,12 +287,12 @@ class Runtime:
 
     def score(self, req: Request, ids: list[int], start: int, attn: str, *, kind: str,
               write: list[int] | None = None, lora: bool = False, kv_op: str = "write", mask: Tensor | None = None,
-              offsets: Sequence[int] | None = None) -> Scores:
+              offsets: Sequence[int] | None = None, backend: ForwardBackend | None = None) -> Scores:
         """One request's forward of the query row `ids` at positions start + offsets (see `forward`), its logits
-        as Scores."""
+        as Scores; on `backend` where given (a re-scoring in another precision), else the runtime's."""
         writes = None if write is None else [write]
         result = self.run([req], torch.tensor([ids]), [start], attn, self._context([req], writes), kind=kind,
-                          write=writes, lora=lora, kv_op=kv_op, mask=mask, offsets=offsets)
+                          write=writes, lora=lora, kv_op=kv_op, mask=mask, offsets=offsets, backend=backend)
         return Scores(result.logits[0], req, self.mask_id, None if result.hidden is None else result.hidden[0])
 
     def _note_alternatives(self, reqs: list[Request], rows_at: list[list[int]], logits: Tensor, kind: str) -> None:

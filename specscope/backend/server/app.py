@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from specscope.backend.engine.engine import Engine
 from specscope.backend.server.api import api_router
 from specscope.backend.server.auth import TokenMiddleware
+from specscope.backend.server.diverge import diverge_router
 from specscope.backend.server.generate import GenerateSession
 from specscope.backend.server.logs import redact_tokens
 from specscope.backend.server.models import ModelHost, models_router
@@ -123,6 +124,7 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
     if token:
         app.add_middleware(TokenMiddleware, token=token)
     app.include_router(api_router(store, service, writer))
+    app.include_router(diverge_router(store, service, writer))
     app.include_router(models_router(host))
     app.include_router(openai_router(service, writer))
 

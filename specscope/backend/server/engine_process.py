@@ -6,9 +6,10 @@ server process only receives, stores and streams events; the engine process runs
 `LocalEngine` and sends each run's events over a pipe, a tracer's batch of them in one message.
 
 Messages, server → engine: ("submit", sid, run_id, prompt, mode, params), ("cancel", sid), ("call", token, name,
-arg) for "stats" and "switch", ("stop",). Engine → server: ("ready", ServedModel) or ("failed", exception) once,
-then ("events", [(sid, event), ...]), ("admitted", sid, exception | None), ("reply", token, ok, value),
-("stopped",). The engine process exits when the server's end of the pipe closes (a killed server included).
+arg) for "stats", "forwards", "rate", "rescore" and "switch", ("stop",). Engine → server: ("ready", ServedModel)
+or ("failed", exception) once, then ("events", [(sid, event), ...]), ("admitted", sid, exception | None),
+("reply", token, ok, value), ("stopped",). The engine process exits when the server's end of the pipe closes (a
+killed server included).
 """
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from specscope.backend.answer_fit import AnswerFit
+from specscope.backend.engine.diverge import Probe, Rescored, rescore
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.messages import Prompt
 from specscope.backend.server.protocol import MAX_QUEUED_RUNS
@@ -141,8 +144,8 @@ class EngineSide:
             cancel.set()
 
     def call(self, token: int, name: str, arg: Any) -> None:
-        """stats answers at once; switch and rate wait on a thread of their own, so cancels and submissions keep
-        flowing."""
+        """stats answers at once; switch, rate and rescore wait on a thread of their own, so cancels and submissions
+        keep flowing."""
         if name == "stats":
             self._reply(token, lambda: engine_stats(self.worker))
         elif name == "forwards":
@@ -150,6 +153,9 @@ class EngineSide:
         elif name == "rate":
             threading.Thread(target=self._reply, args=(token, lambda: self.worker.rate(*arg).result(RATE_TIMEOUT_S)),
                              daemon=True).start()
+        elif name == "rescore":
+            threading.Thread(target=self._reply, daemon=True, args=(
+                token, lambda: self.worker.call(partial(rescore, probes=arg)).result(RATE_TIMEOUT_S))).start()
         else:
             threading.Thread(target=self._reply, args=(token, lambda: self._switch(arg)), daemon=True).start()
 
@@ -301,6 +307,9 @@ class EngineProcess:
 
     def rate(self, prompt_ids: list[int], answer: list[int]) -> AnswerFit:
         return self._call("rate", (prompt_ids, answer), timeout=RATE_TIMEOUT_S + 10)
+
+    def rescore(self, probes: list[Probe]) -> list[Rescored]:
+        return self._call("rescore", probes, timeout=RATE_TIMEOUT_S + 10)
 
     def stats(self) -> dict[str, Any]:
         return {**self._call("stats", None, timeout=30), "held": len(self._runs)}

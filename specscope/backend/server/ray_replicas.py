@@ -23,6 +23,7 @@ import ray
 from ray.util.queue import Empty, Queue
 
 from specscope.backend.answer_fit import AnswerFit
+from specscope.backend.engine.diverge import Probe, Rescored
 from specscope.backend.engine.messages import Prompt
 from specscope.backend.server.engine_process import Build, EngineProcess, Link, engine_main
 from specscope.backend.server.service import Run, ServedModel
@@ -251,6 +252,9 @@ class Replicas:
 
     def rate(self, prompt_ids: list[int], answer: list[int]) -> AnswerFit:
         return self._first().rate(prompt_ids, answer)
+
+    def rescore(self, probes: list[Probe]) -> list[Rescored]:
+        return self._first().rescore(probes)
 
     def stats(self) -> dict[str, Any]:
         """The replicas' counts summed, and each replica's own (`replicas`)."""

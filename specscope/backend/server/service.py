@@ -10,10 +10,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from specscope.backend.answer_fit import AnswerFit
+from specscope.backend.engine.diverge import Probe, Rescored, rescore
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.messages import Prompt
 from specscope.backend.model.checkpoint import CARD_FILE
@@ -83,6 +85,10 @@ class EngineService(Protocol):
     def rate(self, prompt_ids: list[int], answer: list[int]) -> AnswerFit:
         """The served model's greedy pick and NLL at each answer token (backend/answer_fit.py), made between two
         engine steps; ParamError for ids it cannot read, OutOfSlots when the runs leave no KV room for it."""
+
+    def rescore(self, probes: list[Probe]) -> list[Rescored]:
+        """Rows of stored runs re-scored by the served model (backend/engine/diverge.py), between two engine steps;
+        OutOfSlots when the runs leave no KV room for them."""
 
     def stats(self) -> dict[str, Any]:
         """{"active": runs waiting or running, "held": runs submitted and not ended,
@@ -154,6 +160,9 @@ class LocalEngine:
 
     def rate(self, prompt_ids: list[int], answer: list[int]) -> AnswerFit:
         return self.worker.rate(prompt_ids, answer).result(RATE_TIMEOUT_S)
+
+    def rescore(self, probes: list[Probe]) -> list[Rescored]:
+        return self.worker.call(partial(rescore, probes=probes)).result(RATE_TIMEOUT_S)
 
     def stats(self) -> dict[str, Any]:
         return engine_stats(self.worker)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,13 @@ class Rating:
     future: Future[AnswerFit] = field(default_factory=Future)
 
 
+@dataclass
+class EngineCall:
+    """Work on the served engine between two steps (re-scoring stored runs' rows: backend/engine/diverge.py)."""
+    work: Callable[[Engine], Any]
+    future: Future[Any] = field(default_factory=Future)
+
+
 def end_failed_run(tracer: RecordingTracer, message: str) -> None:
     """End a run that cannot end itself: an error event, then run_end with status error."""
     tracer.emit("error", {"code": "run_failed", "message": message})
@@ -73,7 +81,7 @@ class Worker:
         self._held = 0  # submissions not ended yet (inbox, waiting, running); guarded by _held_lock
         self._held_lock = threading.Lock()
         self._live: list[Request] = []  # admitted requests not finished yet (worker thread only)
-        self._inbox: queue.SimpleQueue[Submission | Swap | Rating | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Submission | Swap | Rating | EngineCall | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="specscope-engine", daemon=True)
         self._closed = False
 
@@ -135,6 +143,15 @@ class Worker:
         self._inbox.put(rating)
         return rating.future
 
+    def call(self, work: Callable[[Engine], Any]) -> Future[Any]:
+        """`work(engine)` done between two steps on the engine's thread; the future holds what it returns or
+        raises."""
+        if self._closed:
+            raise RuntimeError("the server is shutting down")
+        call = EngineCall(work)
+        self._inbox.put(call)
+        return call.future
+
     def stop(self, timeout: float = 60.0) -> None:
         """Cancel every request (each ends as a cancelled run, KV freed), then end the thread."""
         self.close()
@@ -152,6 +169,8 @@ class Worker:
                     self._swap(item)
                 elif isinstance(item, Rating):
                     self._rate(item)
+                elif isinstance(item, EngineCall):
+                    self._call(item)
                 else:
                     self._admit(item)
             if self.engine.scheduler.has_work:
@@ -174,7 +193,15 @@ class Worker:
         except Exception as e:  # ParamError, OutOfSlots: the caller's to report
             rating.future.set_exception(e)
 
-    def _take(self, block: bool) -> list[Submission | Swap | Rating | None]:
+    def _call(self, call: EngineCall) -> None:
+        if not call.future.set_running_or_notify_cancel():
+            return
+        try:
+            call.future.set_result(call.work(self.engine))
+        except Exception as e:  # ParamError, OutOfSlots: the caller's to report
+            call.future.set_exception(e)
+
+    def _take(self, block: bool) -> list[Submission | Swap | Rating | EngineCall | None]:
         """Everything in the inbox, waiting for the first item if `block`."""
         items = [self._inbox.get()] if block else []
         while not self._inbox.empty():   # this thread is the only reader: not empty means get() returns at once
