@@ -12,6 +12,7 @@ import pytest
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.modes import get_mode, mode_names
 from specscope.backend.tracing import RecordingTracer
+from specscope.kernels.native import library
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,23 @@ def test_concurrent_mixed_modes_run_as_they_do_alone_and_share_forwards(shared_e
     assert {p["mode"] for p in shared} >= ({"ar", "isd"} if n == 4 else {"ar", "isd", "linear_spec", "quadratic"})
     for p in shared:
         assert p["batch_rows"] >= p["n_query"] + p["batch_requests"] - 1 and p["forward_id"] > 0
+
+
+@pytest.fixture(scope="module")
+def int8_engine(loaded) -> Engine:
+    """The tiny model with int8 matmuls (its float16 weights rounded to Q8_0 blocks, rows to int8 blocks)."""
+    if library() is None:
+        pytest.skip("no C build of the kernels")
+    return Engine(loaded, num_slots=4096, check_invariants=True, matmul="int8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, 4, 16])
+def test_concurrent_mixed_modes_in_int8_run_as_they_do_alone(int8_engine, heldout_prompts, n):
+    """The same with int8 matmuls: integer sums make a row's numbers those it has alone, whatever shares its
+    forward."""
+    shared = check_sharing(int8_engine, mix(n, heldout_prompts, 20))
+    assert (n == 1) == (shared == [])
 
 
 def test_the_phases_of_one_forward_share_its_id_and_its_counts(shared_engine, heldout_prompts):

@@ -5,8 +5,11 @@
 #include <stdint.h>
 
 /* dims[FORMAT] / dims[HEAD_FORMAT] (backend/forward/weight_blocks.py's FORMATS). F32 .. Q8_0 hold the float32
-   weights exactly (cpu_decode.c); AMX_BF16 and AMX_Q4_1 are the AMX linears' bfloat16 weights (cpu_amx.c). */
-enum { F32, F16, BF16, Q4_1, Q8_0, AMX_BF16, AMX_Q4_1 };
+   weights exactly (cpu_decode.c); AMX_BF16 and AMX_Q4_1 are the AMX linears' bfloat16 weights (cpu_amx.c); I8_Q4_1
+   and I8_Q8_0 the int8 linears' GGUF blocks, their outputs interleaved (cpu_int8.c, int8.h). */
+enum { F32, F16, BF16, Q4_1, Q8_0, AMX_BF16, AMX_Q4_1, I8_Q4_1, I8_Q8_0 };
+#define IS_AMX(format) ((format) == AMX_BF16 || (format) == AMX_Q4_1)
+#define IS_INT8(format) ((format) == I8_Q4_1 || (format) == I8_Q8_0)
 typedef struct { float d, m; uint8_t q[16]; } q4_1_block;
 
 #define TILE_ROWS 16 /* rows of a tile: outputs of a weight tile, query rows of a row tile */

@@ -22,3 +22,8 @@ void norm_rope(float *x, int64_t rows, int64_t heads, int64_t hd, const float *w
                const float *cos, const float *sin, const int64_t *position, const float *scale);
 
 int amx_bf16_ready(void);
+
+int int8_isa_ready(int isa);
+
+void int8_linear(int isa, const void *w, int format, int out, int in, const float *x, int64_t ldx, float *y,
+                 int64_t ldy, int rows, void *scratch);

@@ -1,4 +1,4 @@
-"""The C kernels (cpu_decode.c, cpu_fold.c, cpu_amx.c, on the shared simd.h) as one library with typed calls.
+"""The C kernels (cpu_decode.c, cpu_fold.c, cpu_amx.c, cpu_int8.c, on the shared simd.h) as one typed library.
 
 `build` compiles both sources with the system's C compiler (`cc -O3 -march=native`, a few seconds) into a
 per-user cache keyed by the sources, the headers, the flags and the CPU. `library()` loads it through cffi, which
@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 HERE = Path(__file__).parent
-SOURCES = ("cpu_decode.c", "cpu_fold.c", "cpu_amx.c")
-HEADERS = ("simd.h", "api.h", "amx.h")
+SOURCES = ("cpu_decode.c", "cpu_fold.c", "cpu_amx.c", "cpu_int8.c")
+HEADERS = ("simd.h", "api.h", "amx.h", "int8.h")
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fopenmp")
 """-fopenmp: the step's linears and attention split across torch's threads (torch.set_num_threads); the process's
 OpenMP runtime is torch's own libgomp, loaded first."""

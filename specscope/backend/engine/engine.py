@@ -11,6 +11,7 @@ from specscope.backend.engine.cost_curve import CostCurve, cached
 from specscope.backend.engine.draft_tiers import DraftTiers
 from specscope.backend.engine.messages import Prompt, check_messages, last_user
 from specscope.backend.engine.modes import param_specs
+from specscope.backend.engine.modes.base import Mode
 from specscope.backend.engine.params import ParamError, PromptTooLong, validate
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
@@ -38,6 +39,13 @@ class RunResult:
     text: str
     metrics: dict[str, Any]
     error: str | None = None
+
+
+def run_matmul(engine_matmul: str, mode: Mode) -> str:
+    """The matmul precision a run of `mode` computes in: the engine's, with the mode's own verify precision named
+    where it differs ('int8, verify float32')."""
+    verify = mode.verify_matmul
+    return engine_matmul if verify in (None, engine_matmul) else f"{engine_matmul}, verify {verify}"
 
 
 class Engine:
@@ -105,7 +113,8 @@ class Engine:
             tiered = checked["tiers"]
             tiers = self.scheduler.tiers if "block_size" in checked and tiered else []
             tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
-                                      "model_hash": self.rt.loaded.weights_hash, "matmul": self.rt.matmul,
+                                      "model_hash": self.rt.loaded.weights_hash,
+                                      "matmul": run_matmul(self.rt.matmul, m),
                                       "block_size_tiers": [list(t) for t in tiers],
                                       "draft_tiers": [list(t) for t in self.scheduler.draft_tiers if tiered],
                                       "cost_curve": self.rt.cost.to_json(),

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from specscope.backend.forward.plan import Eager, ForwardBackend, ForwardPlan, ForwardResult
-from specscope.backend.forward.weight_blocks import FORMATS, Packed, amx_fits, pack, pack_amx
+from specscope.backend.forward.weight_blocks import FORMATS, Packed, amx_fits, pack, pack_amx, pack_int8
 from specscope.backend.model.transformer import KVContext, PagedKV, Transformer
 from specscope.kernels.native import ENABLED, library, ptr
 
@@ -35,18 +35,25 @@ MAX_CHUNK = 32
 """Query rows per request the float32 fused step takes (verify chunks, short prompts' prefills); longer chunks are
 compute-bound, where eager GEMMs win (the crossover: docs/performance.md)."""
 MAX_AMX_CHUNK = 256
-"""The same with bf16 matmuls: AMX tiles stay far ahead of float32 GEMMs at any width (a prompt's prefill, spiffy's
-8 branches of 32 rows)."""
+"""The same with bf16 or int8 matmuls: AMX tiles and int8 dot products stay far ahead of float32 GEMMs at any width
+(a prompt's prefill, spiffy's 8 branches of 32 rows)."""
 BIASES = LAYER_TENSORS[4:8]
 ODD_HEAD_ROWS = 16
 """Head rows that may sit outside the head's block format, summed in float32 (an adapter's trained MASK row)."""
-MATMULS = ("float32", "bf16")
-"""The fused step's matmul precisions: float32 (the weights exactly, in their narrowest exact format), or bf16 on
-Intel AMX tiles (weights rounded to bfloat16, rows rounded where they enter a linear, float32 sums; norms,
-attention, softmax and KV stay float32). Either way a row's numbers do not depend on how many rows share its
-forward, so the lossless modes equal `ar` in each."""
+MATMULS = ("float32", "bf16", "int8")
+"""The fused step's matmul precisions: float32 (the weights exactly, in their narrowest exact format), bf16 on
+Intel AMX tiles (weights rounded to bfloat16, rows rounded where they enter a linear, float32 sums), or int8 (GGUF
+Q4_1 / Q8_0 weight blocks, other weights rounded to Q8_0; rows rounded to int8 blocks of 32 where they enter a
+linear; exact int32 sums per block). Norms, attention, softmax, the adapter and KV stay float32. In each a row's
+numbers do not depend on how many rows share its forward, so the lossless modes equal `ar` in each."""
 AUTO = "auto"
-"""The matmul choice that takes bf16 where this CPU and model can run it (AMX tiles), else float32."""
+"""The matmul choice: bf16 where this CPU and model can run it (AMX tiles), else int8 where the CPU has an ISA in
+INT8_AUTO, else float32."""
+INT8_ISAS = ("scalar", "avx2", "avx_vnni", "avx512_vnni")
+"""The int8 linears' vector ISAs (kernels/int8.h's enum order); every one gives the same numbers bit for bit."""
+INT8_AUTO: tuple[str, ...] = ()
+"""The ISAs on which `auto` takes int8: where it was measured faster than float32 with answers that agree
+(docs/performance.md). On AVX2 alone the int8 path runs when asked for, but was never measured there."""
 
 
 class MatmulUnavailable(ValueError):
@@ -176,10 +183,12 @@ class FusedDecode:
     once into a float32 tile (cpu_decode.c's TILE_ROWS): the same numbers either way."""
 
     def __init__(self, model: Transformer, lib: Any, fallback: ForwardBackend | None = None,
-                 matmul: str = "float32"):
+                 matmul: str = "float32", isa: str | None = None):
         cfg = model.cfg
         self.fallback, self.lib = fallback or Eager(model), lib
         self.matmul = matmul
+        self.isa = (isa or best_int8_isa(lib)) if matmul == "int8" else None
+        """The int8 linears' vector ISA (INT8_ISAS; None in another precision)."""
         with torch.no_grad():
             layers = [dict(layer.named_modules()) for layer in model.layers]
             projections, head = linear_weights(model)
@@ -201,7 +210,7 @@ class FusedDecode:
             self.lora, self.lora_rank, self.lora_scale, lora_copies = self._lora_table(layers, matmul)
             self.copies = list(copies.values()) + lora_copies   # keeps what the tables point at alive
         self.lora_pointer = ptr(self.lora)
-        self.max_chunk = MAX_AMX_CHUNK if matmul == "bf16" else MAX_CHUNK
+        self.max_chunk = MAX_CHUNK if matmul == "float32" else MAX_AMX_CHUNK
         self.vocab, self.dim = cfg.vocab_size, cfg.hidden_size
         self.rope = RopeTable(model)
 
@@ -211,7 +220,8 @@ class FusedDecode:
                                  for small in self.small])
         dims = torch.tensor([cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
                              cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size,
-                             FORMATS.index(projections.format), FORMATS.index(head.format)], dtype=torch.long)
+                             FORMATS.index(projections.format), FORMATS.index(head.format),
+                             INT8_ISAS.index(self.isa or "scalar")], dtype=torch.long)
         pointers = StepPointers(ptr(dims), ptr(self.eps), ptr(tensors), ptr(self.embed), ptr(self.final_norm),
                                 ptr(head.copies[0]), ptr(head.odd_rows[0]), head.odd_rows[0].numel(),
                                 ptr(head.odd_values[0]))
@@ -399,6 +409,8 @@ def pack_weights(projections: list[Tensor], head: Tensor, matmul: str) -> tuple[
     """The projections and the head in the layout of the matmul precision (MATMULS)."""
     if matmul == "bf16":
         return pack_amx(projections), pack_amx([head])
+    if matmul == "int8":
+        return pack_int8(projections), pack_int8([head], spare_rows=ODD_HEAD_ROWS)
     return pack(projections), pack([head], spare_rows=ODD_HEAD_ROWS)
 
 
@@ -412,22 +424,52 @@ def amx_unsupported(model: Transformer, lib: Any) -> str | None:
     return None
 
 
+def int8_unsupported(model: Transformer, lib: Any) -> str | None:
+    """Why the int8 matmuls cannot run this model here (None: they can)."""
+    if lib is None:
+        return "no C build of the kernels"
+    projections, head = linear_weights(model)
+    if any(w.shape[1] % 32 for w in [*projections, head]):
+        return "a weight's inputs are no multiple of 32"
+    return None
+
+
+def best_int8_isa(lib: Any, allowed: tuple[str, ...] = INT8_ISAS) -> str | None:
+    """The fastest of `allowed` int8 ISAs this CPU has (None: none)."""
+    ready = [isa for isa in allowed if lib.int8_isa_ready(INT8_ISAS.index(isa))]
+    return ready[-1] if ready else None
+
+
+def resolve_matmul(model: Transformer, lib: Any, matmul: str) -> str:
+    """The precision `matmul` (MATMULS or AUTO) runs in here; MatmulUnavailable where an asked-for one cannot."""
+    if matmul == "bf16" and (why := amx_unsupported(model, lib)):
+        raise MatmulUnavailable(f"--matmul bf16: {why}")
+    if matmul == "int8" and (why := int8_unsupported(model, lib)):
+        raise MatmulUnavailable(f"--matmul int8: {why}")
+    if matmul != AUTO:
+        return matmul
+    if not amx_unsupported(model, lib):
+        return "bf16"
+    if not int8_unsupported(model, lib) and best_int8_isa(lib, INT8_AUTO):
+        return "int8"
+    return "float32"
+
+
 def fused_decode(model: Transformer, cache: PagedKV, fallback: ForwardBackend | None = None,
                  matmul: str = "float32") -> FusedDecode | None:
     """The fused decode step for this model and KV memory (the plans it cannot take run on `fallback`), or None
-    where it does not apply. matmul="bf16" (MATMULS) raises MatmulUnavailable where it cannot run: a user who asks
-    for it gets it or the reason, never the float32 step instead; matmul=AUTO takes bf16 where it can run, else
-    float32."""
+    where it does not apply. matmul="bf16" or "int8" (MATMULS) raises MatmulUnavailable where it cannot run: a user
+    who asks for it gets it or the reason, never the float32 step instead; matmul=AUTO resolves as
+    `resolve_matmul` says."""
     if matmul not in (*MATMULS, AUTO):
         raise MatmulUnavailable(f"matmul {matmul!r}: expected one of {(*MATMULS, AUTO)}")
     reason = supported(model, cache) or (None if ENABLED else "SPECSCOPE_FUSED_DECODE=0")
     lib = None if reason else library()
-    if matmul != "float32":
-        no_tiles = reason or amx_unsupported(model, lib)
-        if no_tiles and matmul == "bf16":
-            raise MatmulUnavailable(f"--matmul bf16: {no_tiles}")
-        matmul = "float32" if no_tiles else "bf16"
+    if matmul != "float32" and (reason or lib is None):
+        if matmul != AUTO:
+            raise MatmulUnavailable(f"--matmul {matmul}: {reason or 'no C build of the kernels'}")
+        matmul = "float32"
     if reason or lib is None:
         log.info("decoding eagerly: %s", reason or "no C compiler")
         return None
-    return FusedDecode(model, lib, fallback, matmul)
+    return FusedDecode(model, lib, fallback, resolve_matmul(model, lib, matmul))

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-FORMATS = ("f32", "f16", "bf16", "q4_1", "q8_0", "amx_bf16", "amx_q4_1")
-"""The C kernels' weight formats, by their enum value (kernels/amx.h). All but the two AMX formats hold the float32
-weights exactly; those hold them rounded to bfloat16 (amx_q4_1 as Q4_1 blocks, widened to bfloat16 on the fly)."""
+FORMATS = ("f32", "f16", "bf16", "q4_1", "q8_0", "amx_bf16", "amx_q4_1", "i8_q4_1", "i8_q8_0")
+"""The C kernels' weight formats, by their enum value (kernels/amx.h). The first five hold the float32 weights
+exactly; the AMX formats hold them rounded to bfloat16 (amx_q4_1 as Q4_1 blocks, widened to bfloat16 on the fly);
+the int8 formats hold GGUF blocks, 16 outputs interleaved (kernels/int8.h), for the int8 linears."""
 BLOCK = 32
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -134,3 +135,66 @@ def pack_amx(weights: list[Tensor]) -> Packed:
     else:
         return Packed("amx_q4_1", blocks, none, empty)
     return Packed("amx_bf16", [w.to(torch.bfloat16) for w in weights], none, empty)
+
+
+INT8_GROUP = 16
+"""Outputs an int8 weight group interleaves (kernels/int8.h's I8_GROUP)."""
+
+
+def interleave(codes: Tensor, scales: list[Tensor]) -> Tensor:
+    """Per-block code bytes [out, blocks, n] (n = 16 for Q4_1, 32 for Q8_0) and per-block float32 scales ([out,
+    blocks] each) in the int8 linears' layout: per group of 16 outputs and block, each scale's 16 values, then
+    the codes as n / 4 vectors of 16 lanes x 4 bytes (lane o, byte k of vector p: byte 4p + k of output o). Outputs
+    past the last are zero."""
+    out, blocks, n = codes.shape
+    pad = -out % INT8_GROUP
+    codes = torch.nn.functional.pad(codes, (0, 0, 0, 0, 0, pad))
+    scales = [torch.nn.functional.pad(v, (0, 0, 0, pad)) for v in scales]
+    groups = (out + pad) // INT8_GROUP
+    lanes = codes.view(groups, INT8_GROUP, blocks, n // 4, 4).permute(0, 2, 3, 1, 4).reshape(groups, blocks, -1)
+    heads = [v.view(groups, INT8_GROUP, blocks).transpose(1, 2).contiguous().view(torch.uint8) for v in scales]
+    return torch.cat([*heads, lanes], -1).contiguous()
+
+
+def int8_q4_1(packed: Tensor) -> Tensor:
+    """Q4_1 blocks [out, in / 32 * 24] (q4_1's) in the i8_q4_1 layout: the nibble byte j of a block holds codes j
+    and j + 16, so lane o's byte k of vector p holds codes 4p + k and 16 + 4p + k, as cpu_int8.c reads them."""
+    blocks = packed.view(packed.shape[0], -1, 24)
+    d, m = (blocks[..., i * 4:(i + 1) * 4].contiguous().view(torch.float32)[..., 0] for i in (0, 1))
+    return interleave(blocks[..., 8:], [d, m])
+
+
+def int8_q8_0(packed: Tensor) -> Tensor:
+    """Q8_0 blocks [out, in / 32 * 36] (q8_0's) in the i8_q8_0 layout."""
+    blocks = packed.view(packed.shape[0], -1, 36)
+    d = blocks[..., :4].contiguous().view(torch.float32)[..., 0]
+    return interleave(blocks[..., 4:], [d])
+
+
+def nearest_q8_0(w: Tensor) -> Tensor:
+    """w [out, in] rounded to Q8_0 blocks (scale max |w| / 127 rounded to float16, as GGUF stores it): the float32
+    values a Q8_0 quantization of w holds."""
+    blocks = w.reshape(-1, BLOCK)
+    d = (blocks.abs().amax(-1, keepdim=True) / 127).to(torch.float16).float()
+    q = torch.round(blocks / torch.where(d == 0, torch.ones_like(d), d)).clamp(-127, 127)
+    return (q * d).reshape(w.shape)
+
+
+def pack_int8(weights: list[Tensor], spare_rows: int = 0) -> Packed:
+    """The group for the int8 linears: as Q4_1 blocks where every weight is one exactly, else as Q8_0 blocks, a
+    weight that is no Q8_0 rounded to the nearest (weights not from a GGUF: the int8 precision rounds them), but
+    for at most `spare_rows` rows of each (as `pack`), kept float32. Inputs must be a multiple of 32."""
+    weights = [w.detach().float().contiguous() for w in weights]
+    odd = [torch.zeros(0, dtype=torch.long)] * len(weights)
+    fours = [q4_1(w) for w in weights]
+    if all(bool(exact.all()) for _, exact in fours):
+        return Packed("i8_q4_1", [int8_q4_1(p) for p, _ in fours], odd, [w[:0] for w in weights])
+    copies = []
+    for i, w in enumerate(weights):
+        packed, exact = q8_0(w)
+        if int((~exact).sum()) <= spare_rows:
+            odd[i] = (~exact).nonzero()[:, 0]
+        else:
+            packed, _ = q8_0(nearest_q8_0(w))
+        copies.append(int8_q8_0(packed))
+    return Packed("i8_q8_0", copies, odd, [w[rows].contiguous() for w, rows in zip(weights, odd, strict=True)])

@@ -55,6 +55,9 @@ class Mode:
     are dear, so the drafter shows its work at the fixed length)."""
     params: ClassVar[tuple[Param, ...]] = ()
     needs_mask: ClassVar[bool] = True
+    verify_matmul: ClassVar[str | None] = None
+    """The matmul precision its verify forwards run in whatever the engine's, where they have a path of their own
+    (None: the engine's). A run in another precision records both, so no lossless verdict is given across them."""
 
     def check(self, params: dict[str, Any], rt: Runtime) -> None:
         """Refuse parameters this model cannot run (raise ParamError naming the parameter)."""

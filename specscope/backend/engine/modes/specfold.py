@@ -85,6 +85,7 @@ class SpecFold(Spiffy):
     lossless_vs = "spiffy"
     lossless_params = {"delta": 0.0, "ffn_gate": "strict"}
     drafter = ("fold_ratio", 0.3)
+    verify_matmul = "float32"    # the folded verify's ops (backend/forward/folded.py) are float32 only
     params = Spiffy.params + (
         Param("delta", float, 0.1, 0.0, 1.0,
               "fold a position when its relative residual to the parent branch is <= delta"),
