@@ -1,4 +1,5 @@
-"""`specscope runs ls|show|rm`: the stored runs."""
+"""`specscope runs ls|show|rm`: the stored runs. `ls --json` prints them whole, each with its run_end metrics: vLLM's
+draft counts (engine/spec_counts.py), tpf, nfe and the acceptance alarm (engine/spec_alarm.py) among them."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     listing.add_argument("--mode")
     listing.add_argument("--status")
     listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--json", action="store_true", help="print the runs as JSON, metrics included")
     listing.set_defaults(action=list_runs)
     for name, action in (("show", show_run), ("rm", remove_run)):
         one = actions.add_parser(name, parents=[store_options()])
@@ -31,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
 def list_runs(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
         runs = store.list_runs(args.mode, args.status, args.limit)
+    if args.json:
+        print(json.dumps(runs, indent=2, ensure_ascii=False))
+        return 0
     rows = [[r["run_id"], r["created_at"][:19], r["mode"], r["status"], r["n_tokens"], r["n_rounds"],
              r["server"] or "-", r["prompt"][:40].replace("\n", " ")] for r in runs]
     print(table(["run", "created (UTC)", "mode", "status", "tokens", "rounds", "server", "prompt"], rows))

@@ -10,6 +10,8 @@ from typing import Any
 from specscope.backend.engine.draft_tiers import tier_cut
 from specscope.backend.engine.modes.base import Mode
 from specscope.backend.engine.request import Request
+from specscope.backend.engine.spec_alarm import alarm, card_figure
+from specscope.backend.engine.spec_counts import spec_counts
 from specscope.backend.model.tokenizer import byte_table, text_decoder, text_stream
 from specscope.backend.tracing import Phase, RoundEvent
 
@@ -18,9 +20,11 @@ KEPT_STATES = ("accepted", "committed", "bonus")
 
 
 class RunRecorder:
-    def __init__(self, tokenizer: Any, pool_held: Any, policy: Callable[[str], Mode]):
+    def __init__(self, tokenizer: Any, pool_held: Any, policy: Callable[[str], Mode],
+                 card: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
         self.policy = policy              # mode name -> its policy (mode-specific metrics)
+        self.card = card                  # the model card (its held-out figures set the acceptance alarm)
         self.decode = text_decoder(tokenizer)
         self.pool_held = pool_held        # rid -> slots still held (kv_leaked)
 
@@ -101,6 +105,11 @@ class RunRecorder:
         req.tracer.emit("error", {"code": "run_failed", "message": message})
 
     # -- metrics -------------------------------------------------------------------------------------
+    def alarm(self, req: Request) -> dict[str, Any]:
+        """The run's acceptance alarm (engine/spec_alarm.py) against the card's figure for the mode's drafts."""
+        figure = card_figure(self.card, self.policy(req.mode).heldout_layout)
+        return alarm(req.draft_steps, self.output_ids(req), figure)
+
     def metrics(self, req: Request) -> dict[str, Any]:
         wall = ((req.t_end or time.perf_counter()) - req.t_start) * 1000
         tokens = len(self.output_ids(req))
@@ -118,6 +127,8 @@ class RunRecorder:
             "mean_forward_ms": round(req.forward_ms / req.nfe, 4) if req.nfe else None,
             "forward_share": round(req.forward_ms / wall, 4) if wall > 0 else None,
             "forward_rows": {str(k): v for k, v in sorted(req.forward_rows.items())},
+            **spec_counts(req.draft_steps),
+            "alarm": self.alarm(req),
             **({"tier_cut": cut} if cut else {}),
             **self.policy(req.mode).metrics(req),
         }

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specscope.backend.engine.spec_counts import DraftStep
 from specscope.backend.tracing import NULL_TRACER, Phase, Tracer
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ class Request:
     round: int = 0
     nfe: int = 0
     accept_lens: list[int] = field(default_factory=list)
+    draft_steps: list[DraftStep] = field(default_factory=list)
+    """Its drafts (engine/spec_counts.py): the scheduler adds each round's `RoundResult.draft`; a branching mode,
+    whose drafts are accepted rounds later, adds its own."""
     phases: list[Phase] = field(default_factory=list)
     alternatives: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # position -> this round's top-k
     block_size: int | None = None

@@ -31,6 +31,8 @@ from specscope.backend.engine.params import ParamError
 from specscope.backend.engine.recorder import RunRecorder
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
+from specscope.backend.engine.spec_alarm import read_card
+from specscope.backend.model.checkpoint import CARD_FILE
 from specscope.backend.tracing import RoundEvent
 
 FREE_REASON = {"done": "finished", "cancelled": "cancelled", "error": "error"}
@@ -87,7 +89,8 @@ class Scheduler:
         at its own parameters."""
         self.check_invariants = check_invariants
         self.policies: dict[str, Mode] = {}
-        self.recorder = RunRecorder(rt.tokenizer, rt.pool.held, self.policy)
+        card = read_card(rt.loaded.shipped_file(CARD_FILE))
+        self.recorder = RunRecorder(rt.tokenizer, rt.pool.held, self.policy, card)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.steps = 0
@@ -242,6 +245,8 @@ class Scheduler:
         cut = len(emitted) < len(res.emitted)
         accepted = min(res.accepted_len, len(emitted)) if cut else res.accepted_len
         req.tokens.extend(emitted)
+        if res.draft is not None:
+            req.draft_steps.append(res.draft.kept(len(emitted)))
         if req.round > 0:
             req.accept_lens.append(accepted)
             req.tier_log.append(req.tier)

@@ -21,6 +21,7 @@ from specscope.backend.server.generate import GenerateSession
 from specscope.backend.server.logs import redact_tokens
 from specscope.backend.server.models import ModelHost, models_router
 from specscope.backend.server.openai_api import BodyLimit, OpenAIError, error_response, is_v1, openai_router
+from specscope.backend.server.prometheus import ServerMetrics
 from specscope.backend.server.protocol import MAX_QUEUED_RUNS, ProtocolError, parse_frames
 from specscope.backend.server.replay import replay
 from specscope.backend.server.service import EngineService, LocalEngine
@@ -126,7 +127,9 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
     app.include_router(api_router(store, service, writer))
     app.include_router(diverge_router(store, service, writer))
     app.include_router(models_router(host))
-    app.include_router(openai_router(service, writer))
+    metrics = ServerMetrics()
+    app.include_router(openai_router(service, writer, metrics.watch))
+    app.include_router(metrics.router())
 
     @app.websocket("/ws/generate")
     async def ws_generate(ws: WebSocket) -> None:
@@ -137,7 +140,7 @@ def create_app(engine: Engine | EngineService, store: Store, token: str | None =
             await ws.send_text(to_json(e.event()))
             await ws.close()
             return
-        await GenerateSession(ws, writer, service, batch).serve()
+        await GenerateSession(ws, writer, service, metrics.watch, batch).serve()
 
     @app.websocket("/ws/replay/{run_id}")
     async def ws_replay(ws: WebSocket, run_id: str) -> None:

@@ -13,6 +13,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 
 from specscope.backend.engine.params import ParamError
 from specscope.backend.server.outbox import Outbox, SlowClient
+from specscope.backend.server.prometheus import Watch
 from specscope.backend.server.protocol import Cancel, Generate, ProtocolError, error_event, parse_message
 from specscope.backend.server.service import EngineService
 from specscope.backend.server.worker import Busy
@@ -54,10 +55,11 @@ class LoopHandoff:
 
 
 class GenerateSession:
-    def __init__(self, ws: WebSocket, writer: StoreWriter, engine: EngineService, batch: bool = False):
+    def __init__(self, ws: WebSocket, writer: StoreWriter, engine: EngineService, watch: Watch, batch: bool = False):
         self.ws = ws
         self.writer = writer
         self.engine = engine
+        self.watch = watch   # makes each run's metrics listener (server/prometheus.py)
         self.batch = batch   # every message a JSON array of the events ready (?frames=batch)
         self.outbox = Outbox()
         self.cancel: Callable[[], None] | None = None  # cancels the active run; None when idle
@@ -108,7 +110,7 @@ class GenerateSession:
             self.outbox.put(error_event("busy", "a run is in progress on this connection; cancel it or wait "
                                                 "for its run_end"))
             return
-        tracer = Tee(self.writer, LoopHandoff(asyncio.get_running_loop(), self._deliver)).tracer()
+        tracer = Tee(self.writer, self.watch(), LoopHandoff(asyncio.get_running_loop(), self._deliver)).tracer()
         try:
             run = self.engine.submit(msg.conversation, msg.mode, msg.params, tracer)
             self.cancel = run.cancel

@@ -1,6 +1,8 @@
 """The OpenAI-compatible API under /v1: chat and text completions (whole, or streamed as server-sent events) and
 the model list. Every request becomes a traced, stored run like a /ws/generate one; its id comes back in the
-`x-specscope-run-id` header and the answer's `specscope` field.
+`x-specscope-run-id` header and the answer's `specscope` field, whose `metrics` (a stream's in its final chunk) are
+the run's run_end metrics with its mode: vLLM's per-request draft counts (`num_drafts`, `num_draft_tokens`,
+`num_accepted_tokens`, `num_accepted_tokens_per_pos`), `tpf`, `nfe` and the acceptance `alarm` among them.
 
 The decoding mode comes from a model id with a `:mode` suffix (`smollm2-135m:isd`) or from the extension field
 `"specscope": {"mode": "isd", "params": {...}}`; without either, a request runs `ar`. Errors have OpenAI's shape,
@@ -26,6 +28,7 @@ from specscope.backend.engine.messages import Prompt
 from specscope.backend.engine.modes import describe_modes
 from specscope.backend.engine.params import ParamError, PromptTooLong
 from specscope.backend.server.generate import LoopHandoff
+from specscope.backend.server.prometheus import Watch
 from specscope.backend.server.protocol import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from specscope.backend.server.service import EngineService
 from specscope.backend.server.worker import Busy
@@ -227,7 +230,7 @@ class LiveRun:
 
     def extension(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "mode": self.mode, "params": self.params,
-                "status": self.end.get("status"), "metrics": self.end.get("metrics", {})}
+                "status": self.end.get("status"), "metrics": {"mode": self.mode, **self.end.get("metrics", {})}}
 
 
 def mode_and_model(model: str, options: SpecscopeOptions, served: str) -> tuple[str, str]:
@@ -243,10 +246,10 @@ def mode_and_model(model: str, options: SpecscopeOptions, served: str) -> tuple[
 
 
 async def start(service: EngineService, writer: StoreWriter, prompt: Prompt, mode: str,
-                params: dict[str, Any]) -> LiveRun:
-    """Submit a run whose events are stored and queued for this request; OpenAIError when it is refused."""
+                params: dict[str, Any], watch: Watch) -> LiveRun:
+    """Submit a run whose events are stored, watched and queued for this request; OpenAIError when it is refused."""
     queue: asyncio.Queue[Event] = asyncio.Queue()
-    tracer = Tee(writer, LoopHandoff(asyncio.get_running_loop(), queue.put_nowait)).tracer()
+    tracer = Tee(writer, watch(), LoopHandoff(asyncio.get_running_loop(), queue.put_nowait)).tracer()
     try:
         run = service.submit(prompt, mode, params, tracer)
         await asyncio.wrap_future(run.admitted)
@@ -336,7 +339,7 @@ async def answer(live: LiveRun, shape: Shape, model: str, body: Sampling) -> JSO
 
 # -- routes ------------------------------------------------------------------------------------------------------
 
-def openai_router(service: EngineService, writer: StoreWriter) -> APIRouter:
+def openai_router(service: EngineService, writer: StoreWriter, watch: Watch) -> APIRouter:
     router = APIRouter(prefix="/v1")
 
     def listed() -> list[dict[str, Any]]:
@@ -364,13 +367,13 @@ def openai_router(service: EngineService, writer: StoreWriter) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
         mode, model = mode_and_model(body.model, body.specscope, service.model.name)
         live = await start(service, writer, body.prompt(), mode,
-                           run_params(body, body.max_completion_tokens or body.max_tokens, raw=False))
+                           run_params(body, body.max_completion_tokens or body.max_tokens, raw=False), watch)
         return await answer(live, CHAT, model, body)
 
     @router.post("/completions", response_model=None)
     async def completions(body: CompletionRequest) -> JSONResponse | StreamingResponse:
         mode, model = mode_and_model(body.model, body.specscope, service.model.name)
-        live = await start(service, writer, body.text(), mode, run_params(body, body.max_tokens, raw=True))
+        live = await start(service, writer, body.text(), mode, run_params(body, body.max_tokens, raw=True), watch)
         return await answer(live, TEXT, model, body)
 
     return router

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from specscope.backend.engine.params import Param
+from specscope.backend.engine.spec_counts import DraftStep
 from specscope.backend.tracing import RoundEvent
 
 if TYPE_CHECKING:
@@ -25,12 +26,14 @@ class SlotRelease:
 @dataclass
 class RoundResult:
     """One round's outcome, applied by the scheduler: free and commit slots, emit tokens (cut at EOS and at
-    max_new_tokens), record `view` (built only when tracing is on)."""
+    max_new_tokens), record `view` (built only when tracing is on) and the round's `draft`, when its forward
+    verified drafted tokens (engine/spec_counts.py)."""
     emitted: list[int]
     accepted_len: int
     commit: list[int] = field(default_factory=list)
     free: list[SlotRelease] = field(default_factory=list)
     view: RoundEvent | None = None
+    draft: DraftStep | None = None
 
 
 class Mode:
@@ -53,6 +56,9 @@ class Mode:
     drafter_params: ClassVar[dict[str, Any]] = {}
     """Parameters at which the drafter metric is checked (a cost-aware verify may rightly draft little where rows
     are dear, so the drafter shows its work at the fixed length)."""
+    heldout_layout: ClassVar[str | None] = None
+    """The draft layout of the model card's held-out figures (`block` or `causal`, train/heldout.py) that this
+    mode's acceptance is checked against (engine/spec_alarm.py); None: none applies."""
     params: ClassVar[tuple[Param, ...]] = ()
     needs_mask: ClassVar[bool] = True
     verify_matmul: ClassVar[str | None] = None

@@ -35,6 +35,7 @@ from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.scores import Scores, Verdict, verify_specs
+from specscope.backend.engine.spec_counts import DraftStep
 from specscope.backend.engine.verify_length import VERIFY_PARAM, best_prefix, draft_plan
 from specscope.backend.tracing import RoundEvent
 
@@ -72,6 +73,7 @@ class ISD(Mode):
     lossless_vs = "ar"
     drafter = ("tpf", 1.2)
     drafter_params = {"verify": "fixed"}
+    heldout_layout = "causal"
     params = (
         Param("n", int, 4, 2, 8, "Block-N: tokens per all-accept round; blk = 2N-1"),
         Param("alpha", float, 1.0, 0.0, 10.0, "p/q acceptance slack at T > 0 (1 = exact)"),
@@ -179,7 +181,8 @@ class ISD(Mode):
             view = RoundEvent(start, tokens, states, [None] * verified + [None, p_clean] + [None] * drafts,
                              case="V", pq=pq,
                              extra=self._extra(req, st, verified, drafting, len(block) - verified - 1))
-        return RoundResult(specs + [clean], verified + 1, commit=slots[:verified + 1], free=[release], view=view)
+        return RoundResult(specs + [clean], verified + 1, commit=slots[:verified + 1], free=[release], view=view,
+                           draft=DraftStep(verified, verified, verified))
 
     def _rejected(self, req: Request, rt: Runtime, st: ISDState, scores: Scores, slots: list[int], start: int,
                   block: list[int], specs: list[int], i: int, fix: int, pq: list[dict]) -> RoundResult:
@@ -201,7 +204,8 @@ class ISD(Mode):
             view = RoundEvent(start, tokens, states, None, case="R", pq=pq,
                              extra={**self._extra(req, st, verified, masks, (verified - i) + masks),
                                     "replaced_draft": specs[i], "rejected_at": i})
-        return RoundResult(specs[:i] + [fix], i + 1, commit=slots[:keep], free=[rejected, freed], view=view)
+        return RoundResult(specs[:i] + [fix], i + 1, commit=slots[:keep], free=[rejected, freed], view=view,
+                           draft=DraftStep(verified, verified, i))
 
     @staticmethod
     def _extra(req: Request, st: ISDState, verified: int, drafting: int, trim: int) -> dict:

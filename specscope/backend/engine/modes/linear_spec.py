@@ -38,6 +38,7 @@ from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
 from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
+from specscope.backend.engine.spec_counts import DraftStep
 from specscope.backend.engine.verify_length import VERIFY_PARAM, best_draft_count, best_prefix
 from specscope.backend.model.transformer import tree_mask
 from specscope.backend.tracing import RoundEvent
@@ -59,6 +60,7 @@ class LinearSpec(Mode):
     lossless_vs = "ar"
     drafter = ("accept_len_mean", 1.5)
     drafter_params = {"verify": "fixed"}
+    heldout_layout = "block"
     params = (
         Param("block_size", int, 16, 2, 256, "positions per draft block, seed included"),
         Param("threshold", float, 0.0, 0.0, 1.0, "0: one draft pass fills all masks; >0: iterative"),
@@ -108,7 +110,9 @@ class LinearSpec(Mode):
         release = SlotRelease(slots[keep:], list(range(start + keep, start + size)), "rejected")
         view = (self._view(start, block, conf, accepted, ar[accepted], req.params["verify"])
                 if req.tracer.enabled else None)
-        return RoundResult(block[1:keep] + [ar[accepted]], keep, commit=slots[:keep], free=[release], view=view)
+        draft = DraftStep(size - 1, size - 1, accepted) if size > 1 else None
+        return RoundResult(block[1:keep] + [ar[accepted]], keep, commit=slots[:keep], free=[release], view=view,
+                           draft=draft)
 
     def _tree_round(self, req: Request, rt: Runtime, block: list[int], start: int, cost: bool) -> Round:
         """Draft a tree in one pass, verify its (paying) nodes in one forward, keep the confirmed path + bonus."""
@@ -130,8 +134,9 @@ class LinearSpec(Mode):
         dropped = [row for row in range(len(ids)) if row not in kept]
         release = SlotRelease([slots[r] for r in dropped], [start + offsets[r] for r in dropped], "rejected")
         view = self._tree_view(start, ids, tree, path, bonus, req.params["verify"]) if req.tracer.enabled else None
+        draft = DraftStep(len(tree.tokens), max(tree.depths), len(path)) if tree.tokens else None
         return RoundResult([tree.tokens[n] for n in path] + [bonus], len(kept), commit=[slots[r] for r in kept],
-                           free=[release], view=view)
+                           free=[release], view=view, draft=draft)
 
     @staticmethod
     def _tree_view(start: int, ids: list[int], tree: DraftTree, path: list[int], bonus: int,

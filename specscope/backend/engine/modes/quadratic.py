@@ -34,6 +34,7 @@ from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.scores import Scores
+from specscope.backend.engine.spec_counts import DraftStep
 from specscope.backend.engine.verify_length import VERIFY_PARAM, best_prefix, draft_plan
 from specscope.backend.model.transformer import interleaved_mask
 from specscope.backend.tracing import RoundEvent
@@ -67,6 +68,7 @@ class Quadratic(Mode):
     lossless_vs = "ar"
     drafter = ("accept_len_mean", 1.3)
     drafter_params = {"verify": "fixed"}
+    heldout_layout = "causal"
     params = (Param("k", int, 4, 1, 8, "speculative tokens per round; each is followed by k masks"), SAMPLER_PARAM,
               VERIFY_PARAM)
 
@@ -109,7 +111,8 @@ class Quadratic(Mode):
         emitted = drafts[1:accepted + 1] + [ar[accepted]]
         view = (self._view(start, ids, offsets, k, accepted, ar, st.specs, seeded, req.params["verify"])
                 if req.tracer.enabled else None)
-        return RoundResult(emitted, accepted + 1, commit=[slots[u] for u in keep], free=free, view=view)
+        draft = DraftStep(len(specs), len(specs), accepted) if specs else None
+        return RoundResult(emitted, accepted + 1, commit=[slots[u] for u in keep], free=free, view=view, draft=draft)
 
     @staticmethod
     def _lengths(req: Request, rt: Runtime, st: QuadraticState, k: int) -> tuple[list[int], int]:

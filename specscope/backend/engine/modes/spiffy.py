@@ -34,6 +34,7 @@ from specscope.backend.engine.params import Param, ParamError
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.scores import Scores
+from specscope.backend.engine.spec_counts import DraftStep
 from specscope.backend.tracing import RoundEvent
 
 
@@ -94,6 +95,7 @@ class DraftCache:
     verifies: int = 0
     drafts: int = 0
     trace: list[dict[str, Any]] = field(default_factory=list)   # this round's branches
+    steps: dict[int, DraftStep] = field(default_factory=dict)   # this block's drafts by their verify's round
 
     def logits(self, req: Request, rt: Runtime, block: BlockState) -> Generator[BranchAsk, Any, Scores]:
         main = tuple(block.tokens)
@@ -103,6 +105,7 @@ class DraftCache:
             scores = yield from self._verify(req, rt, block, main)
         else:
             self.hits += 1
+            self.steps[hit.round].accepted += 1    # the next position of that verify's draft
             scores = hit.scores
             if req.tracer.enabled:
                 self.trace = [{"id": hit.row, "parent": hit.parent, "node": hit.node, "tokens": list(main),
@@ -134,6 +137,9 @@ class DraftCache:
         scores = yield from self.verify(req, rt, block.start, rows, parents)
         self.verifies += 1
         self.drafts += len(rows) - 1
+        if len(rows) > 1:
+            self.steps[req.round] = DraftStep(len(rows) - 1, len(rows) - 1)
+            req.draft_steps.append(self.steps[req.round])
         for r in range(1, len(rows)):
             self.cache[rows[r]] = Branch(scores[r], r, parents[r], nodes[r], req.round)
         if req.tracer.enabled:
@@ -143,6 +149,7 @@ class DraftCache:
 
     def block_done(self) -> None:
         self.cache.clear()
+        self.steps.clear()
         self.fresh = None
 
     def annotate(self, view: RoundEvent) -> None:
