@@ -24,6 +24,7 @@ from specscope.backend.store import Store, StoreWriter
 PROMPT = "Kindly show 11 x 1 through 11 x 4."
 RUNS = {"ar": ("ar", {}), "isd": ("isd", {}), "block": ("block_diffusion", {}),
         "sampled": ("ar", {"temperature": 1.0, "seed": 3})}
+REAL_PROMPTS = ["List three colors.", "What is the capital of France?", "Write a haiku about the sea."]
 
 
 @pytest.fixture(scope="module")
@@ -181,17 +182,20 @@ def test_block_diffusion_against_ar_on_the_default_model() -> None:
     engine = Engine(load_checkpoint(src.folder, adapter=src.adapter, name=src.name), num_slots=1024,
                     cost_curve=FLAT)
 
-    def made(mode: str) -> RunConfig:
+    def made(prompt: str, mode: str) -> RunConfig:
         events: list[dict] = []
-        engine.generate("What is the capital of France?", mode, {"max_new_tokens": 12},
+        engine.generate(prompt, mode, {"max_new_tokens": 24},
                         RecordingTracer(run_id=mode, sink=events.append, keep=False))
         kinds = {e["type"]: e for e in events}
         return RunConfig.from_events(mode, kinds["run_start"], kinds["run_end"],
                                      [e for e in events if e["type"] == "round"])
 
     loaded = engine.rt.loaded
-    found = diverge(made("block_diffusion"), made("ar"), Served(loaded.name, loaded.weights_hash),
-                    partial(rescore, engine))
+    for prompt in REAL_PROMPTS:   # the first whose block_diffusion answer parts from ar's
+        found = diverge(made(prompt, "block_diffusion"), made(prompt, "ar"), Served(loaded.name, loaded.weights_hash),
+                        partial(rescore, engine))
+        if found["position"] is not None:
+            break
     assert found["position"] is not None and found["a"]["reproduced"] and found["b"]["reproduced"]
     assert found["a"]["adapter"] is (src.adapter is not None) and "path" in {w["factor"] for w in
                                                                              found["attribution"]}
