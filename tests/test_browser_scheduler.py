@@ -1,21 +1,20 @@
 """The Scheduler tab in Chromium: after two clients' runs of different modes shared forwards, it draws every
-forward's rows stacked by request and coloured by mode, and its table links each request to the round that forward
-computed."""
+forward's rows stacked by request, each request in its own colour and outlined in its mode's, with the KV slots in
+use on an axis of their own, follows the engine live from the start, and its table links each request to the round
+that forward computed."""
 from __future__ import annotations
 
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from support.browser import NEEDS_BROWSER, new_page, shot
+from support.browser import NEEDS_BROWSER, doc_shot, new_page, shot
 from support.live_server import ui_server
 from websockets.sync.client import connect
 
 pytest_plugins = ["support.browser"]  # the browser and errors fixtures
 pytestmark = [pytest.mark.browser, *NEEDS_BROWSER]
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 
 
 @pytest.fixture(scope="module")
@@ -25,31 +24,31 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
 
 
 def run_at_once(url: str, modes: list[str]) -> list[str]:
-    """One client per mode, all started together; their run ids."""
-    ids: dict[str, str] = {}
+    """One client per mode (a mode may come twice), all started together; their run ids."""
+    ids: dict[int, str] = {}
     gate = threading.Barrier(len(modes))
 
-    def client(mode: str) -> None:
+    def client(i: int, mode: str) -> None:
         with connect(url) as ws:
             gate.wait()
             ws.send(json.dumps({"type": "generate", "prompt": "Copy: a b c d e f", "mode": mode,
                                 "params": {"max_new_tokens": 24}}))
             while True:
                 event = json.loads(ws.recv())
-                ids.setdefault(mode, event["run_id"])
+                ids.setdefault(i, event["run_id"])
                 if event["type"] == "run_end":
                     return
 
-    threads = [threading.Thread(target=client, args=(m,)) for m in modes]
+    threads = [threading.Thread(target=client, args=pair) for pair in enumerate(modes)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    return [ids[m] for m in modes]
+    return [ids[i] for i in range(len(modes))]
 
 
-def test_the_scheduler_shows_shared_forwards_by_mode_and_links_their_rounds(browser, errors, server) -> None:
-    run_ids = run_at_once(server["ws"], ["ar", "isd", "linear_spec"])
+def test_the_scheduler_shows_shared_forwards_by_request_and_links_their_rounds(browser, errors, server) -> None:
+    run_ids = run_at_once(server["ws"], ["ar", "isd", "linear_spec", "isd"])
     page = new_page(browser, errors)
     page.set_viewport_size({"width": 1400, "height": 900})
     page.goto(server["url"])
@@ -57,8 +56,16 @@ def test_the_scheduler_shows_shared_forwards_by_mode_and_links_their_rounds(brow
     page.get_by_role("tab", name="Scheduler").click()
     page.wait_for_selector("#sched-chart .js-plotly-plot")
     page.wait_for_selector("#sched-forwards")
-    names = page.evaluate("() => document.querySelector('#sched-chart .js-plotly-plot').data.map(d => d.name)")
-    assert {"ar", "isd", "linear_spec", "KV pool in use"} <= set(names)
+    assert page.is_checked("#sched-follow input")
+    plot = page.evaluate("() => { const p = document.querySelector('#sched-chart .js-plotly-plot'); return {data: "
+                         "p.data.map(d => ({name: d.name, fill: d.marker && d.marker.color, type: d.type, y: d.y})), "
+                         "axis: p.layout.yaxis2}; }")
+    bars = {d["name"]: d["fill"] for d in plot["data"] if d["type"] == "bar"}
+    assert {f"{mode} · {run_id}" for mode, run_id in zip(["ar", "isd", "linear_spec", "isd"], run_ids,
+                                                          strict=True)} <= set(bars)
+    assert len(set(bars.values())) == len(bars)   # each request its own colour, the two isd runs too
+    kv = next(d for d in plot["data"] if d["name"] == "KV slots in use")
+    assert plot["axis"]["title"]["text"] == "KV slots in use" and max(kv["y"]) <= plot["axis"]["range"][1] < 4096
     assert "served more than one request" in page.locator("#sched-summary").inner_text()
     links = page.eval_on_selector_all("#sched-forwards a.ss-open", "as => as.map(a => a.getAttribute('href'))")
     assert any(f"?run={run_ids[1]}&round=" in href for href in links)
@@ -66,7 +73,7 @@ def test_the_scheduler_shows_shared_forwards_by_mode_and_links_their_rounds(brow
                                        "rs => rs.filter(r => Number(r.cells[3].innerText) > 1).length")
     assert shared > 0
     page.locator("#sched-chart").scroll_into_view_if_needed()
-    page.screenshot(path=str(SCREENSHOTS / "scheduler.png"))
+    doc_shot(page, "scheduler")
     shot(page, "scheduler")
     page.close()
     assert errors == []
@@ -84,7 +91,7 @@ def test_a_stored_runs_forwards_replay_with_the_runs_that_shared_them(browser, e
     assert "shared with 1 other stored run" in page.locator("#sched-replayed").inner_text()
     page.wait_for_selector("#sched-chart .js-plotly-plot")
     names = page.evaluate("() => document.querySelector('#sched-chart .js-plotly-plot').data.map(d => d.name)")
-    assert {"ar", "quadratic", "KV pool in use"} <= set(names)
+    assert {f"ar · {run_ids[0]}", f"quadratic · {run_ids[1]}", "KV slots in use"} <= set(names)
     links = page.eval_on_selector_all("#sched-forwards a.ss-open", "as => as.map(a => a.getAttribute('href'))")
     assert any(f"?run={run_ids[0]}&round=" in href for href in links)
     page.fill("#sched-run input", "r_nothing_here")

@@ -2,7 +2,7 @@
 `a` and `b`, whose loading takes SWITCH_S more, so that a switch can be watched): two sessions' answers stream at
 once; Race and Compare stop; a model switch holds sending and names its model; the chat's live round panel says
 which run it shows, with its running figures, and no queue overlay dims it; limits are said in words. The chat's
-screenshots at 1400×900 and on a phone go to docs/screenshots/."""
+screenshots at 1400×900 and on a phone are README screenshots (support.browser.doc_shot)."""
 from __future__ import annotations
 
 import re
@@ -15,6 +15,7 @@ import pytest
 from support.browser import (
     NEEDS_BROWSER,
     choose,
+    doc_shot,
     new_page,
     open_params,
     set_number,
@@ -27,7 +28,6 @@ pytest_plugins = ["support.browser"]
 pytestmark = [pytest.mark.browser, pytest.mark.slow, *NEEDS_BROWSER]
 
 SWITCH_S = 3.0
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 LONG = "Write a Python function that reverses a string."   # the tiny model answers it up to max_new_tokens
 
 
@@ -144,16 +144,15 @@ def test_the_live_panel_names_its_run_with_running_figures_and_no_overlay(browse
     assert shown and all(re.search(r"run r_\w+ · \w+ on a", f["head"]) for f in shown), "a round without its run"
     after = frames[next(i for i, f in enumerate(frames) if previous not in f["head"]):]
     assert all(previous not in f["head"] and (not f["cells"] or "specfold on a" in f["head"]) for f in after)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.evaluate("() => window.scrollTo(0, 0)")
-    page.screenshot(path=str(SCREENSHOTS / "chat-1400x900.png"))
+    doc_shot(page, "chat-1400x900")
     page.click("#chat-stop")
     wait_last_answer(page, "stopped", timeout=30_000)
     page.uncheck("#param-raw input[type=checkbox]")
     page.set_viewport_size({"width": 390, "height": 844})
     page.evaluate("() => window.scrollTo(0, 0)")
     page.wait_for_timeout(300)
-    page.screenshot(path=str(SCREENSHOTS / "chat-phone.png"))
+    doc_shot(page, "chat-phone")
     page.close()
 
 

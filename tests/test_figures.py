@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -28,6 +29,7 @@ from specscope.app.figures import (
     run_stats_html,
     show_piece,
     sparkline,
+    speedup_html,
     token_diff_html,
 )
 from specscope.app.palette import KV_REASONS, STATES, kv_color, palette_css, vocabulary
@@ -306,7 +308,10 @@ def test_stats_line_and_sparkline(trace: RunTrace) -> None:
     long = sparkline([1] * 300 + [8] * 300)   # a 600-round run: one line of 48 bars, the halves kept
     assert len(long) == 48 and set(long[:24]) == {"▂"} and set(long[24:]) == {"█"}
     line = run_stats_html(trace)
-    assert "stopped" not in line and "<b>linear_spec</b>" in line
+    assert "stopped at 5 tokens (max_new_tokens)" in line and "<b>linear_spec</b>" in line   # cut, not ended by EOS
+    short = RunTrace.from_events(run_events(output=[3, 2]))
+    short.end = {**short.end, "metrics": {**short.end["metrics"], "tokens": 2}}
+    assert "stopped" not in run_stats_html(short)
     assert "TPF 1.25" in line and "NFE 4" in line and "50.0 tok/s" in line and "r_test" in line
     assert f'model <b class="ss-model">{trace.model or "?"}</b>' in line   # every answer names its model
     for reason, note in (("client", "</svg> stopped"), ("model_switch", "switched models"), (None, "</svg> stopped")):
@@ -387,3 +392,36 @@ def test_a_live_runs_document_carries_its_running_figures(trace) -> None:
     assert figures["tokens"] == 5 and figures["nfe"] == 4 and figures["tpf"] == 1.25
     assert figures["tok_per_s"] == pytest.approx(5 / 0.6)
     assert viz_document(trace, piece)["metrics"]["tok_per_s"] == 50.0    # an ended run: its own metrics
+
+
+def tiered(run_id: str, mode: str, rows: int) -> RunTrace:
+    """A run whose rounds after the prefill ran under a tier of `rows` extra rows, of its own 6, with 2 running."""
+    events = run_events(run_id, mode)
+    for e in events:
+        if e["type"] == "round" and e["round"] > 0:
+            e["extra"] = {**(e.get("extra") or {}), "tier": {"running": 2, "block_size": None, "extra_rows": rows,
+                                                            "own_rows": 6}}
+    return RunTrace.from_events(events)
+
+
+def test_every_view_of_a_run_says_how_many_rounds_a_tier_cut_and_why() -> None:
+    cut, full = tiered("r_cut", "isd", 0), tiered("r_full", "isd", 6)
+    note = "load tier reduced drafting in 2 rounds: drafting off with 2 runs active (2)"
+    assert cut.tier_note == note and full.tier_note == ""
+    assert note in run_stats_html(cut) and "load tier" not in run_stats_html(full)
+    table = metrics_table_html([full, cut])
+    assert table.count("load tier") == 1 and note in table
+    assert viz_document(cut, make_piece(None))["tier_note"] == note
+
+
+def test_the_speedup_factors_shown_multiply_to_the_product_shown() -> None:
+    base = RunTrace.from_events(run_events("r_ar", "ar"))
+    run = RunTrace.from_events(run_events("r_fast", "isd"))
+    base.end = {**base.end, "metrics": {"nfe": 10, "tpf": 1.0, "mean_forward_ms": 1.0, "forward_share": 0.5,
+                                        "tok_per_s": 100.0}}
+    run.end = {**run.end, "metrics": {"nfe": 7, "tpf": 1.4449, "mean_forward_ms": 1.0 / 0.8449,
+                                      "forward_share": 0.5 * 1.0049, "tok_per_s": 122.68}}
+    cells = re.findall(r'<td class="ss-num">(?:<b>)?([\d.]+)', speedup_html([base, run]))
+    tpf, row_cost, share, product, _ = (float(c) for c in cells)
+    assert abs(tpf * row_cost * share - product) <= 0.0005, cells
+    assert len(cells[0].split(".")[1]) >= 3   # enough digits that a factor's rounding barely moves the product

@@ -14,7 +14,7 @@ from specscope.app.plot import PLOTLY_ROUTE
 from specscope.app.tabs.chat import REDRAW_EVERY_S, REDRAW_MAX_S, mode_params, param_component, redraw_interval
 from specscope.app.tabs.viz import FOLLOW_FAILURES, follow_events
 from specscope.app.trace import RunTrace
-from specscope.app.ui import mount_ui, status_html
+from specscope.app.ui import mount_ui, picker_hint, status_html
 
 
 def test_base_urls() -> None:
@@ -218,3 +218,14 @@ def test_code_without_fences_keeps_its_whitespace_and_limits_are_said_in_words()
     assert "(empty)" not in answer(failed, done=True) and "too long" in answer(failed, done=True)
     assert too_long("x" * 16_000) is None and "at most 16,000 characters" in (too_long("x" * 20_000) or "")
     assert [clamp_max_new(v) for v in (5000, 0, None, 12.4)] == [1024, 1, 1, 12]
+
+
+def test_the_mode_pickers_mark_the_modes_whose_output_is_lossy() -> None:
+    """Lossy by the registry: a mode that is not exact and whose lossless claims do not lead back to an exact one."""
+    from specscope.backend.engine.modes import describe_modes
+    specs = describe_modes()
+    lossy = {m["name"] for m in specs if m["lossy"]}
+    assert {"block_diffusion", "spiffy", "specfold"} <= lossy and not lossy & {"ar", "isd", "linear_spec", "quadratic"}
+    hint = picker_hint(specs, ["x (no mask token)"]) or ""
+    assert hint.startswith("lossy (output may differ from the model's greedy decode): ") and "block_diffusion" in hint
+    assert "isd" not in hint.split("·")[0] and hint.endswith("not offered for this model: x (no mask token)")

@@ -19,7 +19,7 @@ from specscope.app.specmetrics import spec_metrics
 from specscope.app.trace import Cell, Event, Piece, RunTrace, id_piece
 from specscope.backend.bench_cells import pick_count
 from specscope.backend.engine.lossless import Claim, Outcome, model_difference, unmet, verdict
-from specscope.backend.speedup import FACTORS, against_ar
+from specscope.backend.speedup import DIGITS, FACTORS, against_ar, shown
 from specscope.backend.tracing import ROUND_COUNTS
 
 VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
@@ -465,7 +465,8 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
         link = (f'<a class="ss-open" href="?run={esc(run.run_id)}&amp;round=0" target="_blank">open ↗</a>'
                 if run.run_id else "")
         rows.append(f'<tr><td><b style="color:{mode_color(run.mode)}">{esc(values[2])}</b><br>'
-                    f'<code>{esc(run.run_id or "(not started)")}</code> {link}</td><td>{status_cell(run)}</td>'
+                    f'<code>{esc(run.run_id or "(not started)")}</code> {link}{tier_html(run)}</td>'
+                    f'<td>{status_cell(run)}</td>'
                     f'{cells}<td>{pick_cell((fits or {}).get(run.run_id))}</td><td>{same}</td>'
                     f'<td>{lossless_badge(run, runs, claims or {})}</td></tr>')
     return (f'<div class="ss-scroll"><table class="ss-table"><thead><tr><th>run</th><th>status</th>{head}'
@@ -484,10 +485,11 @@ def speedup_html(runs: Sequence[RunTrace]) -> str:
     for run, label in zip(runs, run_labels(runs), strict=True):
         found = against_ar(run.metrics, base.metrics) if run is not base and run.status == "done" else None
         if found:
+            found = shown(found)
             rows.append(f"<tr><td><b style=\"color:{mode_color(run.mode)}\">{esc(label)}</b></td>"
-                        + "".join(f'<td class="ss-num">{found[k]:.2f}</td>' for k in FACTORS)
-                        + f'<td class="ss-num"><b>{found["product"]:.2f}×</b></td>'
-                          f'<td class="ss-num">{found["measured"]:.2f}×</td></tr>')
+                        + "".join(f'<td class="ss-num">{found[k]:.{DIGITS}f}</td>' for k in FACTORS)
+                        + f'<td class="ss-num"><b>{found["product"]:.{DIGITS}f}×</b></td>'
+                          f'<td class="ss-num">{found["measured"]:.{DIGITS}f}×</td></tr>')
     if not rows:
         return ""
     return ('<div class="ss-scroll" id="cmp-speedup"><b>the speedup explained</b> (against the <code>ar</code> run: '
@@ -564,13 +566,29 @@ def run_stats_html(run: RunTrace) -> str:
     if run.error:
         return f"⚠ {esc(run.error)}"
     accepted = run.accepted_lens[1:]  # round 0 is the prefill
+    cut = stop_note(run)
     note = f"{STOP_ICON} {CANCELLED_BY.get(run.cancel_reason or 'client', CANCELLED_BY['client'])} · " \
-        if run.status == "cancelled" else ""
+        if run.status == "cancelled" else f'<span class="ss-stop-note">{esc(cut)}</span> · ' if cut else ""
     return (f'<span class="ss-stats">{note}<b>{esc(run.mode)}</b> · TPF {fmt(m.get("tpf"), 2)} · NFE '
             f'{fmt(m.get("nfe"))} · {fmt(m.get("tok_per_s"), 1)} tok/s · '
             f'<span title="{esc(DEFINITIONS["tokens / round"])}">tokens/round</span> '
             f'{sparkline(accepted) or "—"} (max {max(accepted, default=0)}) · run <code>{esc(run.run_id)}</code> '
-            f'({esc(run.status)}) · model <b class="ss-model">{esc(run.model or "?")}</b></span>')
+            f'({esc(run.status)}) · model <b class="ss-model">{esc(run.model or "?")}</b>{tier_html(run)}</span>')
+
+
+def stop_note(run: RunTrace) -> str:
+    """'stopped at 64 tokens (max_new_tokens)' for a run that max_new_tokens cut before the model ended it (a run
+    that ends with EOS counts fewer tokens than max_new_tokens); '' otherwise."""
+    limit = run.params.get("max_new_tokens")
+    if run.status != "done" or limit is None or run.metrics.get("tokens") != limit:
+        return ""
+    return f"stopped at {limit} tokens (max_new_tokens)"
+
+
+def tier_html(run: RunTrace) -> str:
+    """A run's load-tier note (RunTrace.tier_note) as a warning line, or '' when no tier cut its drafting."""
+    note = run.tier_note
+    return f'<span class="ss-tier-note ss-badge ss-bad">⚠ {esc(note)}</span>' if note else ""
 
 
 def legend_html() -> str:

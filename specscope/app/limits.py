@@ -1,6 +1,8 @@
 """The server's input limits as every tab applies them: max_new_tokens clamped into its range, a message's length
-refused in words before it is sent."""
+refused in words before it is sent; and the Race's and Compare's choice of load tiers."""
 from __future__ import annotations
+
+import gradio as gr
 
 from specscope.backend.server.protocol import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 
@@ -23,3 +25,13 @@ def too_long(text: str) -> str | None:
         return None
     return (f"This message has {len(text):,} characters; a message may have {LENGTH_NOTE}. "
             f"Shorten it by {len(text) - MAX_PROMPT_CHARS:,} characters and send it again.")
+
+
+SERVED_INFO = ("off: each mode drafts as it would alone; on: the server's load tiers may shorten or stop its drafts "
+               "while several runs are active")
+
+
+def served_toggle(elem_id: str) -> gr.Checkbox:
+    """Whether the runs of an experiment go under the server's load tiers (their `tiers` parameter): off by
+    default, so each mode runs as it would alone."""
+    return gr.Checkbox(label="as served under load", info=SERVED_INFO, value=False, elem_id=elem_id, scale=1)

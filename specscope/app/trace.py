@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
+from specscope.backend.engine.draft_tiers import tier_cut, tier_note
+
 Event = Mapping[str, Any]
 Piece = Callable[[int], str]
 Cell = tuple[int, int, str]  # (position, token id, state)
@@ -98,6 +100,11 @@ class RunTrace:
     @property
     def metrics(self) -> dict[str, Any]:
         return dict((self.end or {}).get("metrics") or {})
+
+    @property
+    def tier_note(self) -> str:
+        """How many of its rounds so far a load tier drafted less than its own parameters, and why ('' for none)."""
+        return tier_note(tier_cut(((r.get("extra") or {}).get("tier") for r in self.rounds), self.params))
 
     @property
     def committed(self) -> list[int]:

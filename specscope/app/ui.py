@@ -102,7 +102,7 @@ def build_ui(backend: Backend) -> gr.Blocks:
             names = [m["name"] for m in specs if m.get("available", True)]   # what the served model can run
             off = [f'{m["name"]} ({m["unavailable"]})' for m in specs if not m.get("available", True)]
             compared = [m for m in DEFAULT_MODES if m in names] or names[:3]
-            hint = f"not offered for this model: {', '.join(off)}" if off else None
+            hint = picker_hint(specs, off)
             return [status_html(health), specs,
                     # the chosen mode is kept by not sending a value (a switch answers after the model loaded:
                     # a value sent then would undo a mode picked meanwhile)
@@ -111,8 +111,9 @@ def build_ui(backend: Backend) -> gr.Blocks:
                     gr.CheckboxGroup(choices=names, value=compared, info=hint),
                     gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
                     gr.Dropdown(choices=[ALL, *[m["name"] for m in specs]]),
-                    gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
-                    gr.Dropdown(choices=names, value=next((m for m in RACE_RIVALS if m in names), names[-1]))]
+                    gr.Dropdown(choices=names, info=hint, value="ar" if "ar" in names else names[0]),
+                    gr.Dropdown(choices=names, info=hint,
+                                value=next((m for m in RACE_RIVALS if m in names), names[-1]))]
 
         def open_run(run_id: str) -> tuple[Any, Any]:
             return (gr.Tabs(selected="viz"), run_id) if run_id else (gr.skip(), gr.skip())
@@ -159,6 +160,15 @@ def build_ui(backend: Backend) -> gr.Blocks:
         for button, source in ((chat.open_button, chat.run_id), (runs.open_button, runs.selected)):
             button.click(open_run, source, [tabs, viz.run], concurrency_limit=None)
     return demo
+
+
+def picker_hint(specs: list[dict[str, Any]], off: list[str]) -> str | None:
+    """What a mode picker says under it: the modes whose output may differ from the model's greedy decode (lossy,
+    by the registry), and those the served model cannot run."""
+    lossy = [m["name"] for m in specs if m.get("lossy") and m.get("available", True)]
+    parts = ([f"lossy (output may differ from the model's greedy decode): {', '.join(lossy)}"] if lossy else []) + \
+        ([f"not offered for this model: {', '.join(off)}"] if off else [])
+    return " · ".join(parts) or None
 
 
 def mount_ui(fastapi_app: FastAPI, backend_url: str | None = None, token: str | None = None) -> FastAPI:

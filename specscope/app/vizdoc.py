@@ -22,7 +22,7 @@ from specscope.app.palette import vocabulary
 from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
 from specscope.app.trace import Event, Piece, RunTrace
 from specscope.backend.engine.cost_curve import CostCurve
-from specscope.backend.speedup import against_one_row, projected, usable
+from specscope.backend.speedup import DIGITS, against_one_row, projected, shown, usable
 
 
 def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, Any]:
@@ -56,7 +56,8 @@ def speedup_figures(trace: RunTrace, elsewhere: Mapping[str, CostCurve]) -> dict
     if trace.status == "running" or not trace.cost_curve or not usable(metrics):
         return None
     there = {name: projected(metrics, curve) for name, curve in elsewhere.items()}
-    return {"here": against_one_row(metrics, CostCurve.from_json(trace.cost_curve)),
+    here = against_one_row(metrics, CostCurve.from_json(trace.cost_curve))
+    return {"here": None if here is None else shown(here), "digits": DIGITS,
             "elsewhere": [{"machine": name, "speedup": speedup} for name, speedup in there.items()
                           if speedup is not None]}
 
@@ -85,7 +86,7 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
     if any(r.get("case") for r in trace.rounds):
         figures["cases"] = isd_case_figure(trace.rounds)
     return {"run_id": trace.run_id, "mode": trace.mode, "model": trace.model, "model_hash": trace.model_hash,
-            "matmul": trace.matmul, "tiers": trace.tiers, "status": trace.status,
+            "matmul": trace.matmul, "tiers": trace.tiers, "tier_note": trace.tier_note, "status": trace.status,
             "error": trace.error, "prompt": trace.prompt, "params": trace.params, "prompt_ids": trace.prompt_ids,
             "output_ids": trace.output_ids, "text": trace.text, "metrics": run_figures(trace), "spec": metrics,
             "speedup": speedup_figures(trace, elsewhere or {}),

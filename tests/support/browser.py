@@ -5,6 +5,7 @@ mode, pick from a dropdown, a screenshot). Modules mark themselves `pytestmark =
 Playwright is missing."""
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+DOC_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+"""Where `make screenshots` (SPECSCOPE_DOC_SHOTS=1) writes the README's screenshots; the suite itself never does."""
 TIMEOUT_MS = 30_000
 PROMPT = "Reverse: q w e r t y u i"   # eight answer tokens: ar makes a run of several rounds
 NEEDS_BROWSER = [
@@ -71,6 +74,13 @@ def new_page(browser: Any, errors: list[str] | None = None) -> Any:
 def shot(page: Any, name: str) -> None:
     page.wait_for_timeout(300)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def doc_shot(page: Any, name: str) -> None:
+    """A README screenshot: into docs/screenshots/ under `make screenshots`, else into the artifacts, so that a
+    test run leaves the work tree as it was."""
+    folder = DOC_SHOTS if os.environ.get("SPECSCOPE_DOC_SHOTS") else ARTIFACTS
+    page.screenshot(path=str(folder / f"{name}.png"))
 
 
 def set_number(page: Any, selector: str, value: int) -> None:

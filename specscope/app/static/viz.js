@@ -407,6 +407,7 @@ window.specscopeViz = (() => {
     return `<div class="ss-summary"><b>${esc(doc.mode)} · ${esc(doc.run_id)} · ${esc(doc.status)} · ` +
       `${doc.rounds.length} rounds · NFE ${esc(fmt(m.nfe))} · TPF ${esc(fmt(m.tpf, 2))}</b> ${status}` +
       (doc.error ? `<div class="ss-badge ss-bad">${esc(doc.error)}</div>` : "") +
+      (doc.tier_note ? `<div class="ss-tier-note ss-badge ss-bad">⚠ ${esc(doc.tier_note)}</div>` : "") +
       `<div><b>prompt</b> <code>${esc(doc.prompt)}</code></div><div><b>params</b> <code>${esc(params)}</code></div>` +
       (tiers ? `<div><b>block_size_tiers</b> <code>${esc(tiers)}</code> (the size each round used is in its header)</div>` : "") +
       `<div><b>model</b> <code>${esc(doc.model)}${doc.model_hash ? " · " + esc(doc.model_hash) : ""}` +
@@ -421,11 +422,11 @@ window.specscopeViz = (() => {
   // run's forwards priced on other machines' stored curves
   function speedupHtml(sp) {
     if (!sp || !sp.here) return "";
-    const h = sp.here;
+    const h = sp.here, d = sp.digits;   // the factors as shown multiply to the product as shown (speedup.shown)
     const there = (sp.elsewhere || []).map((e) => `${esc(e.machine)}: <b>${esc(fmt(e.speedup, 2))}×</b>`).join(" · ");
-    return `<div class="ssv-metrics" id="viz-speedup"><b>speedup explained</b> TPF ${esc(fmt(h.tpf, 2))} × ` +
-      `row cost ${esc(fmt(h.row_cost, 2))} (1-row step ${esc(fmt(h.one_row_ms, 2))} ms ÷ this run's mean forward) × ` +
-      `forward share ${esc(fmt(h.forward_share, 2))} ≈ <b>${esc(fmt(h.product, 2))}×</b> an ar whose 1-row ` +
+    return `<div class="ssv-metrics" id="viz-speedup"><b>speedup explained</b> TPF ${esc(fmt(h.tpf, d))} × ` +
+      `row cost ${esc(fmt(h.row_cost, d))} (1-row step ${esc(fmt(h.one_row_ms, 2))} ms ÷ this run's mean forward) × ` +
+      `forward share ${esc(fmt(h.forward_share, d))} = <b>${esc(fmt(h.product, d))}×</b> an ar whose 1-row ` +
       `forwards take all its time, on this machine` +
       (there ? `<div>its forwards on another machine's curve (forwards only): ${there}</div>` : "") + `</div>`;
   }

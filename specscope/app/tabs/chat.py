@@ -367,7 +367,8 @@ def params_ui(mode: gr.Dropdown, modes: gr.State, chosen: gr.State, params_open:
         if spec is None:
             gr.Markdown("*Modes load from the backend…*")
             return
-        gr.Markdown(f"**{spec['name']}**: {spec['summary']}  \n*NFE: {spec['nfe']}*")
+        lossy = "  \n**lossy**: its output may differ from the model's greedy decode" if spec.get("lossy") else ""
+        gr.Markdown(f"**{spec['name']}**: {spec['summary']}  \n*NFE: {spec['nfe']}*{lossy}")
         with gr.Accordion(f"parameters of {spec['name']}", open=bool(opened), elem_id="chat-params") as box:
             for p in spec["params"]:
                 param_widget(p, spec["name"], chosen, (values or {}).get(spec["name"], {}).get(p["name"]))

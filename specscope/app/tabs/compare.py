@@ -28,7 +28,7 @@ from specscope.app.figures import (
     token_diff_html,
     warning_html,
 )
-from specscope.app.limits import LENGTH_NOTE, MAX_NEW_LABEL, clamp_max_new, too_long
+from specscope.app.limits import LENGTH_NOTE, MAX_NEW_LABEL, clamp_max_new, served_toggle, too_long
 from specscope.app.plot import chart, figure_json
 from specscope.app.session import Backend, StopFlags
 from specscope.app.sweep import EXAMPLE, Variant, parse_variants
@@ -140,6 +140,7 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
                                 elem_id="cmp-reference", scale=1)
         layout = gr.Radio(["one after another", SIDE_BY_SIDE], value="one after another", label="run",
                           elem_id="cmp-layout", scale=1)
+        served = served_toggle("cmp-served")
     variants = gr.Textbox(label="parameter variants (one line per sweep: mode key=v1,v2,… ; every combination runs)",
                           placeholder=EXAMPLE, lines=2, max_lines=8, elem_id="cmp-variants")
     with gr.Row():
@@ -168,7 +169,7 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
             trace.add(event)
 
     async def run(text: str, chosen: list[str], lines: str, ref_mode: str, how: str, max_new_tokens: float | None,
-                  request: gr.Request) -> AsyncIterator[list[Any]]:
+                  tiered: bool, request: gr.Request) -> AsyncIterator[list[Any]]:
         skip = [gr.skip()] * 5
         client = backend.client(request)
         try:
@@ -181,7 +182,8 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
             yield [html.escape(why), *skip]
             return
         limit = clamp_max_new(max_new_tokens)
-        traces = [RunTrace(run_id="", mode=m, params={**p, "max_new_tokens": limit}) for m, p in runs]
+        traces = [RunTrace(run_id="", mode=m, params={"tiers": bool(tiered), **p, "max_new_tokens": limit})
+                  for m, p in runs]
         yield [progress_html(traces), "", "", "", [], limit]  # the previous results go at once
         stops.clear(request)
         stopped = stops.checker(request)
@@ -255,7 +257,7 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         path.write_text(csv_text(traces, pick_reference(traces, ref_mode), claims))
         return gr.File(str(path), visible=True), f"Exported <code>{html.escape(path.name)}</code>."
 
-    go.click(run, [prompt, modes, variants, reference, layout, max_new],
+    go.click(run, [prompt, modes, variants, reference, layout, max_new, served],
              [status, aligned, table, diffs, run_ids, max_new], concurrency_limit=None, show_progress="hidden")
     stop.click(stops.request, None, None, queue=False)
     save.click(store, [prompt, label, run_ids, reference], [status, saved], concurrency_limit=None)

@@ -12,7 +12,8 @@ from typing import Any
 import gradio as gr
 
 from specscope.app.client import BackendError, BackendUnavailable
-from specscope.app.limits import LENGTH_NOTE, MAX_NEW_LABEL, clamp_max_new, too_long
+from specscope.app.figures import tier_html
+from specscope.app.limits import LENGTH_NOTE, MAX_NEW_LABEL, clamp_max_new, served_toggle, too_long
 from specscope.app.live import figures_html, running_figures
 from specscope.app.session import Backend, StopFlags
 from specscope.app.trace import RunTrace
@@ -56,7 +57,7 @@ def lane_html(lane: Lane, rival: Lane | None = None) -> str:
     figures = figures_html(running_figures(lane.trace, lane.seconds))
     return (f'<div class="ss-race-lane"><div class="ss-round-head"><b>{html.escape(lane.mode)}</b>{badge} · '
             f'<span class="ss-race-stats">{figures} · {lane.seconds:.1f} s</span> · '
-            f'<span class="ss-race-status">{html.escape(lane_status(lane))}</span>{run}</div>'
+            f'<span class="ss-race-status">{html.escape(lane_status(lane))}</span>{run}{tier_html(lane.trace)}</div>'
             f'<pre class="ss-answer">{html.escape(lane.trace.text)}</pre></div>')
 
 
@@ -85,11 +86,13 @@ class RaceTab:
 def build_race(backend: Backend) -> RaceTab:
     stops = StopFlags()
     gr.Markdown("The same message in two modes at once, each streaming live with its tokens per forward and tok/s. "
-                "Both runs share the server, as two users' runs would; each is stored and opens in the visualizer.")
+                "Both runs share the server's forwards, as two users' runs would, and each drafts as it would alone "
+                "unless *as served under load* is ticked; each is stored and opens in the visualizer.")
     with gr.Row():
         mode_a = gr.Dropdown(label="mode A", choices=["ar"], value="ar", elem_id="race-mode-a", scale=1)
         mode_b = gr.Dropdown(label="mode B", choices=["ar"], value="ar", elem_id="race-mode-b", scale=1)
         max_new = gr.Number(label=MAX_NEW_LABEL, value=64, precision=0, elem_id="race-max", scale=1)
+        served = served_toggle("race-served")
     message = gr.Textbox(label=f"message ({LENGTH_NOTE})", value="Write a Python function that reverses a string.",
                          elem_id="race-input", lines=2)
     with gr.Row():
@@ -99,12 +102,13 @@ def build_race(backend: Backend) -> RaceTab:
         pane_a = gr.HTML('<div class="ss-empty">Mode A answers here.</div>', elem_id="race-a")
         pane_b = gr.HTML('<div class="ss-empty">Mode B answers here.</div>', elem_id="race-b")
 
-    async def race(text: str, a: str, b: str, limit: float | None, request: gr.Request) -> AsyncIterator[Any]:
+    async def race(text: str, a: str, b: str, limit: float | None, tiered: bool,
+                   request: gr.Request) -> AsyncIterator[Any]:
         why = "Type a message first." if not text.strip() else too_long(text)
         if why:
             yield f'<div class="ss-empty">{html.escape(why)}</div>', gr.skip(), gr.skip()
             return
-        params = {"max_new_tokens": clamp_max_new(limit)}
+        params = {"max_new_tokens": clamp_max_new(limit), "tiers": bool(tiered)}
         lanes = [Lane(a), Lane(b)]
         stops.clear(request)
         tasks = [asyncio.create_task(run_lane(backend, request, lane, text, params, stops.checker(request)))
@@ -121,7 +125,7 @@ def build_race(backend: Backend) -> RaceTab:
             for t in tasks:   # a closed page cancels both runs (their sockets close)
                 t.cancel()
 
-    start.click(race, [message, mode_a, mode_b, max_new], [pane_a, pane_b, max_new], concurrency_limit=None,
+    start.click(race, [message, mode_a, mode_b, max_new, served], [pane_a, pane_b, max_new], concurrency_limit=None,
                 show_progress="hidden")
     stop.click(stops.request, None, None, queue=False)
     for trigger in (max_new.blur, max_new.submit):

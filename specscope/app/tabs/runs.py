@@ -16,10 +16,12 @@ from specscope.app.analysis import mode_defaults, params_label, select_runs
 from specscope.app.client import BackendError, BackendUnavailable
 from specscope.app.figures import fmt, warning_html
 from specscope.app.session import Backend
+from specscope.backend.engine.draft_tiers import tier_note
 
 ALL = "all"
 STATUSES = [ALL, "running", "done", "cancelled", "error", "interrupted"]
-COLUMNS = ["run id", "created", "mode", "params", "model", "status", "tokens", "rounds", "NFE", "TPF", "prompt"]
+COLUMNS = ["run id", "created", "mode", "params", "model", "status", "tokens", "rounds", "NFE", "TPF", "load tier",
+           "prompt"]
 EXPORTS = {"json": ".json", "perfetto": ".perfetto.json"}
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
 
@@ -43,7 +45,7 @@ def table_rows(runs: Sequence[Mapping[str, Any]],
         m = r.get("metrics") or {}
         rows.append([r["run_id"], r["created_at"][:19].replace("T", " "), r["mode"], params_label(r, defaults),
                      model_label(r), r["status"], r["n_tokens"], r["n_rounds"], fmt(m.get("nfe")),
-                     fmt(m.get("tpf"), 2), r["prompt"][:80]])
+                     fmt(m.get("tpf"), 2), tier_note(m.get("tier_cut")), r["prompt"][:80]])
     return rows
 
 

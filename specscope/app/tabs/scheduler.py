@@ -1,8 +1,9 @@
 """Scheduler tab: what the engine's forwards served (GET /api/forwards), or, replayed from the store, the forwards
 of one stored run and every stored run that shared them (GET /api/runs/{id}/forwards; `/?forwards=<id>` opens it).
-Each forward is a bar of its rows, stacked by request and coloured by mode, over the KV pool's occupancy; the table
-below names each forward's requests and links every one to the run at the round that forward computed. The live
-view refreshes while "follow" is on; with engine replicas (`serve --ray`) it shows the replica picked."""
+Each forward is a bar of its rows, stacked by request, each request in its own colour outlined in its mode's, over
+the KV slots in use; the table below names each forward's requests and links every one to the run at the round that
+forward computed. The live view follows the engine while runs are active ("follow live", on at first); with engine
+replicas (`serve --ray`) it shows the replica picked."""
 from __future__ import annotations
 
 import html
@@ -12,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 
 from specscope.app.client import BackendError, BackendUnavailable
 from specscope.app.figures import mode_color, warning_html
@@ -26,11 +28,15 @@ FOLLOW_S = 2.0
 Record = dict[str, Any]
 
 
+REQUEST_COLORS = qualitative.Dark24
+"""Each request's fill, by the order it first appears (its mode's colour outlines it)."""
+
+
 def scheduler_figure(records: Sequence[Record]) -> go.Figure:
-    """One stacked bar per forward (x: its id): a segment per request, its rows, coloured by mode; the KV pool's
-    occupancy as a line on the right axis."""
+    """One stacked bar per forward (x: its id): a segment per request, its rows, in the request's own colour and
+    outlined in its mode's, each request in the legend with its mode; the KV slots in use as a line on an axis of
+    their own (scaled to the most used)."""
     fig = go.Figure()
-    shown_modes: set[str] = set()
     runs: dict[str, tuple[str, list[int], list[int], list[str]]] = {}
     for record in records:
         for group in record["groups"]:
@@ -38,17 +44,19 @@ def scheduler_figure(records: Sequence[Record]) -> go.Figure:
             x.append(record["id"])
             y.append(group["rows"])
             text.append(f"{group['run_id']} · {mode} · round {group['round']} · {group['kind']}")
-    for run_id, (mode, x, y, text) in runs.items():
-        fig.add_bar(x=x, y=y, name=mode, legendgroup=mode, showlegend=mode not in shown_modes, hovertext=text,
-                    marker_color=mode_color(mode), hoverinfo="text+y", customdata=[run_id] * len(x))
-        shown_modes.add(mode)
-    pooled = [r for r in records if r.get("pool_used") is not None and r.get("pool_slots")]   # stored runs may lack it
-    fig.add_scatter(x=[r["id"] for r in pooled], y=[r["pool_used"] / r["pool_slots"] for r in pooled],
-                    name="KV pool in use", yaxis="y2", mode="lines", line={"color": "#0f172a", "width": 1})
-    fig.update_layout(barmode="stack", height=360, margin={"l": 50, "r": 50, "t": 30, "b": 40},
+    for i, (run_id, (mode, x, y, text)) in enumerate(runs.items()):
+        fig.add_bar(x=x, y=y, name=f"{mode} · {run_id}", hovertext=text, hoverinfo="text+y",
+                    marker={"color": REQUEST_COLORS[i % len(REQUEST_COLORS)],
+                            "line": {"color": mode_color(mode), "width": 2}}, customdata=[run_id] * len(x))
+    pooled = [r for r in records if r.get("pool_used") is not None]   # stored runs may lack it
+    used = [int(r["pool_used"]) for r in pooled]
+    fig.add_scatter(x=[r["id"] for r in pooled], y=used, name="KV slots in use", yaxis="y2", mode="lines",
+                    line={"color": "#0f172a", "width": 1})
+    fig.update_layout(barmode="stack", height=380, margin={"l": 50, "r": 60, "t": 30, "b": 40},
                       xaxis_title="forward", yaxis_title="query rows",
-                      yaxis2={"overlaying": "y", "side": "right", "range": [0, 1], "tickformat": ".0%",
-                              "title": "KV pool"}, legend={"orientation": "h"})
+                      yaxis2={"overlaying": "y", "side": "right", "range": [0, max(used, default=1) * 1.1],
+                              "title": "KV slots in use", "tickformat": "d", "showgrid": False},
+                      legend={"orientation": "h", "y": -0.2, "yanchor": "top"})
     return fig
 
 
@@ -91,7 +99,8 @@ def replay_note(replay: Record) -> str:
 def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
     with gr.Row():
         refresh = gr.Button("↻ refresh", elem_id="sched-refresh", scale=0, min_width=110)
-        follow = gr.Checkbox(label="follow (refresh every 2 s)", value=False, elem_id="sched-follow", scale=0)
+        follow = gr.Checkbox(label="follow live (every 2 s while runs are active)", value=True,
+                             elem_id="sched-follow", scale=0)
         replica = gr.Dropdown(label="engine replica", choices=[0], value=0, elem_id="sched-replica", scale=0,
                               min_width=130, visible=False)
         run = gr.Textbox("", label="replay a stored run's forwards (run id; empty: the live engine)",
@@ -100,7 +109,8 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
     summary = gr.HTML(elem_id="sched-summary")
     plot = chart("sched-chart")
     table = gr.HTML(elem_id="sched-table")
-    timer = gr.Timer(FOLLOW_S, active=False)
+    timer = gr.Timer(FOLLOW_S, active=False)   # started by opening the tab, while follow is on
+    was_active = gr.State(False)   # whether runs were active at the last tick (their last forwards show once more)
 
     def drawn(note: str, records: Sequence[Record]) -> list[Any]:
         return [note, figure_json(scheduler_figure(records)), forwards_table_html(records)]
@@ -121,9 +131,17 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
             note += f" (engine replica {records[-1]['replica']})"
         return drawn(f'<div class="ss-note">{html.escape(note)}</div>', records)
 
-    def live(run_id: str | None, replica: int | None, request: gr.Request) -> list[Any]:
-        """A follow tick: the live view only (a replay is stored: it does not change)."""
-        return fetch("", replica, request) if not (run_id or "").strip() else [gr.skip()] * 3
+    def live(run_id: str | None, replica: int | None, was: bool, request: gr.Request) -> list[Any]:
+        """A follow tick: the live view while runs are active, and once after they end (a replay is stored: it
+        does not change)."""
+        if (run_id or "").strip():
+            return [gr.skip()] * 4
+        try:
+            health = backend.client(request).health()
+        except (BackendUnavailable, BackendError):
+            return [gr.skip()] * 4
+        active = bool(health.get("active_runs") or health.get("queued_runs"))
+        return [*(fetch("", replica, request) if active or was else [gr.skip()] * 3), active]
 
     def replicas(replica: int | None, request: gr.Request) -> Any:
         """The replica picker: shown when the server runs engine replicas (`serve --ray`)."""
@@ -142,6 +160,8 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
     tab.select(replicas, replica, replica, concurrency_limit=None, show_progress="hidden")
     for trigger in (refresh.click, replay.click, run.submit, tab.select, replica.input):
         trigger(fetch, [run, replica], [summary, plot, table], concurrency_limit=None, show_progress="hidden")
-    timer.tick(live, [run, replica], [summary, plot, table], concurrency_limit=None, show_progress="hidden")
-    follow.change(lambda on: gr.Timer(active=on), follow, timer, queue=False)
+    timer.tick(live, [run, replica, was_active], [summary, plot, table, was_active], concurrency_limit=None,
+               show_progress="hidden")
+    for started in (follow.change, tab.select):
+        started(lambda on: gr.Timer(active=on), follow, timer, queue=False)
     return SchedulerTab(run=run, opened=opened, shown=[summary, plot, table])
