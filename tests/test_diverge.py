@@ -152,6 +152,33 @@ def test_the_cli_prints_the_report(stored, capsys) -> None:
     assert main(["diverge", "nope", runs["ar"], "--db", url]) == 2
 
 
+def test_a_precision_difference_on_real_runs_is_named(shared_engine, loaded, heldout_prompts) -> None:
+    """float32 against int8 matmuls (where this CPU runs them): the first prompt whose ar answers part."""
+    from specscope.backend.engine.cost_curve import FLAT
+    from specscope.backend.forward.fused_step import MatmulUnavailable
+    from specscope.backend.tracing import RecordingTracer
+    try:
+        int8 = Engine(loaded, num_slots=1024, matmul="int8", cost_curve=FLAT)
+    except MatmulUnavailable as e:
+        pytest.skip(str(e))
+
+    def made(engine: Engine, prompt: str) -> RunConfig:
+        events: list[dict] = []
+        engine.generate(prompt, "ar", {"max_new_tokens": 24}, RecordingTracer(sink=events.append, keep=False))
+        kinds = {e["type"]: e for e in events}
+        return RunConfig.from_events(engine.rt.matmul, kinds["run_start"], kinds["run_end"])
+
+    served = Served(shared_engine.model_name, loaded.weights_hash)
+    for prompt in heldout_prompts:
+        found = diverge(made(shared_engine, prompt), made(int8, prompt), served, partial(rescore, shared_engine))
+        if found["position"] is not None:
+            break
+    assert found["position"] is not None and found["a"]["reproduced"] and found["b"]["reproduced"]
+    assert {w["factor"] for w in found["attribution"]} == {"matmul"} and "matmul difference" in found["cause"]
+    assert found["b"]["resolution"] > found["a"]["resolution"] and "int8 against float32" in \
+        found["b"]["resolution_note"]
+
+
 def build(folder: Any) -> Engine:
     """Module level, so the spawned engine process can unpickle it."""
     return Engine(load_checkpoint(folder or DEFAULT_CHECKPOINT), num_slots=1024)
