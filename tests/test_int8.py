@@ -227,3 +227,19 @@ def test_a_run_records_int8(loaded):
             tracer = RecordingTracer()
             engine.generate("What is 12 + 30?", mode, {"max_new_tokens": 2}, tracer)
             assert tracer.events[0]["matmul"] == f"int8, verify {verify}"
+
+
+def test_a_long_prompt_prefills_in_int8_chunks(loaded, monkeypatch):
+    """A prompt past the step's widest chunk prefills in chunks on the int8 step, never on the float32 eager
+    backend, and gives the tokens its chunks give when the step takes fewer rows at a time."""
+    built()
+    engine = Engine(loaded, num_slots=2048, matmul="int8")
+    prompt = " ".join(["one two three four five six seven eight nine ten"] * 40)
+    assert len(engine.encode_prompt(prompt, True)) > engine.rt.backend.max_chunk
+
+    def float32_forward(plan):
+        raise AssertionError("a prefill row ran on the float32 eager backend")
+    monkeypatch.setattr(engine.rt.eager, "run", float32_forward)
+    wide = engine.generate(prompt, "ar", {"max_new_tokens": 6, "raw": True}).output_ids
+    monkeypatch.setattr(engine.rt.backend, "max_chunk", 100)
+    assert engine.generate(prompt, "ar", {"max_new_tokens": 6, "raw": True}).output_ids == wide

@@ -364,10 +364,14 @@ class Runtime:
         return KVContext(self.pool.memory, prefix, valid, write_t)
 
     def prefill(self, req: Request) -> int:
-        """Write the prompt's KV (causal) and return the first generated token (not yet in the KV)."""
-        positions = list(range(len(req.prompt_ids)))
-        slots = self.alloc(req, positions)
-        scores = self.score(req, req.prompt_ids, 0, "causal", kind="prefill", write=slots)
-        self.commit(req, slots)
+        """Write the prompt's KV (causal) and return the first generated token (not yet in the KV): in one forward,
+        or with reduced-precision matmuls in chunks the fused step takes, so the prompt's rows round as the run's
+        do."""
+        ids = req.prompt_ids
+        chunk = len(ids) if self.matmul == "float32" else getattr(self.backend, "max_chunk", len(ids))
+        for start in range(0, len(ids), chunk):
+            slots = self.alloc(req, list(range(start, min(start + chunk, len(ids)))))
+            scores = self.score(req, ids[start:start + chunk], start, "causal", kind="prefill", write=slots)
+            self.commit(req, slots)
         (first,) = scores.rows(slice(-1, None)).tokens()
         return first
