@@ -37,6 +37,6 @@ screenshots: $(STAMP)  # the README's screenshots, drawn anew into docs/screensh
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy $(addprefix specscope/backend/,engine tracing.py model/checkpoint.py model/config.py \
-		model/transformer.py model/sampler_head.py bench.py server store forward verify_rows.py speedup.py sweep.py \
-		sweep_ray.py) specscope/kernels \
-		specscope/app specscope/backend/cli/throughput.py specscope/backend/kernel_bench.py tools/compile_check.py
+		model/transformer.py model/sampler_head.py server store forward) specscope/kernels specscope/app \
+		$(addprefix specscope/lab/,bench.py verify_rows.py sweep.py sweep_ray.py throughput.py kernel_bench.py) \
+		tools/compile_check.py

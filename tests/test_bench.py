@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specscope.backend import bench
-from specscope.backend.bench import headline, write_summary
-from specscope.backend.bench_compare import compare, load
 from specscope.backend.engine.cost_curve import ROWS
+from specscope.lab import bench
+from specscope.lab.bench import headline, write_summary
+from specscope.lab.bench_compare import compare, load
 
 
 def test_parse_variant_types_values():
@@ -85,7 +85,7 @@ def test_a_lossy_modes_agreement_is_the_share_of_the_references_tokens_before_th
 def test_verify_rows_leaves_the_kv_pool_as_it_found_it(loaded):
     """Every slot a timed forward takes (the prompt's and the rows') is freed again."""
     from specscope.backend.engine.engine import Engine
-    from specscope.backend.verify_rows import verify_rows
+    from specscope.lab.verify_rows import verify_rows
 
     engine = Engine(loaded, num_slots=512)
     free = engine.rt.pool.free_count
@@ -117,8 +117,8 @@ def test_answer_fit_rates_an_answer_as_transformers_does(shared_engine, heldout_
     answer scored in one chunk, or in chunks of 3 rows)."""
     from transformers import AutoModelForCausalLM
 
-    from specscope.backend import answer_fit as fit_module
-    from specscope.backend.answer_fit import answer_fit, summed
+    from specscope.backend.engine import answer_fit as fit_module
+    from specscope.backend.engine.answer_fit import answer_fit, summed
     from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT
 
     monkeypatch.setattr(fit_module, "CHUNK", chunk)

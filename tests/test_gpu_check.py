@@ -9,7 +9,7 @@ import torch
 
 from specscope.backend.cli import main
 from specscope.backend.engine.modes import describe_modes, mode_names
-from specscope.backend.gpu_check import variants
+from specscope.lab.gpu_check import variants
 
 
 @pytest.mark.extended

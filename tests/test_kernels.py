@@ -220,7 +220,7 @@ def test_packed_ffn_and_source_residual_match_twin(dtype, kind, parents, n):
 
 def test_kernel_bench_runs_the_tiny_config_on_cpu(tmp_path):
     """`specscope bench-kernels --tiny`: the GPU script's code path, on CPU with the twins."""
-    from specscope.backend import kernel_bench as bench
+    from specscope.lab import kernel_bench as bench
     result = bench.bench(bench.TINY, "cpu", tiny=True)
     rows = result["rows"]
     assert len(rows) == len(bench.TINY.branches) * len(bench.TINY.prefixes) * len(bench.TINY.folds)

@@ -27,9 +27,9 @@ from specscope.backend.model.checkpoint import load_checkpoint
 from specscope.backend.server import create_app
 from specscope.backend.server.ray_replicas import Replicas, rough_need
 from specscope.backend.store import Store
-from specscope.backend.sweep import Sweep, execute, stored_cells
-from specscope.backend.sweep_ray import run_on_ray
 from specscope.backend.tracing import RecordingTracer
+from specscope.lab.sweep import Sweep, execute, stored_cells
+from specscope.lab.sweep_ray import run_on_ray
 
 pytest_plugins = ["support.browser"]
 PROMPTS = ["Count from 3 to 9.", "Reverse: q w e r t y u i", "Copy: a b c d", "What is 12 + 30?",
@@ -182,7 +182,7 @@ def test_a_sweep_spreads_over_two_engines_and_resumes_without_redoing_cells(clus
 
 @pytest.mark.browser
 def test_the_analysis_tab_filters_a_sweep_and_groups_by_its_parameters(browser, loaded, tmp_path) -> None:
-    from specscope.backend.sweep import run_local
+    from specscope.lab.sweep import run_local
     engine = Engine(loaded, num_slots=2048)
     store = Store(f"sqlite:///{tmp_path / 'runs.db'}")
     sweep = Sweep("blocks", {"linear_spec": {"block_size": [4, 8]}}, PROMPTS[:3], 1, 12, "tiny")

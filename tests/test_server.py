@@ -572,10 +572,10 @@ def test_run_listing_filters_and_unknown_ids(client):
 
 def test_fit_rates_a_runs_answer_by_the_served_model(client, store, engine):
     """GET /api/runs/{id}/fit: the served model's own greedy pick and NLL at each answer token. An ar run is its
-    pick at every token; a block_diffusion run gets backend.answer_fit's figures on its stored ids; a run made by
+    pick at every token; a block_diffusion run gets engine.answer_fit's figures on its stored ids; a run made by
     other weights or in another matmul precision and an unknown one are refused, and the KV pool is left as it
     was."""
-    from specscope.backend.answer_fit import answer_fit
+    from specscope.backend.engine.answer_fit import answer_fit
 
     with client.websocket_connect("/ws/generate") as ws:
         ar, block = generate(ws, "ar"), generate(ws, "block_diffusion", block_size=4, threshold=0.0)

@@ -8,13 +8,13 @@ from support.modes import HELDOUT_GEN
 from support.spiffy import engine_with_graph, graph_json
 from support.traces import replay_kv
 
-from specscope.backend import calibrate
 from specscope.backend.engine.draft_graph import GRAPH_FILE, GraphError, load_graph
 from specscope.backend.engine.modes.spiffy import graph_nodes
 from specscope.backend.engine.params import ParamError
 from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT
 from specscope.backend.tracing import RecordingTracer
 from specscope.backend.train.domain import TASK_FAMILIES
+from specscope.lab import calibrate
 
 GEN = {"max_new_tokens": 32}
 

@@ -7,7 +7,7 @@ import pytest
 from specscope.backend.cli import main
 from specscope.backend.engine.engine import Engine
 from specscope.backend.store import Store
-from specscope.backend.sweep import SpecError, Sweep, execute, load_spec, run_local, stored_cells
+from specscope.lab.sweep import SpecError, Sweep, execute, load_spec, run_local, stored_cells
 
 
 def prompts(model, count):

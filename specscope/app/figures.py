@@ -19,7 +19,7 @@ from specscope.app.specmetrics import spec_metrics
 from specscope.app.trace import Cell, Event, Piece, RunTrace, id_piece
 from specscope.backend.bench_cells import pick_count
 from specscope.backend.engine.lossless import Claim, Outcome, model_difference, unmet, verdict
-from specscope.backend.speedup import DIGITS, FACTORS, against_ar, shown
+from specscope.backend.engine.speedup import DIGITS, FACTORS, against_ar, shown
 from specscope.backend.tracing import ROUND_COUNTS
 
 VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})

@@ -22,7 +22,7 @@ from specscope.app.palette import vocabulary
 from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
 from specscope.app.trace import Event, Piece, RunTrace
 from specscope.backend.engine.cost_curve import CostCurve
-from specscope.backend.speedup import DIGITS, against_one_row, projected, shown, usable
+from specscope.backend.engine.speedup import DIGITS, against_one_row, projected, shown, usable
 
 
 def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The bench table's cells that both its Markdown (`backend.bench`) and the UI's Bench tab show; no torch here."""
+"""The bench table's cells that both its Markdown (`specscope.lab.bench`) and the UI's Bench tab show; no torch here."""
 from __future__ import annotations
 
 from collections.abc import Mapping

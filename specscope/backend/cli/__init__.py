@@ -21,18 +21,18 @@ COMMANDS = {
     "runs": ("specscope.backend.cli.runs", "list, show or delete stored runs"),
     "diverge": ("specscope.backend.cli.diverge", "why two stored runs of one prompt differ: the first differing "
                                                  "token, re-scored"),
-    "bench": ("specscope.backend.bench", "benchmark the modes on held-out prompts"),
-    "calibrate": ("specscope.backend.calibrate", "calibrate the spiffy / specfold draft graph"),
-    "bench-diff": ("specscope.backend.bench_compare", "two sets of bench reports side by side (a change's before "
+    "bench": ("specscope.lab.bench", "benchmark the modes on held-out prompts"),
+    "calibrate": ("specscope.lab.calibrate", "calibrate the spiffy / specfold draft graph"),
+    "bench-diff": ("specscope.lab.bench_compare", "two sets of bench reports side by side (a change's before "
                                                       "and after)"),
-    "bench-kernels": ("specscope.backend.kernel_bench", "dense against folded verification on a synthetic model "
+    "bench-kernels": ("specscope.lab.kernel_bench", "dense against folded verification on a synthetic model "
                                                         "(a GPU's figures; --tiny on a CPU)"),
-    "throughput": ("specscope.backend.cli.throughput", "a mode's tok/s in process, traced and stored, and through a "
+    "throughput": ("specscope.lab.throughput", "a mode's tok/s in process, traced and stored, and through a "
                                                    "server"),
-    "sweep": ("specscope.backend.cli.sweep", "a grid of runs (modes × parameters × prompts), stored and resumable, "
+    "sweep": ("specscope.lab.sweep_command", "a grid of runs (modes × parameters × prompts), stored and resumable, "
                                              "on this machine or a Ray cluster"),
-    "loadtest": ("specscope.backend.loadtest", "a bounded load and fault run against a server over loopback"),
-    "gpu-check": ("specscope.backend.gpu_check", "every mode on a GPU (--tiny: on the CPU), then bench-kernels"),
+    "loadtest": ("specscope.lab.loadtest", "a bounded load and fault run against a server over loopback"),
+    "gpu-check": ("specscope.lab.gpu_check", "every mode on a GPU (--tiny: on the CPU), then bench-kernels"),
     "train": ("specscope.backend.cli.train", "train the tiny model, the self-speculation adapter or its head"),
     "data": ("specscope.backend.cli.data", "write the prompt set, or a model's own answers to it"),
 }

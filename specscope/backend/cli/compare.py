@@ -23,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specscope.backend.answer_fit import answer_fit
     from specscope.backend.bench_cells import pick_count
+    from specscope.backend.engine.answer_fit import answer_fit
     from specscope.backend.engine.modes import get_mode, param_specs
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes:

@@ -3,7 +3,7 @@
 A graph is a list of nodes in parents-first order. Node k = (parent, pos_rank r, vocab_rank v): take the
 parent's block state (parent -1 = the main state being verified), pick its r-th most confident masked
 position among those the policy may fill next, and set it to that position's v-th ranked token. Ranks come
-from the freshest logits, those of the previous main state. `backend.calibrate` writes the file.
+from the freshest logits, those of the previous main state. `specscope.lab.calibrate` writes the file.
 
     {"version": 1, "branches": B, "nodes": [{"id", "parent", "pos_rank", "vocab_rank", "hit_rate"}, ...],
      "calibration": {"prompts", "steps", "block_size", "threshold", ...}}

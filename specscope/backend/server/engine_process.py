@@ -29,7 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from specscope.backend.answer_fit import AnswerFit
+from specscope.backend.engine.answer_fit import AnswerFit
 from specscope.backend.engine.diverge import Probe, Rescored, rescore
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.messages import Prompt

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray.util.queue import Empty, Queue
 
-from specscope.backend.answer_fit import AnswerFit
+from specscope.backend.engine.answer_fit import AnswerFit
 from specscope.backend.engine.diverge import Probe, Rescored
 from specscope.backend.engine.messages import Prompt
 from specscope.backend.server.engine_process import Build, EngineProcess, Link, engine_main

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from specscope.backend.answer_fit import AnswerFit
+from specscope.backend.engine.answer_fit import AnswerFit
 from specscope.backend.engine.diverge import Probe, Rescored, rescore
 from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.messages import Prompt
@@ -83,7 +83,7 @@ class EngineService(Protocol):
         when it cannot load (the current model stays)."""
 
     def rate(self, prompt_ids: list[int], answer: list[int]) -> AnswerFit:
-        """The served model's greedy pick and NLL at each answer token (backend/answer_fit.py), made between two
+        """The served model's greedy pick and NLL at each answer token (engine/answer_fit.py), made between two
         engine steps; ParamError for ids it cannot read, OutOfSlots when the runs leave no KV room for it."""
 
     def rescore(self, probes: list[Probe]) -> list[Rescored]:

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from specscope.backend.answer_fit import AnswerFit, answer_fit
+from specscope.backend.engine.answer_fit import AnswerFit, answer_fit
 from specscope.backend.engine.engine import Engine, freeze_long_lived
 from specscope.backend.engine.messages import Prompt
 from specscope.backend.engine.request import Request
@@ -47,7 +47,7 @@ class Swap:
 
 @dataclass
 class Rating:
-    """A stored answer for the served model to rate (backend/answer_fit.py), between two steps."""
+    """A stored answer for the served model to rate (engine/answer_fit.py), between two steps."""
     prompt_ids: list[int]
     answer: list[int]
     future: Future[AnswerFit] = field(default_factory=Future)

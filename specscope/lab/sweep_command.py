@@ -1,4 +1,4 @@
-"""`specscope sweep SPEC.yaml`: a grid of runs, stored with the sweep's id and cell, resumable (backend/sweep.py)."""
+"""`specscope sweep SPEC.yaml`: a grid of runs, stored with the sweep's id and cell, resumable (lab/sweep.py)."""
 from __future__ import annotations
 
 import argparse
@@ -23,15 +23,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def held_out(args: argparse.Namespace, model: str | None, count: int) -> list[str]:
     """The model's held-out prompts, as the bench takes them."""
-    from specscope.backend.bench import bench_prompts
     from specscope.backend.model.source import resolve
+    from specscope.lab.bench import bench_prompts
     folder = resolve(model).folder
     tasks, _ = bench_prompts(folder, argparse.Namespace(per_kind=-(-count // 9), prompts=count))
     return [t.prompt for t in tasks][:count]
 
 
 def run(args: argparse.Namespace) -> int:
-    from specscope.backend.sweep import SpecError, execute, load_spec, run_local
+    from specscope.lab.sweep import SpecError, execute, load_spec, run_local
     try:
         sweep = load_spec(Path(args.spec), args.model, functools.partial(held_out, args))
     except SpecError as e:
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             execute(sweep, store, lambda todo, keep: run_local(sweep, engine, todo, keep))
         else:
             try:
-                from specscope.backend.sweep_ray import run_on_ray
+                from specscope.lab.sweep_ray import run_on_ray
             except ImportError:
                 raise CLIError("--ray needs Ray: pip install 'specscope[ray]'") from None
             build = functools.partial(build_engine, args)

@@ -9,7 +9,7 @@ import ray
 from ray.util import ActorPool
 
 from specscope.backend.engine.engine import Engine
-from specscope.backend.sweep import BATCH, Cell, Event, Sweep, chunks, run_cells
+from specscope.lab.sweep import BATCH, Cell, Event, Sweep, chunks, run_cells
 
 
 @ray.remote

@@ -37,24 +37,24 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from specscope.backend.answer_fit import answer_fit, summed
 from specscope.backend.bench_cells import model_pick, same_as_reference
-from specscope.backend.bench_load import load_table
-from specscope.backend.bench_load import markdown as load_markdown
+from specscope.backend.engine.answer_fit import answer_fit, summed
 from specscope.backend.engine.draft_tiers import draft_tiers_of
 from specscope.backend.engine.engine import Engine, RunResult
 from specscope.backend.engine.lossless import Claim, Outcome, Verdict, claim_of, verdict
 from specscope.backend.engine.modes import get_mode, mode_names
+from specscope.backend.engine.speedup import DIGITS, against_ar, shown
 from specscope.backend.forward.fused_step import MATMULS
 from specscope.backend.model.checkpoint import DTYPES, load_checkpoint
 from specscope.backend.model.families import ADAPTER_SCOPES
 from specscope.backend.model.source import DEFAULT_MODEL, ModelSource, resolve
-from specscope.backend.speedup import DIGITS, against_ar, shown
 from specscope.backend.tracing import NULL_TRACER, RecordingTracer
 from specscope.backend.train.prompts import prompt_set
 from specscope.backend.train.tasks import Task, checkpoint_tasks
-from specscope.backend.verify_rows import markdown as verify_rows_markdown
-from specscope.backend.verify_rows import verify_rows
+from specscope.lab.bench_load import load_table
+from specscope.lab.bench_load import markdown as load_markdown
+from specscope.lab.verify_rows import markdown as verify_rows_markdown
+from specscope.lab.verify_rows import verify_rows
 
 STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "accept_hist", "kv_peak",
             "kv_leaked", "rounds", "forward_ms", "mean_forward_ms", "forward_share", "forward_rows"}
