@@ -137,6 +137,10 @@ def test_a_shared_round_links_to_the_forwards_it_shared(page, server) -> None:
     page.wait_for_selector(f"#sched-forwards >> text={server['runs']['sharer']}")
     open_run(page, server, "ar", 2, by_url=True)   # a run that ran alone: no such link
     assert page.locator("#viz-grid .ssv-forwards").count() == 0
+    assert page.locator("#viz-summary .ss-tier-note").count() == 0
+    open_run(page, server, "sharer", 1, by_url=True)   # isd under the tier: its header says what the tier cut
+    note = page.locator("#viz-summary .ss-tier-note").inner_text()
+    assert "load tier reduced drafting in" in note and "drafting off with 2 runs active" in note, note
 
 
 def test_chart_click_jumps_and_token_history(page, server) -> None:
