@@ -1,7 +1,11 @@
-"""The project's imports point one way (model and kernels <- forward <- engine <- store and train <- server, bench,
-calibrate <- app <- CLI <- tools, the developer scripts): a walk of every module's imports (ast; TYPE_CHECKING
-blocks left out) finds no cycle and no upward import other than the ones docs/deviations.md lists, and no library
-module but the CLI has a script entry of its own."""
+"""The project's imports point one way, package by package: model, kernels and the modules loose in backend/ <-
+forward <- engine <- store and train <- server <- app <- CLI <- lab (the measurement lab) <- tools (the developer
+scripts). A module's layer is its package's, read off the layout: the folder it lies in under specscope/ or
+specscope/backend/ (and tools/). Every package on disk has a row in LAYERS, so a new one is placed before anything
+imports it. A walk of every module's imports (ast, `if TYPE_CHECKING:` blocks too: a type-only import ties two modules
+as much as any) finds no cycle and no import of a module in a higher row or in another package of the same row.
+So nothing in the product imports the lab: the CLI names the lab's commands by module (cli.COMMANDS) and imports one
+only when it runs. No library module but the CLI has a script entry of its own."""
 from __future__ import annotations
 
 import ast
@@ -11,35 +15,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("specscope", "tools")
 ENTRY_POINT = ROOT / "specscope" / "backend" / "cli" / "__main__.py"
-# The server and the modules behind the CLI's bench, compare and calibrate commands (verify_rows and answer_fit are
-# the bench's figures; compare rates its answers with answer_fit too).
-COMMANDS = ("specscope.backend.server",)
-# Upward imports docs/deviations.md explains (importer prefix, imported prefix).
-KNOWN_UPWARD: set[tuple[str, str]] = set()
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("specscope", "specscope.backend", "specscope.backend.model", "specscope.kernels"),
+    ("specscope.backend.forward",),
+    ("specscope.backend.engine",),
+    ("specscope.backend.store", "specscope.backend.train"),
+    ("specscope.backend.server",),
+    ("specscope.app",),
+    ("specscope.backend.cli",),
+    ("specscope.lab",),
+    ("tools",),
+)
+"""The packages, lowest first. "specscope" and "specscope.backend" stand for the modules loose in those folders
+(tracing.py, bench_cells.py: values and schemas that import nothing of the project's)."""
+PRODUCT = tuple(p for row in LAYERS[:LAYERS.index(("specscope.lab",))] for p in row)
+
+
+def packages_on_disk() -> set[str]:
+    """specscope and tools, every package folder directly under specscope/ and specscope/backend/, and
+    specscope.backend itself (its loose modules)."""
+    found = {"specscope", "tools", "specscope.backend"}
+    for parent in (ROOT / "specscope", ROOT / "specscope" / "backend"):
+        for init in parent.glob("*/__init__.py"):
+            found.add(".".join(init.parent.relative_to(ROOT).parts))
+    return found
+
+
+def package(module: str) -> str:
+    """The package a module belongs to: the longest package of LAYERS its name starts with."""
+    names = [p for row in LAYERS for p in row if module == p or module.startswith(p + ".")]
+    return max(names, key=len)
 
 
 def layer(module: str) -> int:
-    """0 model, kernels and tracing; 1 forward; 2 engine; 3 store, and training (the tiny model, the self-speculation
-    adapter and its head, and their data); 4 server and the CLI's bench and calibrate; 5 the UI; 6 the CLI, which
-    composes the server and the UI; 7 the developer scripts (tools/), which may import anything and which nothing
-    imports."""
-    if module.partition(".")[0] == "tools":
-        return 8
-    if module.startswith("specscope.lab"):
-        return 7
-    if module.startswith("specscope.backend.cli"):
-        return 6
-    if module.startswith("specscope.app"):
-        return 5
-    if module.startswith(COMMANDS):
-        return 4
-    if module.startswith(("specscope.backend.store", "specscope.backend.train")):
-        return 3
-    if module.startswith("specscope.backend.engine"):
-        return 2
-    if module.startswith("specscope.backend.forward"):
-        return 1
-    return 0
+    """The row of LAYERS that holds the module's package."""
+    found = package(module)
+    return next(i for i, row in enumerate(LAYERS) if found in row)
 
 
 def modules() -> dict[str, Path]:
@@ -52,16 +63,12 @@ def modules() -> dict[str, Path]:
 
 
 def imported(path: Path) -> Iterator[str]:
-    """Absolute imports of the file, outside `if TYPE_CHECKING:` blocks."""
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-                   for n in ast.walk(node)}
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    """Absolute imports of the file, wherever they are (function bodies and `if TYPE_CHECKING:` blocks too); for
+    `from X import Y`, X.Y as well, which names a module where Y is one."""
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
 
@@ -71,7 +78,7 @@ def graph() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
         for target in imported(path):
-            while target and target not in known:  # `from specscope.backend.store import X`: the package itself
+            while target and target not in known:  # `from specscope.backend.store import X`, X a name
                 target = target.rpartition(".")[0]
             if target and target != name:
                 edges[name].add(target)
@@ -110,26 +117,44 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def test_every_package_has_a_layer() -> None:
+    assert packages_on_disk() == {p for row in LAYERS for p in row}
+    assert all(package(name) for name in modules())
+
+
 def test_no_import_cycle() -> None:
     assert cycles(graph()) == []
 
 
-def test_no_upward_import_beyond_the_documented_ones() -> None:
-    upward = sorted((a, b) for a, targets in graph().items() for b in targets if layer(b) > layer(a)
-                    or a.startswith("specscope.kernels.") and b.startswith("specscope.backend."))
-    unexplained = [(a, b) for a, b in upward if not any(a.startswith(x) and b.startswith(y) for x, y in KNOWN_UPWARD)]
-    assert unexplained == []
-    stale = [(x, y) for x, y in KNOWN_UPWARD if not any(a.startswith(x) and b.startswith(y) for a, b in upward)]
-    assert stale == [], "an exception has gone: drop it here and from docs/deviations.md"
+def test_imports_point_down() -> None:
+    """A module imports its own package and the packages of lower rows only."""
+    wrong = sorted((a, b) for a, targets in graph().items() for b in targets
+                   if package(a) != package(b) and layer(b) >= layer(a))
+    assert wrong == []
+
+
+def test_the_product_never_imports_the_lab() -> None:
+    """What the import rule above implies, stated: the lab's commands are named, not imported, by the CLI."""
+    from specscope.backend.cli import COMMANDS
+    assert not [(a, b) for a, targets in graph().items() for b in targets
+                if package(a) in PRODUCT and package(b) == "specscope.lab"]
+    lab = {name for name, (module, _) in COMMANDS.items() if module.startswith("specscope.lab.")}
+    assert {"bench", "sweep", "gpu-check", "calibrate", "throughput", "loadtest", "bench-kernels"} <= lab
+    assert all(module in modules() for module, _ in COMMANDS.values())
 
 
 def test_the_walk_sees_a_cycle_and_an_upward_import() -> None:
-    """The checks themselves: a made-up graph with both faults is caught."""
+    """The checks themselves: a made-up graph with both faults is caught, a type-only import counts, and the
+    layers follow the layout."""
     a, b, ui = "specscope.backend.engine.a", "specscope.backend.engine.b", "specscope.app.ui"
     edges = {a: {b}, b: {a, ui}, ui: set()}
     assert cycles(edges) == [[a, b]]
     assert layer(ui) > layer(b)
-    assert layer("tools.compile_check") > layer("specscope.backend.cli") > layer(ui)
+    assert layer("tools.compile_check") > layer("specscope.lab.bench") > layer("specscope.backend.cli") > layer(ui)
+    assert layer("specscope.backend.tracing") == layer("specscope.kernels.gate") < layer(a)
+    assert package("specscope.backend.engine.modes.ar") == "specscope.backend.engine"
+    typing_only = ROOT / "specscope" / "backend" / "engine" / "modes" / "base.py"
+    assert "specscope.backend.engine.runtime" in set(imported(typing_only))
 
 
 def script_entry(path: Path) -> bool:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from specscope.backend.engine.cost_curve import ROWS, measure
+from specscope.backend.engine.cost_curve import ROWS
+from specscope.backend.engine.cost_measure import measure
 from specscope.backend.engine.engine import Engine
 
 
 def verify_rows(engine: Engine, prompt: str, repeats: int = 7, rows: tuple[int, ...] = ROWS) -> dict[str, Any]:
     """{"prefix": prompt tokens, "ms": {k: the fastest forward's ms}, "vs_one_row": {k: ms / ms at 1 row}}."""
-    curve = measure(engine, prompt, repeats, rows)
-    return {"prefix": len(engine.encode_prompt(prompt, raw=False)), "ms": dict(curve.ms),
+    ids = engine.encode_prompt(prompt, raw=False)
+    curve = measure(engine.rt, ids, repeats, rows)
+    return {"prefix": len(ids), "ms": dict(curve.ms),
             "vs_one_row": curve.vs_one_row()}
 
 

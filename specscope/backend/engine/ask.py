@@ -1,18 +1,19 @@
-"""What a round asks of the model. A mode's round is a generator that yields one `Ask` (or `BranchAsk`) per
-forward it needs and receives that forward's rows; the scheduler runs the asks of every running round in waves,
-and asks whose rows fit one plan share one forward."""
+"""What a round asks of the model and what it gives back. A mode's round is a generator that yields one `Ask` (or
+`BranchAsk`) per forward it needs, receives that forward's rows and returns a `RoundResult`; the scheduler runs the
+asks of every running round in waves, asks whose rows fit one plan share one forward, and applies the results."""
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
+from specscope.backend.engine.spec_counts import DraftStep
 from specscope.backend.forward.plan import Fold
+from specscope.backend.tracing import RoundEvent
 
 if TYPE_CHECKING:
-    from specscope.backend.engine.modes.base import RoundResult
     from specscope.backend.engine.request import Request
 
 
@@ -61,6 +62,26 @@ class BranchAsk:
 
     def key(self) -> None:
         return None
+
+
+@dataclass
+class SlotRelease:
+    slots: list[int]
+    positions: list[int]
+    reason: str
+
+
+@dataclass
+class RoundResult:
+    """One round's outcome, applied by the scheduler: free and commit slots, emit tokens (cut at EOS and at
+    max_new_tokens), record `view` (built only when tracing is on) and the round's `draft`, when its forward
+    verified drafted tokens (engine/spec_counts.py)."""
+    emitted: list[int]
+    accepted_len: int
+    commit: list[int] = field(default_factory=list)
+    free: list[SlotRelease] = field(default_factory=list)
+    view: RoundEvent | None = None
+    draft: DraftStep | None = None
 
 
 Round = Generator["Ask | BranchAsk", Any, "RoundResult"]

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import torch
 
-from specscope.backend.engine.ask import Ask, BranchAsk, Round
-from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
+from specscope.backend.engine.ask import Ask, BranchAsk, Round, RoundResult, SlotRelease
+from specscope.backend.engine.modes.base import Mode
 from specscope.backend.engine.params import Param, ParamError
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime

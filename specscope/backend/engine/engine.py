@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specscope.backend.engine.cost_curve import CostCurve, cached
+from specscope.backend.engine.cost_curve import CostCurve
+from specscope.backend.engine.cost_measure import COST_PROMPT, cached
 from specscope.backend.engine.draft_tiers import DraftTiers
 from specscope.backend.engine.messages import Prompt, check_messages, last_user
 from specscope.backend.engine.modes import param_specs
@@ -58,7 +59,7 @@ class Engine:
         self.scheduler = Scheduler(self.rt, tiers, check_invariants, draft_tiers=draft_tiers)
         self.pieces = PieceTable(self.rt.tokenizer)
         """Each prompt id's own text, for run_start."""
-        self.rt.cost = cost_curve or cached(self)
+        self.rt.cost = cost_curve or cached(self.rt, self.encode_prompt(COST_PROMPT, raw=False))
         freeze_long_lived()
 
     @property

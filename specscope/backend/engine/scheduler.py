@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from specscope.backend.engine.ask import Ask, BranchAsk, Round
+from specscope.backend.engine.ask import Ask, BranchAsk, Round, RoundResult
 from specscope.backend.engine.draft_tiers import DraftTiers, budget
 from specscope.backend.engine.kv import KVError
 from specscope.backend.engine.modes import get_mode
-from specscope.backend.engine.modes.base import Mode, RoundResult
+from specscope.backend.engine.modes.base import Mode
 from specscope.backend.engine.params import ParamError
 from specscope.backend.engine.recorder import RunRecorder
 from specscope.backend.engine.request import Request

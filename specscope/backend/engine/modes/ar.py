@@ -1,9 +1,9 @@
 """`ar`: causal one-token decode with a KV cache. NFE = decode forwards (the prefill is not counted)."""
 from __future__ import annotations
 
-from specscope.backend.engine.ask import Round
+from specscope.backend.engine.ask import Round, RoundResult
 from specscope.backend.engine.modes import register
-from specscope.backend.engine.modes.base import Mode, RoundResult
+from specscope.backend.engine.modes.base import Mode
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.tracing import RoundEvent

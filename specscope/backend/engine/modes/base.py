@@ -3,37 +3,14 @@ mode state and whose `round` (a generator of the forwards it needs) turns that s
 applies."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from specscope.backend.engine.params import Param
-from specscope.backend.engine.spec_counts import DraftStep
-from specscope.backend.tracing import RoundEvent
 
 if TYPE_CHECKING:
     from specscope.backend.engine.ask import Round
     from specscope.backend.engine.request import Request
     from specscope.backend.engine.runtime import Runtime
-
-
-@dataclass
-class SlotRelease:
-    slots: list[int]
-    positions: list[int]
-    reason: str
-
-
-@dataclass
-class RoundResult:
-    """One round's outcome, applied by the scheduler: free and commit slots, emit tokens (cut at EOS and at
-    max_new_tokens), record `view` (built only when tracing is on) and the round's `draft`, when its forward
-    verified drafted tokens (engine/spec_counts.py)."""
-    emitted: list[int]
-    accepted_len: int
-    commit: list[int] = field(default_factory=list)
-    free: list[SlotRelease] = field(default_factory=list)
-    view: RoundEvent | None = None
-    draft: DraftStep | None = None
 
 
 class Mode:

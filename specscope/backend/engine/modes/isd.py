@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specscope.backend.engine.ask import Round
+from specscope.backend.engine.ask import Round, RoundResult, SlotRelease
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
 from specscope.backend.engine.draft_tiers import isd_n
 from specscope.backend.engine.modes import register
 from specscope.backend.engine.modes.ar import decode_round
-from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
+from specscope.backend.engine.modes.base import Mode
 from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime

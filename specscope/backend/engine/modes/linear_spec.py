@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from specscope.backend.engine.ask import Round
+from specscope.backend.engine.ask import Round, RoundResult, SlotRelease
 from specscope.backend.engine.blocks import (
     block_logits,
     block_size,
@@ -34,7 +34,7 @@ from specscope.backend.engine.draft_tiers import block_length
 from specscope.backend.engine.draft_tree import DraftTree, grow
 from specscope.backend.engine.modes import register
 from specscope.backend.engine.modes.ar import decode_round
-from specscope.backend.engine.modes.base import Mode, RoundResult, SlotRelease
+from specscope.backend.engine.modes.base import Mode
 from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
