@@ -36,7 +36,5 @@ screenshots: $(STAMP)  # the README's screenshots, drawn anew into docs/screensh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy $(addprefix specscope/backend/,engine tracing.py model/checkpoint.py model/config.py \
-		model/transformer.py model/sampler_head.py server store forward) specscope/kernels specscope/app \
-		$(addprefix specscope/lab/,bench.py verify_rows.py sweep.py sweep_ray.py throughput.py kernel_bench.py) \
-		tools/compile_check.py
+	$(VENV)/bin/mypy specscope/app specscope/kernels specscope/lab $(addprefix specscope/backend/,cli engine forward \
+		model server store tracing.py bench_cells.py) tools/compile_check.py

@@ -9,6 +9,8 @@ only when it runs. No library module but the CLI has a script entry of its own."
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,6 +143,16 @@ def test_the_product_never_imports_the_lab() -> None:
     lab = {name for name, (module, _) in COMMANDS.items() if module.startswith("specscope.lab.")}
     assert {"bench", "sweep", "gpu-check", "calibrate", "throughput", "loadtest", "bench-kernels"} <= lab
     assert all(module in modules() for module, _ in COMMANDS.values())
+
+
+def test_the_values_the_ui_shares_need_no_torch() -> None:
+    """The speedup's arithmetic, the cost curve, the lossless verdict, the trace schema and the bench table's cells
+    load without torch, so the app can show them beside a remote backend."""
+    shared = ("specscope.backend.engine.speedup", "specscope.backend.engine.cost_curve",
+              "specscope.backend.engine.lossless", "specscope.backend.tracing", "specscope.backend.bench_cells")
+    code = f"import sys\nfor m in {shared!r}: __import__(m)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
 
 
 def test_the_walk_sees_a_cycle_and_an_upward_import() -> None:

@@ -99,7 +99,7 @@ def variants(mode: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(row name, params): the mode at its defaults, plus a row at its lossless claim's parameters where the claim
     fixes some (specfold: δ = 0 with the strict FFN gate)."""
     exact = dict(mode["lossless_params"] or {})
-    rows = [(mode["name"], {})]
+    rows: list[tuple[str, dict[str, Any]]] = [(mode["name"], {})]
     if exact:
         rows.append((mode["name"] + "[" + ",".join(f"{k}={v}" for k, v in exact.items()) + "]", exact))
     return rows

@@ -57,7 +57,7 @@ def speedup_figure(doc: dict[str, Any] | None) -> go.Figure:
 
 PROVENANCE = (("cpu", "machine"), ("cores", "cores"), ("cpu_flags", "ISA"), ("matmul", "matmuls"),
               ("dtype", "weights"), ("commit", "commit"), ("date", "date"))
-"""What a stored benchmark's label names, from its meta (backend/bench.py's provenance and options)."""
+"""What a stored benchmark's label names, from its meta (lab/bench.py's provenance and options)."""
 
 
 def provenance_html(meta: dict[str, Any]) -> str:

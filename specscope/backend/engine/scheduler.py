@@ -1,9 +1,12 @@
 """Continuous batching at round granularity: admit, run one round of every request, apply results, finish.
 
-A round is a generator of the forwards it needs (`Ask`). A step advances every running round in waves: each wave
-gathers the forward each round waits on, runs those of one shape together (one row group per request, on a
-backend whose rows never depend on their neighbours: `Runtime.group_limit`) and the rest alone, and hands every
-round its rows. So requests of any mode and parameters share forwards, and none changes another's numbers.
+A round is a generator of the forwards it needs (`Ask`, `BranchAsk`). A step advances every running round in waves:
+each wave gathers the forward each round waits on and packs the asks that share a key (`Ask.key`: rows that write
+their K/V causally or under a mask, and bidirectional blocks) flat into one ragged forward, whatever their lengths
+and attention, one row group per request and at most `Runtime.group_limit` groups: as many as keep the forward on
+the fused CPU step, whose rows never depend on their neighbours, and one on any other backend. A `BranchAsk`, or an
+ask without a key, runs alone. Every round then gets its own rows. So requests of any mode and parameters share
+forwards, and none changes another's numbers.
 
 A request is admitted when the pool can hold its worst
 case (prompt + max_new_tokens + the mode's extra positions, sized for the largest block-size tier) on top of
