@@ -272,7 +272,7 @@ def test_visualizer_steps_and_moves_cursor(page) -> None:
     page.wait_for_selector("#viz-accepted .main-svg")
     page.wait_for_selector("#viz-summary .ss-badge.ss-ok")  # settled: a run loaded while still live sits at its head
     rated = page.wait_for_selector("#viz-fit").inner_text()  # the served model rates the answer: ar's, all its own
-    assert re.fullmatch(r"model's pick (\d+)/\1 \(NLL \d+\.\d\d\)", rated), rated
+    assert re.fullmatch(r"(\d+) of \1 tokens? (is|are) the model's own pick; mean NLL \d+\.\d\d nats", rated), rated
     assert page.locator(".ssv-offpick").count() == 0
     page.eval_on_selector("#viz-slider", "s => { s.value = '0'; s.dispatchEvent(new Event('input')); }")
     wait_round(page, 0)

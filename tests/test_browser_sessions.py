@@ -113,7 +113,7 @@ def watch_live_panel(page) -> None:
         tick(); }""")
 
 
-FIGURES = re.compile(r"run (r_\w+) · specfold on a · live · round \d+ · (\d+) tokens · NFE (\d+) · TPF \d+\.\d\d · "
+FIGURES = re.compile(r"run (r_\w+) · specfold on a · live · round \d+ · (\d+) tokens? · NFE (\d+) · TPF \d+\.\d\d · "
                      r"[\d.]+ tok/s")
 
 
@@ -136,7 +136,7 @@ def test_the_live_panel_names_its_run_with_running_figures_and_no_overlay(browse
     head = page.locator("#chat-live-head").inner_text()
     seen = FIGURES.search(head)
     assert seen and seen.group(1) == page.input_value("#chat-run textarea"), head
-    page.wait_for_function("n => { const m = /(\\d+) tokens · NFE (\\d+)/.exec(document.querySelector("
+    page.wait_for_function("n => { const m = /(\\d+) tokens? · NFE (\\d+)/.exec(document.querySelector("
                            "'#chat-live-head').innerText); return m && Number(m[1]) > n; }", arg=int(seen.group(2)))
     frames = page.evaluate("() => { window.__stopLive = true; return window.__live; }")
     assert not any(f["overlay"] for f in frames), "the queue's overlay dimmed the live round"

@@ -252,7 +252,8 @@ def test_metrics_table_badges_and_escaping() -> None:
     assert "add a greedy block_diffusion run of this prompt to check" in metrics_table_html([spiffy], None, claims)
     fits = {"r_ref": {"tokens": 5, "greedy": 5, "nll_mean": 0.4321}, "r_other": "another model's run <b>"}
     table = metrics_table_html([ref, same, other], ref, claims, fits)
-    assert ">model&#x27;s pick</th>" in table and "<td>5/5 (0.43)</td>" in table
+    assert ">model&#x27;s pick</th>" in table
+    assert "5 of 5 tokens are the model&#x27;s own pick; mean NLL 0.43 nats" in table
     assert "<small>another model&#x27;s run &lt;b&gt;</small>" in table and table.count("<td></td>") >= 1
 
 

@@ -115,6 +115,13 @@ class Client:
         """The served model's rating of the run's answer: greedy, tokens, greedy_share, nll_mean, picks, nll."""
         return self.request("GET", f"/api/runs/{run_id}/fit", timeout=timeout).json()
 
+    def diverge(self, a: str, b: str, k: int | None = None, timeout: float = 130.0) -> dict[str, Any]:
+        """Why stored runs a and b of one prompt differ (GET /api/diverge): the first differing output position
+        (None when identical), each side's token, top-k logits and margin there, `cause` in words, `near_tie`,
+        `attribution` and `lossless_claim`."""
+        params = {"a": a, "b": b, **({} if k is None else {"k": k})}
+        return self.request("GET", "/api/diverge", timeout=timeout, params=params).json()
+
     def export(self, run_id: str, fmt: str = "json") -> bytes:
         return self.request("GET", f"/api/runs/{run_id}/export", params={"format": fmt}).content
 

@@ -18,6 +18,7 @@ from specscope.app.palette import CASES, CONTEXT_CELLS, KV_REASONS, STATES, kv_c
 from specscope.app.specmetrics import spec_metrics
 from specscope.app.trace import Cell, Event, Piece, RunTrace, id_piece
 from specscope.backend.bench_cells import pick_count
+from specscope.backend.engine.cost_curve import CostCurve
 from specscope.backend.engine.lossless import Claim, Outcome, model_difference, unmet, verdict
 from specscope.backend.engine.speedup import DIGITS, FACTORS, against_ar, shown
 from specscope.backend.tracing import ROUND_COUNTS
@@ -57,6 +58,11 @@ def fmt(value: Any, digits: int | str = 3) -> str:
 
 def esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
+
+
+def plural(n: int | float, word: str, words: str | None = None) -> str:
+    """'1 token', '2 tokens', '0 tokens'; `words` where the plural is not `word` + 's'."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
 
 
 # -- token grid -----------------------------------------------------------------------------------------------------
@@ -255,6 +261,7 @@ MODE_COLORS = {"ar": "#64748b", "block_diffusion": "#f59e0b", "linear_spec": "#3
                "spiffy": "#10b981", "specfold": "#8b5cf6"}
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross")
+PATTERNS = ("", "/", ".", "x", "-", "+")
 
 
 def mode_color(mode: str) -> str:
@@ -439,13 +446,22 @@ def status_cell(run: RunTrace) -> str:
 PICK_LABEL = "model's pick"
 
 
+def pick_words(fit: Mapping[str, Any]) -> str:
+    """A rating (GET /api/runs/{id}/fit) in words: '39 of 39 tokens are the model's own pick; mean NLL 0.19 nats'."""
+    if not fit.get("tokens"):
+        return "no tokens to rate"
+    return (f"{fit['greedy']} of {plural(fit['tokens'], 'token')} {'is' if fit['greedy'] == 1 else 'are'} the "
+            f"model's own pick; mean NLL {fit['nll_mean']:.2f} nats")
+
+
 def pick_cell(fit: Mapping[str, Any] | str | None) -> str:
-    """A run's rating by the served model (GET /api/runs/{id}/fit): '12/12 (0.58)', or why there is none."""
+    """A run's rating by the served model in words (`pick_words`; the short form '12/12 (0.58)' as its hover), or
+    why there is none."""
     if fit is None:
         return ""
     if isinstance(fit, str):
         return f'<small>{esc(fit)}</small>'
-    return esc(pick_count(fit))
+    return f'<small class="ss-pick" title="{esc(pick_count(fit))}">{esc(pick_words(fit))}</small>'
 
 
 def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = None,
@@ -465,7 +481,8 @@ def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = No
         link = (f'<a class="ss-open" href="?run={esc(run.run_id)}&amp;round=0" target="_blank">open ↗</a>'
                 if run.run_id else "")
         rows.append(f'<tr><td><b style="color:{mode_color(run.mode)}">{esc(values[2])}</b><br>'
-                    f'<code>{esc(run.run_id or "(not started)")}</code> {link}{tier_html(run)}</td>'
+                    f'<code>{esc(run.run_id or "(not started)")}</code> {link}{alarm_html(run.metrics)}'
+                    f'{tier_html(run)}</td>'
                     f'<td>{status_cell(run)}</td>'
                     f'{cells}<td>{pick_cell((fits or {}).get(run.run_id))}</td><td>{same}</td>'
                     f'<td>{lossless_badge(run, runs, claims or {})}</td></tr>')
@@ -573,7 +590,8 @@ def run_stats_html(run: RunTrace) -> str:
             f'{fmt(m.get("nfe"))} · {fmt(m.get("tok_per_s"), 1)} tok/s · '
             f'<span title="{esc(DEFINITIONS["tokens / round"])}">tokens/round</span> '
             f'{sparkline(accepted) or "—"} (max {max(accepted, default=0)}) · run <code>{esc(run.run_id)}</code> '
-            f'({esc(run.status)}) · model <b class="ss-model">{esc(run.model or "?")}</b>{tier_html(run)}</span>')
+            f'({esc(run.status)}) · model <b class="ss-model">{esc(run.model or "?")}</b>{alarm_html(m)}'
+            f'{tier_html(run)}</span>')
 
 
 def stop_note(run: RunTrace) -> str:
@@ -582,13 +600,101 @@ def stop_note(run: RunTrace) -> str:
     limit = run.params.get("max_new_tokens")
     if run.status != "done" or limit is None or run.metrics.get("tokens") != limit:
         return ""
-    return f"stopped at {limit} tokens (max_new_tokens)"
+    return f"stopped at {plural(limit, 'token')} (max_new_tokens)"
 
 
 def tier_html(run: RunTrace) -> str:
     """A run's load-tier note (RunTrace.tier_note) as a warning line, or '' when no tier cut its drafting."""
     note = run.tier_note
     return f'<span class="ss-tier-note ss-badge ss-bad">⚠ {esc(note)}</span>' if note else ""
+
+
+def alarm_html(metrics: Mapping[str, Any]) -> str:
+    """A run's acceptance alarm (run_end's `alarm`: "garbled drafts" or "loop") as a warning badge with its `why` as
+    the hover; '' for an unflagged run or one stored before the alarm was recorded."""
+    found = metrics.get("alarm") or {}
+    if not found.get("flag"):
+        return ""
+    return (f'<span class="ss-alarm ss-badge ss-bad" title="{esc(found.get("why") or found["flag"])}">'
+            f'⚠ {esc(found["flag"])}</span>')
+
+
+def acceptance_rates(metrics: Mapping[str, Any]) -> list[float]:
+    """The share of a run's drafts whose token at each draft position was accepted: num_accepted_tokens_per_pos
+    over num_drafts (run_end's vLLM counts); [] for a run that drafted nothing or stored no counts."""
+    drafts, per_pos = metrics.get("num_drafts"), metrics.get("num_accepted_tokens_per_pos") or []
+    return [n / drafts for n in per_pos] if drafts else []
+
+
+def acceptance_by_position_figure(runs: Sequence[RunTrace]) -> go.Figure:
+    """Per drafting run, the share of its drafts accepted at each draft position (`acceptance_rates`), as grouped
+    bars in the run's mode colour (runs of one mode told apart by their bars' pattern)."""
+    fig = go.Figure()
+    seen: dict[str, int] = {}
+    depth = 0
+    for run, label in zip(runs, run_labels(runs), strict=True):
+        rates = acceptance_rates(run.metrics)
+        if not rates:
+            continue
+        k = seen[run.mode] = seen.get(run.mode, -1) + 1
+        depth = max(depth, len(rates))
+        per_pos, drafts = run.metrics["num_accepted_tokens_per_pos"], run.metrics["num_drafts"]
+        fig.add_trace(go.Bar(x=list(range(1, len(rates) + 1)), y=rates, name=f"{label} · {run.run_id[-6:]}",
+                             marker={"color": mode_color(run.mode), "pattern": {"shape": PATTERNS[k % len(PATTERNS)]}},
+                             customdata=[[n, drafts] for n in per_pos],
+                             hovertemplate="draft position %{x}: %{customdata[0]} of %{customdata[1]} drafts "
+                                           "accepted (%{y:.0%})<extra>" + esc(label) + "</extra>"))
+    title = "acceptance by draft position" if fig.data else "acceptance by draft position: no run drafted"
+    fig.update_layout(**{**LAYOUT, "margin": LEGEND_BELOW_MARGIN}, title=title, height=280, barmode="group",
+                      xaxis=int_axis("draft position", depth), legend=legend_top(),
+                      yaxis={"title": "accepted / drafts", "range": [0, 1.05], "tickformat": ".0%"})
+    return fig
+
+
+LOAD_TOLERANCE = 0.25
+"""Runs whose 1-row forward ms differ from the reference's by more than this share were measured under other load."""
+
+
+def one_row_ms(run: RunTrace) -> float | None:
+    """The mean ms of the run's forwards (prefills left out) as a forward of one row of its own: each forward's ms
+    scaled by the run's cost curve from the rows it computed for the run to one row (a forward shared with other
+    runs' rows, or slowed by other work on the machine, counts as slower); without a cost curve, the mean ms of its
+    1-row forwards. None when it has neither."""
+    phases = [p for r in run.rounds for p in r.get("phases") or [] if p.get("kind") != "prefill" and p.get("ms")]
+    if run.cost_curve:
+        curve = CostCurve.from_json(run.cost_curve)
+        scaled = [float(p["ms"]) * curve.at(1) / curve.at(max(int(p.get("n_query") or 1), 1)) for p in phases]
+    else:
+        scaled = [float(p["ms"]) for p in phases if int(p.get("n_query") or 0) == 1]
+    return sum(scaled) / len(scaled) if scaled else None
+
+
+def load_warning_html(runs: Sequence[RunTrace], reference: RunTrace | None) -> str:
+    """A warning naming the runs measured under other load than the reference (the first run with a figure where
+    the reference has none): each one's mean 1-row forward ms (`one_row_ms`) against the reference's and by how
+    much, when they differ by more than LOAD_TOLERANCE; '' when none do."""
+    figures = {id(r): one_row_ms(r) for r in runs if r.status != "running"}
+    labels = dict(zip((id(r) for r in runs), run_labels(runs), strict=True))
+    base = reference if reference is not None and figures.get(id(reference)) else \
+        next((r for r in runs if figures.get(id(r))), None)
+    if base is None:
+        return ""
+    base_ms = figures[id(base)]
+    assert base_ms is not None
+    off = []
+    for run in runs:
+        ms = figures.get(id(run))
+        if run is base or not ms or abs(ms / base_ms - 1) <= LOAD_TOLERANCE:
+            continue
+        how = f"{ms / base_ms:.1f}× slower" if ms > base_ms else f"{base_ms / ms:.1f}× faster"
+        off.append(f"<li><b>{esc(labels[id(run)])}</b> <code>{esc(run.run_id)}</code>: {ms:.2f} ms, {how}</li>")
+    if not off:
+        return ""
+    return (f'<div class="ss-note ss-load-warning" id="cmp-load">⚠ <b>measured under different load</b>: the mean '
+            f'1-row forward ms (each forward scaled to one row of the run\'s own) of '
+            f'{"this run" if len(off) == 1 else "these runs"} differs from <b>{esc(labels[id(base)])}</b> '
+            f'<code>{esc(base.run_id)}</code>\'s {base_ms:.2f} ms by more than {LOAD_TOLERANCE:.0%}, so their tok/s '
+            f'and speedups are not comparable:<ul>{"".join(off)}</ul></div>')
 
 
 def legend_html() -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specscope.app.figures import esc, fmt
+from specscope.app.figures import esc, fmt, plural
 from specscope.app.trace import RunTrace
 
 
@@ -19,7 +19,8 @@ def running_figures(trace: RunTrace, seconds: float) -> dict[str, Any]:
 
 
 def figures_html(figures: dict[str, Any]) -> str:
-    return (f'{fmt(figures.get("tokens"))} tokens · NFE {fmt(figures.get("nfe"))} · '
+    tokens = figures.get("tokens")
+    return (f'{plural(tokens, "token") if tokens is not None else "— tokens"} · NFE {fmt(figures.get("nfe"))} · '
             f'<span title="tokens committed per forward (TPF = tokens / NFE)">TPF {fmt(figures.get("tpf"), 2)}</span>'
             f' · {fmt(figures.get("tok_per_s"), 1)} tok/s')
 

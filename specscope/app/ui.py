@@ -54,7 +54,17 @@ def status_html(health: dict[str, Any] | None, problem: str = "", switching: str
     moving = f' · <b id="ss-switching">switching to {html.escape(switching)}…</b>' if switching else ""
     return (f'<div class="ss-status ss-status-up" id="ss-up">● backend connected · model '
             f'{html.escape(str(health.get("model", "?")))}{moving} · active runs {health.get("active_runs", 0)} · '
-            f'KV slots in use {pool.get("used", "?")}/{pool.get("slots", "?")}{outage}</div>')
+            f'{slots_text(health.get("active_runs", 0), pool)}{outage}</div>')
+
+
+def slots_text(active: Any, pool: dict[str, Any]) -> str:
+    """The KV pool's use: the slots in use of all; with no run active, slots still held are said to be held outside
+    any run (the engine's own ratings or re-scoring between steps, or a run's slots not yet released)."""
+    used, slots = pool.get("used", "?"), pool.get("slots", "?")
+    if active == 0 and isinstance(used, int) and used > 0:
+        return (f'<span title="no run holds them: the engine\'s own rating or re-scoring between its steps, or a run '
+                f'that just ended">KV slots held outside any run {used}/{slots}</span>')
+    return f"KV slots in use {used}/{slots}"
 
 
 def switching_html(name: str) -> str:

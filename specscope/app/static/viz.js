@@ -11,6 +11,8 @@ window.specscopeViz = (() => {
     ? v.toFixed(d) : String(v));
   // a probability: three decimals, or three significant digits below 0.001 (never a 0.000 that is not zero)
   const prob = (v) => (typeof v === "number" && v > 0 && v < 1e-3 ? v.toExponential(2) : fmt(v));
+  // "1 token", "2 tokens" (`many` where the plural is not the word + "s")
+  const plural = (n, word, many) => `${n} ${n === 1 ? word : many || `${word}s`}`;
   const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
 
   // The drawing context of a document: its vocabulary, and each token's piece as written and as shown.
@@ -204,7 +206,7 @@ window.specscopeViz = (() => {
         .map(([, i]) => (path.has(i) ? `<b>${esc(clip(ctx.shown(r.tokens[i + 1]), 16))}</b>`
                                      : esc(clip(ctx.shown(r.tokens[i + 1]), 16))));
       const won = t.won === b ? ' <span class="ss-badge ss-ok">won</span>' : "";
-      return `<span class="ssv-branch" data-branch="${b}">branch ${b}: ${nodes.join(" ")} (${rows} rows)${won}</span>`;
+      return `<span class="ssv-branch" data-branch="${b}">branch ${b}: ${nodes.join(" ")} (${plural(rows, "row")})${won}</span>`;
     });
     return `<span class="ssv-tree" title="the draft tree: each branch a first token and the chain after it; ` +
       `bold: the accepted path">tree ${branches.join(" · ")}</span>`;
@@ -405,7 +407,7 @@ window.specscopeViz = (() => {
     const status = doc.status === "running" ? '<span class="ss-badge ss-ref">● live: following</span>'
       : `<span class="ss-badge ${doc.status === "done" ? "ss-ok" : "ss-bad"}">${esc(doc.status)}</span>`;
     return `<div class="ss-summary"><b>${esc(doc.mode)} · ${esc(doc.run_id)} · ${esc(doc.status)} · ` +
-      `${doc.rounds.length} rounds · NFE ${esc(fmt(m.nfe))} · TPF ${esc(fmt(m.tpf, 2))}</b> ${status}` +
+      `${plural(doc.rounds.length, "round")} · NFE ${esc(fmt(m.nfe))} · TPF ${esc(fmt(m.tpf, 2))}</b> ${status}` +
       (doc.error ? `<div class="ss-badge ss-bad">${esc(doc.error)}</div>` : "") +
       (doc.tier_note ? `<div class="ss-tier-note ss-badge ss-bad">⚠ ${esc(doc.tier_note)}</div>` : "") +
       `<div><b>prompt</b> <code>${esc(doc.prompt)}</code></div><div><b>params</b> <code>${esc(params)}</code></div>` +
@@ -445,7 +447,8 @@ window.specscopeViz = (() => {
         `title="${esc(`output token ${k} · revealed in round ${r}${pick}`)}">${esc(ctx.piece(t))}</span>`;
     }).join("");
     const rated = fit ? ` · <span id="viz-fit" title="${esc((doc.definitions || {})["model's pick"] || "")}">` +
-      `model's pick ${fit.greedy}/${fit.tokens} (NLL ${fmt(fit.nll_mean, 2)})${fit.greedy < fit.tokens
+      `${fit.greedy} of ${plural(fit.tokens, "token")} ${fit.greedy === 1 ? "is" : "are"} the model's own pick; ` +
+      `mean NLL ${fmt(fit.nll_mean, 2)} nats${fit.greedy < fit.tokens
         ? "; underlined: tokens the model would not pick" : ""}</span>` : "";
     return `<div class="ss-round-head"><b>output · step map</b> (colour = the round that revealed each token, ` +
       `blue early → red late; click one to jump to that round)${rated}</div><div class="ssv-output">` +

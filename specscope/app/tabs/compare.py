@@ -17,12 +17,16 @@ from typing import Any
 import gradio as gr
 
 from specscope.app.client import BackendError, BackendUnavailable, Client
+from specscope.app.diverge import differing_pairs
 from specscope.app.figures import (
     Claim,
+    acceptance_by_position_figure,
     comparison_figure,
     comparison_rows,
+    load_warning_html,
     metrics_table_html,
     mode_claims,
+    plural,
     run_labels,
     speedup_html,
     token_diff_html,
@@ -33,6 +37,7 @@ from specscope.app.plot import chart, figure_json
 from specscope.app.session import Backend, StopFlags
 from specscope.app.sweep import EXAMPLE, Variant, parse_variants
 from specscope.app.tabs.card import example_picker
+from specscope.app.tabs.why import BUTTON, pair_html
 from specscope.app.trace import RunTrace
 
 DEFAULT_MODES = ["ar", "block_diffusion", "linear_spec"]
@@ -81,12 +86,15 @@ def diffs_html(traces: list[RunTrace], reference: RunTrace | None, backend: Back
     return "".join(rows)
 
 
-def ratings(traces: list[RunTrace], client: Client) -> dict[str, dict[str, Any] | str]:
+Ratings = dict[str, dict[str, Any] | str]
+
+
+def ratings(traces: list[RunTrace], client: Client, known: Ratings | None = None) -> Ratings:
     """The served model's rating of each ended run's answer, or why there is none (a run of other weights or
-    matmul precision)."""
-    out: dict[str, dict[str, Any] | str] = {}
+    matmul precision); those in `known` are not asked again, and the new ones are added to it."""
+    out: Ratings = {} if known is None else known
     for t in traces:
-        if t.run_id and t.status != "running":
+        if t.run_id and t.status != "running" and t.run_id not in out:
             try:
                 out[t.run_id] = client.fit(t.run_id)
             except BackendError as e:
@@ -94,12 +102,28 @@ def ratings(traces: list[RunTrace], client: Client) -> dict[str, dict[str, Any] 
     return out
 
 
-def results(traces: list[RunTrace], ref_mode: str | None, backend: Backend, client: Client) -> list[Any]:
-    """Chart, metrics table (with the served model's rating of each answer) and diffs of finished runs."""
+RESULTS = 5
+"""What `results` fills: the NFE chart, the acceptance-by-position chart, the table, the diffs, the diverge pairs."""
+
+
+def results(traces: list[RunTrace], ref_mode: str | None, backend: Backend, client: Client,
+            known: Ratings | None = None) -> list[Any]:
+    """Charts, metrics table (a warning first when runs were measured under different load; the served model's
+    rating of each answer), diffs of finished runs, and the pairs of runs whose outputs differ (for "why did they
+    diverge?")."""
     reference = pick_reference(traces, ref_mode)
-    table = (metrics_table_html(traces, reference, mode_claims(client.modes()), ratings(traces, client))
+    table = (load_warning_html(traces, reference)
+             + metrics_table_html(traces, reference, mode_claims(client.modes()), ratings(traces, client, known))
              + speedup_html(traces))
-    return [figure_json(comparison_figure(traces)), table, diffs_html(traces, reference, backend, client)]
+    pairs = differing_pairs(traces, reference, run_labels(traces))
+    return [figure_json(comparison_figure(traces)), figure_json(acceptance_by_position_figure(traces)), table,
+            diffs_html(traces, reference, backend, client),
+            gr.Dropdown(choices=pairs, value=pairs[0][1] if pairs else None, visible=bool(pairs))]
+
+
+def ended(traces: list[RunTrace]) -> list[RunTrace]:
+    """The runs the backend took that have ended, in the comparison's order: the rows shown so far."""
+    return [t for t in traces if started(t) and t.status != "running"]
 
 
 def csv_text(traces: list[RunTrace], reference: RunTrace | None, claims: Mapping[str, Claim]) -> str:
@@ -117,7 +141,7 @@ def run_state(trace: RunTrace, stopped: bool) -> str:
     """A planned run's state: queued until the backend starts it (not run, once the comparison was stopped), then
     its status and rounds."""
     if started(trace):
-        return f"{trace.status} ({len(trace.rounds)} rounds)"
+        return f"{trace.status} ({plural(len(trace.rounds), 'round')})"
     return "not run (stopped)" if stopped else "queued"
 
 
@@ -148,7 +172,13 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         stop = gr.Button("Stop", elem_id="cmp-stop", scale=1)
     status = gr.HTML(elem_id="cmp-status")
     aligned = chart("cmp-chart")
+    positions = chart("cmp-positions")
     table = gr.HTML(elem_id="cmp-table")
+    with gr.Row():
+        pair = gr.Dropdown(label="runs whose outputs differ", choices=[], elem_id="cmp-diverge-pair", scale=3,
+                           visible=False)
+        why = gr.Button(BUTTON, elem_id="cmp-diverge", scale=1)
+    why_report = gr.HTML(elem_id="cmp-diverge-report")
     with gr.Row():
         export = gr.Button("Export table as CSV", elem_id="cmp-csv", scale=0, min_width=180)
         download = gr.File(label="CSV", elem_id="cmp-csv-file", interactive=False, visible=False, scale=1)
@@ -170,7 +200,8 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
 
     async def run(text: str, chosen: list[str], lines: str, ref_mode: str, how: str, max_new_tokens: float | None,
                   tiered: bool, request: gr.Request) -> AsyncIterator[list[Any]]:
-        skip = [gr.skip()] * 5
+        """Run the plan; each run's row (and the charts, diffs and pairs) appear as it ends."""
+        skip = [gr.skip()] * (RESULTS + 2)
         client = backend.client(request)
         try:
             runs = plan(chosen, parse_variants(lines or "", await asyncio.to_thread(client.modes)))
@@ -184,20 +215,29 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         limit = clamp_max_new(max_new_tokens)
         traces = [RunTrace(run_id="", mode=m, params={"tiers": bool(tiered), **p, "max_new_tokens": limit})
                   for m, p in runs]
-        yield [progress_html(traces), "", "", "", [], limit]  # the previous results go at once
+        cleared = ["", "", "", "", gr.Dropdown(choices=[], value=None, visible=False)]
+        yield [progress_html(traces), *cleared, [], limit]  # the previous results go at once
         stops.clear(request)
         stopped = stops.checker(request)
+        known: Ratings = {}
+        shown_ids: list[str] = []
         try:
             async for _ in run_groups(traces, how, lambda t: consume(client, text, t, dict(t.params), stopped),
                                       stopped):
-                yield [progress_html(traces), *skip]
+                done = ended(traces)
+                if [t.run_id for t in done] != shown_ids:   # a run ended: its row appears now
+                    shown_ids = [t.run_id for t in done]
+                    shown = await asyncio.to_thread(results, done, ref_mode, backend, client, known)
+                    yield [progress_html(traces), *shown, shown_ids, gr.skip()]
+                else:
+                    yield [progress_html(traces), *skip]
         except (BackendUnavailable, BackendError) as exc:
             yield [warning_html(exc), *skip]
             return
         finally:
             stops.clear(request)
         ran = [t for t in traces if started(t)]
-        shown = await asyncio.to_thread(results, ran, ref_mode, backend, client) if ran else ["", "", ""]
+        shown = await asyncio.to_thread(results, ran, ref_mode, backend, client, known) if ran else cleared
         yield [progress_html(traces, stopped=len(ran) < len(traces)), *shown, [t.run_id for t in ran], gr.skip()]
 
     def store(text: str, name: str, ids: list[str], ref_mode: str, request: gr.Request) -> tuple[str, Any]:
@@ -216,7 +256,7 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
 
     def saved_choices(client: Client, value: str | None = None) -> gr.Dropdown:
         found = client.comparisons()
-        return gr.Dropdown(choices=[(f"{c['label'] or c['comparison_id']} · {len(c['run_ids'])} runs",
+        return gr.Dropdown(choices=[(f"{c['label'] or c['comparison_id']} · {plural(len(c['run_ids']), 'run')}",
                                      c["comparison_id"]) for c in found], value=value)
 
     def list_saved(request: gr.Request) -> Any:
@@ -228,7 +268,7 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
     def open_saved(comparison_id: str | None, request: gr.Request) -> list[Any]:
         """The saved runs' results, and the settings they were run with back in the inputs."""
         if not comparison_id:
-            return ["Pick a saved comparison.", *[gr.skip()] * 9]
+            return ["Pick a saved comparison.", *[gr.skip()] * (RESULTS + 7)]
         try:
             client = backend.client(request)
             found = client.comparison(comparison_id)
@@ -236,9 +276,9 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
             ref_mode = traces[0].mode if traces else None
             shown = results(traces, ref_mode, backend, client)
         except (BackendUnavailable, BackendError) as exc:
-            return [warning_html(exc), *[gr.skip()] * 9]
+            return [warning_html(exc), *[gr.skip()] * (RESULTS + 7)]
         chosen, lines, max_new_tokens = settings_of(traces)
-        head = (f"Comparison <b>{html.escape(found['label'] or comparison_id)}</b> · {len(traces)} runs · "
+        head = (f"Comparison <b>{html.escape(found['label'] or comparison_id)}</b> · {plural(len(traces), 'run')} · "
                 f"prompt <code>{html.escape(found['prompt'])}</code>")
         return [head, *shown, found["run_ids"], found["prompt"], chosen, lines,
                 max_new_tokens if max_new_tokens is not None else gr.skip(), ref_mode]
@@ -257,14 +297,20 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         path.write_text(csv_text(traces, pick_reference(traces, ref_mode), claims))
         return gr.File(str(path), visible=True), f"Exported <code>{html.escape(path.name)}</code>."
 
+    shown = [aligned, positions, table, diffs, pair]
     go.click(run, [prompt, modes, variants, reference, layout, max_new, served],
-             [status, aligned, table, diffs, run_ids, max_new], concurrency_limit=None, show_progress="hidden")
+             [status, *shown, run_ids, max_new], concurrency_limit=None, show_progress="hidden")
+
+    def explain(chosen: str | None, request: gr.Request) -> str:
+        return pair_html(backend, request, chosen)
+
+    why.click(explain, pair, why_report, concurrency_limit=None)
     stop.click(stops.request, None, None, queue=False)
     save.click(store, [prompt, label, run_ids, reference], [status, saved], concurrency_limit=None)
     refresh.click(list_saved, None, saved, concurrency_limit=None)
     tab.select(list_saved, None, saved, concurrency_limit=None)
-    reopen.click(open_saved, saved, [status, aligned, table, diffs, run_ids, prompt, modes, variants, max_new,
-                                     reference], concurrency_limit=None)
+    reopen.click(open_saved, saved, [status, *shown, run_ids, prompt, modes, variants, max_new, reference],
+                 concurrency_limit=None)
     export.click(export_csv, [run_ids, reference], [download, status], concurrency_limit=None)
     for trigger in (max_new.blur, max_new.submit):
         trigger(clamp_max_new, max_new, max_new, queue=False)

@@ -14,14 +14,20 @@ import gradio as gr
 
 from specscope.app.analysis import mode_defaults, params_label, select_runs
 from specscope.app.client import BackendError, BackendUnavailable
-from specscope.app.figures import fmt, warning_html
+from specscope.app.figures import alarm_html, fmt, plural, warning_html
 from specscope.app.session import Backend
+from specscope.app.tabs.why import diverge_from_row
 from specscope.backend.engine.draft_tiers import tier_note
 
 ALL = "all"
 STATUSES = [ALL, "running", "done", "cancelled", "error", "interrupted"]
-COLUMNS = ["run id", "created", "mode", "params", "model", "status", "tokens", "rounds", "NFE", "TPF", "load tier",
-           "prompt"]
+COLUMNS = ["run id", "created", "mode", "params", "model", "status", "alarm", "tokens", "rounds", "NFE", "TPF",
+           "load tier", "prompt"]
+WIDTHS = ["150px", "150px", "110px", "170px", "150px", "80px", "90px", "70px", "70px", "60px", "60px", "150px",
+          "220px"]
+"""Each column's width: every header word and parameter fits on one line; a narrow screen scrolls the table."""
+DATATYPES = ["str"] * 6 + ["html"] + ["str"] * 6
+"""The alarm is a badge whose hover says why."""
 EXPORTS = {"json": ".json", "perfetto": ".perfetto.json"}
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
 
@@ -44,7 +50,7 @@ def table_rows(runs: Sequence[Mapping[str, Any]],
     for r in runs:
         m = r.get("metrics") or {}
         rows.append([r["run_id"], r["created_at"][:19].replace("T", " "), r["mode"], params_label(r, defaults),
-                     model_label(r), r["status"], r["n_tokens"], r["n_rounds"], fmt(m.get("nfe")),
+                     model_label(r), r["status"], alarm_html(m), r["n_tokens"], r["n_rounds"], fmt(m.get("nfe")),
                      fmt(m.get("tpf"), 2), tier_note(m.get("tier_cut")), r["prompt"][:80]])
     return rows
 
@@ -57,7 +63,7 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
                            placeholder='delta=0.5 block_size>=8 model=smollm2 "capital of"')
         refresh = gr.Button("↻ refresh", elem_id="runs-refresh", scale=0, min_width=100)
     table = gr.Dataframe(headers=COLUMNS, value=[], interactive=False, wrap=True, elem_id="runs-table",
-                         label="runs (click a row to select it)")
+                         label="runs (click a row to select it)", column_widths=WIDTHS, datatype=DATATYPES)
     with gr.Row():
         selected = gr.Textbox(label="selected run", interactive=True, elem_id="runs-selected", scale=3)
         open_button = gr.Button("Open in visualizer", elem_id="runs-open", scale=1)
@@ -69,6 +75,7 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
         confirm = gr.Button("Yes, delete", variant="stop", elem_id="runs-confirm", scale=0, min_width=120)
         cancel = gr.Button("Keep it", elem_id="runs-cancel", scale=0, min_width=100)
     message = gr.HTML(elem_id="runs-message")
+    diverge_from_row(backend, selected, "runs")
     download = gr.File(label="download", elem_id="runs-file", interactive=False, visible=False)
 
     def refresh_table(mode_name: str, state: str, text: str, request: gr.Request) -> tuple[Any, str]:
@@ -79,7 +86,7 @@ def build_runs(backend: Backend, tab: gr.Tab) -> RunsTab:
         except (BackendUnavailable, BackendError) as exc:
             return gr.skip(), warning_html(exc)
         shown = select_runs(runs, text)
-        return table_rows(shown, defaults), f"{len(shown)} runs" + (f" of {len(runs)}" if text.strip() else "")
+        return table_rows(shown, defaults), plural(len(shown), "run") + (f" of {len(runs)}" if text.strip() else "")
 
     def select(evt: gr.SelectData) -> str:
         row = evt.row_value or []

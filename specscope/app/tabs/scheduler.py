@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from specscope.app.client import BackendError, BackendUnavailable
-from specscope.app.figures import mode_color, warning_html
+from specscope.app.figures import mode_color, plural, warning_html
 from specscope.app.plot import chart, figure_json
 from specscope.app.session import Backend
 
@@ -67,7 +67,8 @@ def forwards_table_html(records: Sequence[Record]) -> str:
         served = ", ".join(
             f'<a class="ss-open" href="?run={html.escape(g["run_id"])}&amp;round={int(g["round"])}" target="_blank">'
             f'<b style="color:{mode_color(g["mode"])}">{html.escape(g["mode"])}</b> {html.escape(g["run_id"])} '
-            f'round {int(g["round"])}</a> ({int(g["rows"])} {html.escape(g["kind"])} rows)' for g in record["groups"])
+            f'round {int(g["round"])}</a> ({plural(int(g["rows"]), html.escape(g["kind"]) + " row")})'
+            for g in record["groups"])
         rows.append(f'<tr><td>{int(record["id"])}</td><td>{record["ms"]:.1f}</td><td>{int(record["rows"])}</td>'
                     f'<td>{len(record["groups"])}</td><td>{served}</td></tr>')
     if not rows:

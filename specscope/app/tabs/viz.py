@@ -16,6 +16,7 @@ from specscope.app.client import BackendError, BackendUnavailable, Client
 from specscope.app.figures import legend_html, warning_html
 from specscope.app.plot import PLOTLY_ROUTE
 from specscope.app.session import Backend
+from specscope.app.tabs.why import diverge_from_row
 from specscope.app.trace import RunTrace
 from specscope.app.vizdoc import document_json, viz_document
 
@@ -80,6 +81,7 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
             gr.HTML(legend_html())                                                            # not 2000 px below
         message = gr.HTML(elem_id="viz-message")
         app = viz_component()
+        diverge_from_row(backend, run, "viz")
 
     def load(run_id: str | None, request: gr.Request) -> tuple[str, str, bool]:
         """The run's document (or a warning), drawn once and stepped in the browser; whether it was still running."""
