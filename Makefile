@@ -32,7 +32,8 @@ test-fast: $(STAMP)  # the core, without slow, browser, PostgreSQL, GPU or real-
 
 screenshots: $(STAMP)  # the README's screenshots, drawn anew into docs/screenshots/ by the browser tests that take them
 	SPECSCOPE_DOC_SHOTS=1 $(PY) -m pytest -q tests/test_browser_scheduler.py tests/test_browser_sessions.py \
-		-k "scheduler_shows or live_panel"
+		tests/test_browser_tiers.py tests/test_browser_compare.py \
+		-k "scheduler_shows or live_panel or tier or diverged or other_load"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

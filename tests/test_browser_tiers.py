@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from support.browser import CODE_PROMPT, NEEDS_BROWSER, PROMPT, chat, new_page, set_number
+from support.browser import CODE_PROMPT, NEEDS_BROWSER, PROMPT, chat, doc_shot, new_page, set_number
 from support.live_server import ui_server
 from websockets.sync.client import connect
 
@@ -78,6 +78,8 @@ def test_a_race_drafts_as_alone_by_default_and_says_what_the_tier_cut_when_serve
     ar, isd = race(page, served=True)
     assert tpf(isd) == 1 and NOTE not in ar, isd              # under the tier: plain decode steps, and it says so
     assert re.search(rf"{NOTE} \d+ rounds: drafting off with [2-9] runs active", isd), isd
+    page.locator("#race-b").scroll_into_view_if_needed()
+    doc_shot(page, "race")
     page.close()
     assert errors == []
 
@@ -89,5 +91,7 @@ def test_a_chat_answer_under_the_tier_says_so_in_its_stats(browser, errors, serv
     chat(page, "isd")
     stats = page.locator("#chat-bot .bot").last.inner_text()
     assert "TPF 1.00" in stats and re.search(rf"{NOTE} \d+ rounds: drafting off with [2-9] runs active", stats), stats
+    page.locator("#chat-bot .bot").last.scroll_into_view_if_needed()
+    doc_shot(page, "chat-tier-note")
     page.close()
     assert errors == []

@@ -39,6 +39,7 @@ def top_table(side: Mapping[str, Any], piece: Piece) -> str:
 def side_html(name: str, side: Mapping[str, Any], piece: Piece) -> str:
     """One run at the position: which run, its token, the forward that picked it, margin, resolution, top-k."""
     margin, resolution = side.get("margin"), side.get("resolution")
+    shown = "—" if resolution is None else f"{resolution:.3g}"
     tie = badge("ss-bad", "near-tie") if side.get("near_tie") else ""
     reproduced = side.get("reproduced")
     again = "" if reproduced is None else badge("ss-ok", "re-scored alone, it picks the same") if reproduced else \
@@ -50,7 +51,7 @@ def side_html(name: str, side: Mapping[str, Any], piece: Piece) -> str:
             f'<code>{esc(side.get("run_id"))}</code> · {" · ".join(facts)}</div>'
             f'<div>its token: {token_text(side.get("token"), piece)} {again}</div>'
             f'<div class="ss-note">picked by {esc(side.get("path") or "—")}</div>'
-            f'<div>margin (first − second logit) <b>{fmt(margin)}</b> · resolution <b>{fmt(resolution)}</b> '
+            f'<div>margin (first − second logit) <b>{fmt(margin)}</b> · resolution <b>{shown}</b> '
             f'<span class="ss-note" title="{esc(side.get("resolution_note") or "")}">(what its precision can tell '
             f'apart here)</span> {tie}</div>{top_table(side, piece)}</div>')
 

@@ -651,7 +651,7 @@ def acceptance_by_position_figure(runs: Sequence[RunTrace]) -> go.Figure:
     return fig
 
 
-LOAD_TOLERANCE = 0.25
+LOAD_TOLERANCE = 0.5
 """Runs whose 1-row forward ms differ from the reference's by more than this share were measured under other load."""
 
 

@@ -23,8 +23,8 @@ ALL = "all"
 STATUSES = [ALL, "running", "done", "cancelled", "error", "interrupted"]
 COLUMNS = ["run id", "created", "mode", "params", "model", "status", "alarm", "tokens", "rounds", "NFE", "TPF",
            "load tier", "prompt"]
-WIDTHS = ["150px", "150px", "110px", "170px", "150px", "80px", "90px", "70px", "70px", "60px", "60px", "150px",
-          "220px"]
+WIDTHS = ["145px", "100px", "100px", "140px", "110px", "75px", "70px", "62px", "62px", "50px", "50px", "110px",
+          "130px"]
 """Each column's width: every header word and parameter fits on one line; a narrow screen scrolls the table."""
 DATATYPES = ["str"] * 6 + ["html"] + ["str"] * 6
 """The alarm is a badge whose hover says why."""

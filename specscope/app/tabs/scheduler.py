@@ -52,11 +52,12 @@ def scheduler_figure(records: Sequence[Record]) -> go.Figure:
     used = [int(r["pool_used"]) for r in pooled]
     fig.add_scatter(x=[r["id"] for r in pooled], y=used, name="KV slots in use", yaxis="y2", mode="lines",
                     line={"color": "#0f172a", "width": 1})
-    fig.update_layout(barmode="stack", height=380, margin={"l": 50, "r": 60, "t": 30, "b": 40},
+    # the legend under the x axis's title, never on it; room on the right for the slots' ticks and title
+    fig.update_layout(barmode="stack", height=400, margin={"l": 50, "r": 80, "t": 30, "b": 90},
                       xaxis_title="forward", yaxis_title="query rows",
                       yaxis2={"overlaying": "y", "side": "right", "range": [0, max(used, default=1) * 1.1],
                               "title": "KV slots in use", "tickformat": "d", "showgrid": False},
-                      legend={"orientation": "h", "y": -0.2, "yanchor": "top"})
+                      legend={"orientation": "h", "y": -0.25, "yanchor": "top"})
     return fig
 
 
