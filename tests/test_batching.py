@@ -77,19 +77,23 @@ def test_concurrent_mixed_modes_run_as_they_do_alone_and_share_forwards(shared_e
 
 
 @pytest.fixture(scope="module")
-def int8_engine(loaded) -> Engine:
-    """The tiny model with int8 matmuls (its float16 weights rounded to Q8_0 blocks, rows to int8 blocks)."""
+def integer_engines(loaded) -> dict[str, Engine]:
+    """The tiny model with integer matmuls (its float16 weights rounded to Q8_0 blocks, rows to 16-bit or int8
+    blocks), an engine per precision, made when first asked for."""
     if library() is None:
         pytest.skip("no C build of the kernels")
-    return Engine(loaded, num_slots=4096, check_invariants=True, matmul="int8")
+    return {}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [1, 4, 16])
-def test_concurrent_mixed_modes_in_int8_run_as_they_do_alone(int8_engine, heldout_prompts, n):
-    """The same with int8 matmuls: integer sums make a row's numbers those it has alone, whatever shares its
-    forward."""
-    shared = check_sharing(int8_engine, mix(n, heldout_prompts, 20))
+@pytest.mark.parametrize(("matmul", "n"), [("int16", 1), ("int16", 4), ("int16", 16), ("int8", 1), ("int8", 4)])
+def test_concurrent_mixed_modes_in_integer_matmuls_run_as_they_do_alone(integer_engines, loaded, heldout_prompts,
+                                                                         matmul, n):
+    """The same with integer matmuls: exact integer sums make a row's numbers those it has alone, whatever shares
+    its forward (16 requests in int16, auto's integer precision; int8, whose kernel is the same, at 1 and 4)."""
+    if matmul not in integer_engines:
+        integer_engines[matmul] = Engine(loaded, num_slots=4096, check_invariants=True, matmul=matmul)
+    shared = check_sharing(integer_engines[matmul], mix(n, heldout_prompts, 20))
     assert (n == 1) == (shared == [])
 
 

@@ -25,5 +25,5 @@ int amx_bf16_ready(void);
 
 int int8_isa_ready(int isa);
 
-void int8_linear(int isa, const void *w, int format, int out, int in, const float *x, int64_t ldx, float *y,
-                 int64_t ldy, int rows, void *scratch);
+void int8_linear(int isa, int planes, const void *w, int format, int out, int in, const float *x, int64_t ldx,
+                 float *y, int64_t ldy, int rows, void *scratch);

@@ -30,7 +30,8 @@
    weight bit for bit. AMX_BF16 and AMX_Q4_1 are the formats that round: bfloat16 weights on AMX tiles, rows
    rounded to bfloat16 where they enter a linear (cpu_amx.c), on CPUs with AMX, when asked for. I8_Q4_1 and I8_Q8_0
    are the GGUF blocks of the int8 linears (cpu_int8.c), which round each row to int8 blocks where it enters a
-   linear, in the vector ISA dims[INT8_ISA] (int8.h). */
+   linear (in dims[INT8_PLANES] planes: 1, int8 codes; 2, 16-bit codes as two int8 planes), in the vector ISA
+   dims[INT8_ISA] (int8.h). */
 typedef struct { float d; int8_t q[32]; } q8_0_block;
 /* Per-layer tensors, in this order, in the `tensors` table (0 = absent). Projections are row-major [out, in]
    in the weight format; norms and biases float32. */
@@ -39,7 +40,7 @@ enum { IN_NORM, POST_NORM, Q_NORM, K_NORM, WQ, WK, WV, WO, WGATE, WUP, WDOWN, BQ
 #define N_LORA 7
 #define LORA_OF(name) ((name) - WQ)
 /* Dimensions, in this order, in the `dims` table. */
-enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT, HEAD_FORMAT, INT8_ISA };
+enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT, HEAD_FORMAT, INT8_ISA, INT8_PLANES };
 
 /* Weight rows are requested PREFETCH_AHEAD elements ahead of their loads, into L1 (locality 3) unless
    kernels/native.py asks for the non-temporal hint (locality 0, 256 ahead) on AMD CPUs: on an EPYC it measured ~8 %
@@ -233,8 +234,8 @@ DEFINE_LINEAR(linear_q8_0, Q8_0_BYTES, Q8_0_AT, Q8_0_LOAD, Q8_0_VALUE, 1)
 
 /* tiles: room for TILE_OUTS * in floats per thread (a wide forward's widened weight rows), for the AMX formats
    amx_linear's scratch (AMX_PADDED(rows) * in floats), for the int8 formats int8_linear's (INT8_SCRATCH bytes). */
-static void linear(const void *w, int format, int isa, const float *bias, int out, int in, const float *x,
-                   int64_t ldx, float *y, int64_t ldy, int rows, float *tiles) {
+static void linear(const void *w, int format, int isa, int planes, const float *bias, int out, int in,
+                   const float *x, int64_t ldx, float *y, int64_t ldy, int rows, float *tiles) {
     switch (format) {
     case F32: linear_f32(w, out, in, x, ldx, y, ldy, rows, tiles); break;
     case F16: linear_f16(w, out, in, x, ldx, y, ldy, rows, tiles); break;
@@ -242,7 +243,7 @@ static void linear(const void *w, int format, int isa, const float *bias, int ou
     case Q4_1: linear_q4_1(w, out, in, x, ldx, y, ldy, rows, tiles); break;
     case Q8_0: linear_q8_0(w, out, in, x, ldx, y, ldy, rows, tiles); break;
     case I8_Q4_1:
-    case I8_Q8_0: int8_linear(isa, w, format, out, in, x, ldx, y, ldy, rows, tiles); break;
+    case I8_Q8_0: int8_linear(isa, planes, w, format, out, in, x, ldx, y, ldy, rows, tiles); break;
     default: amx_linear(w, format, out, in, x, ldx, y, ldy, rows, (uint16_t *)tiles);
     }
     if (bias)
@@ -432,7 +433,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
         tile_room = (size_t)AMX_PADDED(rows) * widest + 32;
     if (IS_INT8(fmt) || IS_INT8(head_fmt)) /* int8_linear's */
         tile_room = (size_t)INT8_SCRATCH(rows, widest) / sizeof(float) + 1;
-    int isa = (int)dims[INT8_ISA];
+    int isa = (int)dims[INT8_ISA], planes = (int)dims[INT8_PLANES];
     float *buf = malloc(sizeof(float) * ((size_t)rows * (2 * D + 2 * qs + 2 * kvs + 2 * I) + lora_tmp
                                          + (size_t)threads * score_room + tile_room));
     if (!buf) return -1;
@@ -450,7 +451,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
 #define F(name) ((const float *)(intptr_t)t[name])
 #define PROJECT(name, bias, out, in, src, ldx, dst, ldy)                                                        \
         do {                                                                                                  \
-            linear(W(name), fmt, isa, bias, out, in, src, ldx, dst, ldy, rows, tiles);                            \
+            linear(W(name), fmt, isa, planes, bias, out, in, src, ldx, dst, ldy, rows, tiles);                            \
             if (adapt && adapter[2 * LORA_OF(name)] && IS_AMX(fmt))                                         \
                 amx_lora((const void *)(intptr_t)adapter[2 * LORA_OF(name)],                                  \
                          (const void *)(intptr_t)adapter[2 * LORA_OF(name) + 1], lora_rank, lora_scale,       \
@@ -506,7 +507,7 @@ int decode_step(const int64_t *dims, const float *eps_, const int64_t *tensors, 
     }
     for (int m = 0; m < rows; m++) rms_norm(h + m * D, final_norm, eps, D, x + m * D);
     if (hidden) memcpy(hidden, x, sizeof(float) * (size_t)rows * D);
-    linear(head, head_fmt, isa, NULL, V, D, x, D, logits, V, rows, tiles);
+    linear(head, head_fmt, isa, planes, NULL, V, D, x, D, logits, V, rows, tiles);
     for (int64_t e = 0; e < odd_count; e++)   /* the sums a float32 head gives (a linear output is one dot) */
         for (int m = 0; m < rows; m++) logits[m * V + odd_rows[e]] = dot(odd_values + e * D, x + m * D, D);
     free(buf);

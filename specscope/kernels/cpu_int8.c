@@ -24,7 +24,13 @@
 #include "int8.h"
 
 #define INT8_PARALLEL_MIN 32768 /* multiply-adds below which a linear runs on one thread (cpu_decode.c's too) */
-#define ROW_TILE 8              /* rows that share each unpacked weight block */
+#define ROW_TILE 4              /* rows that share each unpacked weight block */
+#ifndef PREFETCH_GROUPS
+#define PREFETCH_GROUPS 2       /* weight groups ahead that a group's first row tile prefetches, block by block */
+#endif
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT _MM_HINT_T0
+#endif
 
 /* A linear's input rows as int8 blocks: codes [rows, in], and per row and block (nb a row) the scale, the codes'
    sum and scale * sum. */
@@ -32,8 +38,13 @@ typedef struct {
     const int8_t *q;
     const float *d, *ds;
     const int32_t *sum;
-    int in, nb;
+    int in, nb, planes;
 } rows_i8;
+
+/* Row m's codes of plane p (int16 rows: plane 0 the high codes, plane 1 the low ones). */
+static inline const int8_t *codes_of(const rows_i8 *x, int m, int p) {
+    return x->q + ((int64_t)m * x->planes + p) * x->in;
+}
 
 /* One block of 32 values: its codes, and its scale and codes' sum (every ISA the same numbers: the largest
    magnitude is exact in any order, the rest is per value). */
@@ -69,23 +80,48 @@ __attribute__((target("avx512f,avx512bw"))) static void quantize_block_512(const
     *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ca, cb));
 }
 
-/* A linear's input rows as int8 blocks, each block by quantize_block or its AVX-512 twin. */
-static rows_i8 quantize(int isa, const float *x, int64_t ldx, int rows, int in, void *scratch) {
+/* One block of 32 values as 16-bit codes c = round(x * 32258 / max |x|) (scale max |x| / 32258), split into two
+   planes of int8 codes, c = 254 * high + low with |high|, |low| <= 127; the scale and the sum of the c. */
+static void quantize_block16(const float *x, int8_t *high, int8_t *low, float *d, int32_t *sum) {
+    float top = 0.0f;
+    for (int j = 0; j < 32; j++) top = fmaxf(top, fabsf(x[j]));
+    float inv = top > 0.0f ? 32258.0f / top : 0.0f;
+    int total = 0;
+    for (int j = 0; j < 32; j++) {
+        float c = rintf(x[j] * inv);
+        c = c > 32258.0f ? 32258.0f : c < -32258.0f ? -32258.0f : c;
+        float h = rintf(c / 254.0f);
+        high[j] = (int8_t)h;
+        low[j] = (int8_t)(c - 254.0f * h);
+        total += (int)c;
+    }
+    *d = top / 32258.0f;
+    *sum = total;
+}
+
+/* A linear's input rows as blocks of int8 codes in `planes` planes (1: int8 rows; 2: int16 rows), each block by
+   quantize_block (or its AVX-512 twin) or quantize_block16. */
+static rows_i8 quantize(int isa, int planes, const float *x, int64_t ldx, int rows, int in, void *scratch) {
     int nb = in / 32;
     int8_t *q = scratch;
-    float *d = (float *)(((uintptr_t)(q + (int64_t)rows * in) + 63) & ~(uintptr_t)63), *ds = d + rows * nb;
+    float *d = (float *)(((uintptr_t)(q + (int64_t)rows * planes * in) + 63) & ~(uintptr_t)63), *ds = d + rows * nb;
     int32_t *sum = (int32_t *)(ds + rows * nb);
+    rows_i8 out = {q, d, ds, sum, in, nb, planes};
     _Pragma("omp parallel for schedule(static) if (rows >= 16)")
     for (int m = 0; m < rows; m++)
         for (int b = 0; b < nb; b++) {
             int at = m * nb + b;
-            if (isa == I8_AVX512_VNNI)
-                quantize_block_512(x + m * ldx + b * 32, q + (int64_t)m * in + b * 32, d + at, sum + at);
+            const float *xb = x + m * ldx + b * 32;
+            int8_t *high = q + ((int64_t)m * planes) * in + b * 32;
+            if (planes == 2)
+                quantize_block16(xb, high, high + in, d + at, sum + at);
+            else if (isa == I8_AVX512_VNNI)
+                quantize_block_512(xb, high, d + at, sum + at);
             else
-                quantize_block(x + m * ldx + b * 32, q + (int64_t)m * in + b * 32, d + at, sum + at);
+                quantize_block(xb, high, d + at, sum + at);
             ds[at] = d[at] * (float)sum[at];
         }
-    return (rows_i8){q, d, ds, sum, in, nb};
+    return out;
 }
 
 static inline int32_t codes4(const int8_t *p) {
@@ -96,12 +132,16 @@ static inline int32_t codes4(const int8_t *p) {
 
 /* ---- plain C: the reference every vector path equals ---- */
 static void tile_scalar(const uint8_t *wg, int format, const rows_i8 *x, int m0, int rt, float *y, int64_t ldy,
-                        int n) {
+                        int n, int64_t ahead) {
+    (void)ahead;
     for (int r = 0; r < rt; r++) {
         int m = m0 + r;
         float acc[I8_GROUP] = {0};
         for (int b = 0; b < x->nb; b++) {
-            const int8_t *c = x->q + (int64_t)m * x->in + b * 32;
+            int32_t c[32];      /* the row's codes: one plane, or 254 * high + low */
+            for (int j = 0; j < 32; j++)
+                c[j] = x->planes == 2 ? 254 * codes_of(x, m, 0)[b * 32 + j] + codes_of(x, m, 1)[b * 32 + j]
+                                      : codes_of(x, m, 0)[b * 32 + j];
             float dx = x->d[m * x->nb + b], ds = x->ds[m * x->nb + b];
             if (format == I8_Q4_1) {
                 const uint8_t *blk = wg + (int64_t)b * I8_Q4_1_BLOCK;
@@ -141,13 +181,14 @@ __attribute__((target(T512))) static inline __m512i dp512(__m512i acc, __m512i w
 }
 
 __attribute__((target(T512), always_inline)) static inline void tile_q4_512(const uint8_t *wg, const rows_i8 *x,
-                                                                             int m0, int rt, float *y, int64_t ldy,
-                                                                             int n) {
+                                                                             int m0, int rt, int planes, float *y,
+                                                                             int64_t ldy, int n, int64_t ahead) {
     __m512 acc[ROW_TILE];
     for (int r = 0; r < rt; r++) acc[r] = _mm512_setzero_ps();
     const __m512i nibble = _mm512_set1_epi8(15);
     for (int b = 0; b < x->nb; b++) {
         const uint8_t *blk = wg + (int64_t)b * I8_Q4_1_BLOCK;
+        for (int k = 0; ahead && k < I8_Q4_1_BLOCK; k += 64) _mm_prefetch((const char *)blk + ahead + k, PREFETCH_HINT);
         __m512 dw = _mm512_loadu_ps(blk), mw = _mm512_loadu_ps(blk + 64);
         __m512i lo[4], hi[4];
         for (int p = 0; p < 4; p++) {
@@ -157,14 +198,19 @@ __attribute__((target(T512), always_inline)) static inline void tile_q4_512(cons
         }
         for (int r = 0; r < rt; r++) {
             int m = m0 + r;
-            const int8_t *c = x->q + (int64_t)m * x->in + b * 32;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int p = 0; p < 4; p++) {
-                s0 = dp512(s0, lo[p], c + 4 * p);
-                s1 = dp512(s1, hi[p], c + 16 + 4 * p);
+            __m512i s = _mm512_setzero_si512();
+            for (int plane = 0; plane < planes; plane++) {
+                const int8_t *c = codes_of(x, m, plane) + b * 32;
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++) {
+                    s0 = dp512(s0, lo[p], c + 4 * p);
+                    s1 = dp512(s1, hi[p], c + 16 + 4 * p);
+                }
+                s = plane ? _mm512_add_epi32(_mm512_mullo_epi32(s, _mm512_set1_epi32(254)), _mm512_add_epi32(s0, s1))
+                          : _mm512_add_epi32(s0, s1);
             }
             __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x->d[m * x->nb + b]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[r]);
             acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x->ds[m * x->nb + b]), acc[r]);
         }
     }
@@ -172,25 +218,31 @@ __attribute__((target(T512), always_inline)) static inline void tile_q4_512(cons
 }
 
 __attribute__((target(T512), always_inline)) static inline void tile_q8_512(const uint8_t *wg, const rows_i8 *x,
-                                                                             int m0, int rt, float *y, int64_t ldy,
-                                                                             int n) {
+                                                                             int m0, int rt, int planes, float *y,
+                                                                             int64_t ldy, int n, int64_t ahead) {
     __m512 acc[ROW_TILE];
     for (int r = 0; r < rt; r++) acc[r] = _mm512_setzero_ps();
     const __m512i bias = _mm512_set1_epi8((char)0x80);
     for (int b = 0; b < x->nb; b++) {
         const uint8_t *blk = wg + (int64_t)b * I8_Q8_0_BLOCK;
+        for (int k = 0; ahead && k < I8_Q8_0_BLOCK; k += 64) _mm_prefetch((const char *)blk + ahead + k, PREFETCH_HINT);
         __m512 dw = _mm512_loadu_ps(blk);
         __m512i w[8];
         for (int p = 0; p < 8; p++) w[p] = _mm512_xor_si512(_mm512_loadu_si512(blk + 64 + 64 * p), bias);
         for (int r = 0; r < rt; r++) {
             int m = m0 + r;
-            const int8_t *c = x->q + (int64_t)m * x->in + b * 32;
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            for (int p = 0; p < 8; p += 2) {
-                s0 = dp512(s0, w[p], c + 4 * p);
-                s1 = dp512(s1, w[p + 1], c + 4 * p + 4);
+            __m512i s = _mm512_setzero_si512();
+            for (int plane = 0; plane < planes; plane++) {
+                const int8_t *c = codes_of(x, m, plane) + b * 32;
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                for (int p = 0; p < 8; p += 2) {
+                    s0 = dp512(s0, w[p], c + 4 * p);
+                    s1 = dp512(s1, w[p + 1], c + 4 * p + 4);
+                }
+                s = plane ? _mm512_add_epi32(_mm512_mullo_epi32(s, _mm512_set1_epi32(254)), _mm512_add_epi32(s0, s1))
+                          : _mm512_add_epi32(s0, s1);
             }
-            __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * x->sum[m * x->nb + b]));
+            s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * x->sum[m * x->nb + b]));
             __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x->d[m * x->nb + b]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[r]);
         }
@@ -199,13 +251,12 @@ __attribute__((target(T512), always_inline)) static inline void tile_q8_512(cons
 }
 
 __attribute__((target(T512))) static void tile_avx512(const uint8_t *wg, int format, const rows_i8 *x, int m0, int rt,
-                                                      float *y, int64_t ldy, int n) {
-#define TILE512(k) (format == I8_Q4_1 ? tile_q4_512(wg, x, m0, k, y, ldy, n) : tile_q8_512(wg, x, m0, k, y, ldy, n))
+                                                      float *y, int64_t ldy, int n, int64_t ahead) {
+/* rt and the planes as constants, so each count's loops unroll */
+#define TILE512_PLANES(k, planes) (format == I8_Q4_1 ? tile_q4_512(wg, x, m0, k, planes, y, ldy, n, ahead) \
+                                                     : tile_q8_512(wg, x, m0, k, planes, y, ldy, n, ahead))
+#define TILE512(k) (x->planes == 2 ? TILE512_PLANES(k, 2) : TILE512_PLANES(k, 1))
     switch (rt) {
-    case 8: TILE512(8); break;
-    case 7: TILE512(7); break;
-    case 6: TILE512(6); break;
-    case 5: TILE512(5); break;
     case 4: TILE512(4); break;
     case 3: TILE512(3); break;
     case 2: TILE512(2); break;
@@ -231,6 +282,9 @@ __attribute__((target(T_VNNI))) static inline __m256i dp_vnni(__m256i acc, __m25
     return _mm256_dpbusd_avx_epi32(acc, u, _mm256_set1_epi32(codes4(c)));
 }
 
+/* Plane 0's sum, then 254 x it plus plane 1's (exact in int32). */
+#define HIGH_THEN_LOW(plane, s, t) ((plane) ? _mm256_add_epi32(_mm256_mullo_epi32((s), _mm256_set1_epi32(254)), (t)) : (t))
+
 /* One 8-lane half (lanes 8h..8h+7) of a group, `rt` rows; DP the 4-code dot of unsigned codes, SIGNED_DP that of
    Q8_0's signed ones (NULL: through DP as q + 128). */
 #define DEFINE_TILE256(NAME, TARGET, DP, SIGNED_DP)                                                               \
@@ -251,14 +305,18 @@ __attribute__((target(T_VNNI))) static inline __m256i dp_vnni(__m256i acc, __m25
             }                                                                                                     \
             for (int r = 0; r < rt; r++) {                                                                        \
                 int m = m0 + r;                                                                                   \
-                const int8_t *c = x->q + (int64_t)m * x->in + b * 32;                                             \
-                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                                 \
-                for (int p = 0; p < 4; p++) {                                                                     \
-                    s0 = DP(s0, lo[p], c + 4 * p);                                                                \
-                    s1 = DP(s1, hi[p], c + 16 + 4 * p);                                                           \
+                __m256i s = _mm256_setzero_si256();                                                               \
+                for (int plane = 0; plane < x->planes; plane++) {                                                 \
+                    const int8_t *c = codes_of(x, m, plane) + b * 32;                                             \
+                    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                             \
+                    for (int p = 0; p < 4; p++) {                                                                 \
+                        s0 = DP(s0, lo[p], c + 4 * p);                                                            \
+                        s1 = DP(s1, hi[p], c + 16 + 4 * p);                                                       \
+                    }                                                                                             \
+                    s = HIGH_THEN_LOW(plane, s, _mm256_add_epi32(s0, s1));                                        \
                 }                                                                                                 \
                 __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(x->d[m * x->nb + b]));                            \
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), scale, acc[r]);            \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r]);                                   \
                 acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(x->ds[m * x->nb + b]), acc[r]);                       \
             }                                                                                                     \
         }                                                                                                         \
@@ -278,13 +336,16 @@ __attribute__((target(T_VNNI))) static inline __m256i dp_vnni(__m256i acc, __m25
             }                                                                                                     \
             for (int r = 0; r < rt; r++) {                                                                        \
                 int m = m0 + r;                                                                                   \
-                const int8_t *c = x->q + (int64_t)m * x->in + b * 32;                                             \
-                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                                 \
-                for (int p = 0; p < 8; p += 2) {                                                                  \
-                    s0 = SIGNED_DP ? dps_avx2(s0, w[p], c + 4 * p) : DP(s0, w[p], c + 4 * p);                     \
-                    s1 = SIGNED_DP ? dps_avx2(s1, w[p + 1], c + 4 * p + 4) : DP(s1, w[p + 1], c + 4 * p + 4);      \
+                __m256i s = _mm256_setzero_si256();                                                               \
+                for (int plane = 0; plane < x->planes; plane++) {                                                 \
+                    const int8_t *c = codes_of(x, m, plane) + b * 32;                                             \
+                    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();                             \
+                    for (int p = 0; p < 8; p += 2) {                                                              \
+                        s0 = SIGNED_DP ? dps_avx2(s0, w[p], c + 4 * p) : DP(s0, w[p], c + 4 * p);                 \
+                        s1 = SIGNED_DP ? dps_avx2(s1, w[p + 1], c + 4 * p + 4) : DP(s1, w[p + 1], c + 4 * p + 4);  \
+                    }                                                                                             \
+                    s = HIGH_THEN_LOW(plane, s, _mm256_add_epi32(s0, s1));                                        \
                 }                                                                                                 \
-                __m256i s = _mm256_add_epi32(s0, s1);                                                             \
                 if (!SIGNED_DP) s = _mm256_sub_epi32(s, _mm256_set1_epi32(128 * x->sum[m * x->nb + b]));           \
                 __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(x->d[m * x->nb + b]));                            \
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[r]);                                   \
@@ -293,15 +354,12 @@ __attribute__((target(T_VNNI))) static inline __m256i dp_vnni(__m256i acc, __m25
         for (int r = 0; r < rt; r++) _mm256_storeu_ps(out + 16 * r + 8 * h, acc[r]);                              \
     }                                                                                                             \
     __attribute__((target(TARGET))) static void NAME(const uint8_t *wg, int format, const rows_i8 *x, int m0,      \
-                                                     int rt, float *y, int64_t ldy, int n) {                       \
+                                                     int rt, float *y, int64_t ldy, int n, int64_t ahead) {        \
+        (void)ahead;                                                                                              \
         float out[ROW_TILE * I8_GROUP];                                                                           \
         for (int h = 0; h < 2; h++) {                                                                             \
             if (format == I8_Q4_1) {                                                                              \
                 switch (rt) {                                                                                     \
-                case 8: NAME##_q4(wg, x, m0, 8, h, out); break;                                                   \
-                case 7: NAME##_q4(wg, x, m0, 7, h, out); break;                                                   \
-                case 6: NAME##_q4(wg, x, m0, 6, h, out); break;                                                   \
-                case 5: NAME##_q4(wg, x, m0, 5, h, out); break;                                                   \
                 case 4: NAME##_q4(wg, x, m0, 4, h, out); break;                                                   \
                 case 3: NAME##_q4(wg, x, m0, 3, h, out); break;                                                   \
                 case 2: NAME##_q4(wg, x, m0, 2, h, out); break;                                                   \
@@ -309,10 +367,6 @@ __attribute__((target(T_VNNI))) static inline __m256i dp_vnni(__m256i acc, __m25
                 }                                                                                                 \
             } else {                                                                                              \
                 switch (rt) {                                                                                     \
-                case 8: NAME##_q8(wg, x, m0, 8, h, out); break;                                                   \
-                case 7: NAME##_q8(wg, x, m0, 7, h, out); break;                                                   \
-                case 6: NAME##_q8(wg, x, m0, 6, h, out); break;                                                   \
-                case 5: NAME##_q8(wg, x, m0, 5, h, out); break;                                                   \
                 case 4: NAME##_q8(wg, x, m0, 4, h, out); break;                                                   \
                 case 3: NAME##_q8(wg, x, m0, 3, h, out); break;                                                   \
                 case 2: NAME##_q8(wg, x, m0, 2, h, out); break;                                                   \
@@ -325,7 +379,7 @@ __attribute__((target(T_VNNI))) static inline __m256i dp_vnni(__m256i acc, __m25
 DEFINE_TILE256(tile_avx2, T_AVX2, dp_avx2, 1)
 DEFINE_TILE256(tile_vnni, T_VNNI, dp_vnni, 0)
 
-typedef void (*tile_fn)(const uint8_t *, int, const rows_i8 *, int, int, float *, int64_t, int);
+typedef void (*tile_fn)(const uint8_t *, int, const rows_i8 *, int, int, float *, int64_t, int, int64_t);
 static const tile_fn TILES[I8_ISAS] = {tile_scalar, tile_avx2, tile_vnni, tile_avx512};
 
 int int8_isa_ready(int isa) {
@@ -341,9 +395,9 @@ int int8_isa_ready(int isa) {
     }
 }
 
-void int8_linear(int isa, const void *w, int format, int out, int in, const float *x, int64_t ldx, float *y,
-                 int64_t ldy, int rows, void *scratch) {
-    rows_i8 q = quantize(isa, x, ldx, rows, in, scratch);
+void int8_linear(int isa, int planes, const void *w, int format, int out, int in, const float *x, int64_t ldx,
+                 float *y, int64_t ldy, int rows, void *scratch) {
+    rows_i8 q = quantize(isa, planes == 2 ? 2 : 1, x, ldx, rows, in, scratch);
     int64_t block = format == I8_Q4_1 ? I8_Q4_1_BLOCK : I8_Q8_0_BLOCK, group_bytes = block * (in / 32);
     tile_fn tile = TILES[isa >= 0 && isa < I8_ISAS ? isa : I8_SCALAR];
     int groups = (out + I8_GROUP - 1) / I8_GROUP;
@@ -352,6 +406,7 @@ void int8_linear(int isa, const void *w, int format, int out, int in, const floa
         int n = out - g * I8_GROUP < I8_GROUP ? out - g * I8_GROUP : I8_GROUP;
         const uint8_t *wg = (const uint8_t *)w + g * group_bytes;
         for (int m = 0; m < rows; m += ROW_TILE)
-            tile(wg, format, &q, m, rows - m < ROW_TILE ? rows - m : ROW_TILE, y + m * ldy + g * I8_GROUP, ldy, n);
+            tile(wg, format, &q, m, rows - m < ROW_TILE ? rows - m : ROW_TILE, y + m * ldy + g * I8_GROUP, ldy, n,
+                 m == 0 ? PREFETCH_GROUPS * group_bytes : 0);
     }
 }

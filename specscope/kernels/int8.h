@@ -13,7 +13,7 @@ enum { I8_SCALAR, I8_AVX2, I8_AVX_VNNI, I8_AVX512_VNNI, I8_ISAS };
    nibble, and input 16 + 4p + k in its high one. */
 #define I8_Q4_1_BLOCK 384
 #define I8_Q8_0_BLOCK 576
-/* Scratch bytes int8_linear needs for `rows` rows of `in` inputs: the codes, and per block its scale, its codes'
-   sum and their product. */
-#define INT8_SCRATCH(rows, in) ((int64_t)(rows) * (in) + (int64_t)(rows) * ((in) / 32) * 12 + 64)
+/* Scratch bytes int8_linear needs for `rows` rows of `in` inputs in up to 2 planes: the codes, and per block its
+   scale, its codes' sum and their product. */
+#define INT8_SCRATCH(rows, in) ((int64_t)(rows) * (in) * 2 + (int64_t)(rows) * ((in) / 32) * 12 + 64)
 #endif

@@ -7,6 +7,7 @@ import argparse
 import torch
 
 from specscope.backend.engine.kv_budget import auto_slots
+from specscope.backend.forward.fused_step import AUTO, MATMULS
 from specscope.backend.model.checkpoint import DTYPES, LoadedModel, load_checkpoint
 from specscope.backend.model.families import ADAPTER_SCOPES
 from specscope.backend.model.source import DEFAULT_MODEL, resolve
@@ -25,14 +26,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weights and KV dtype (default: float32 on CPU, bfloat16 on CUDA)")
     p.add_argument("--slots", type=int, default=None, help="KV pool size in slots (default: half the free memory)")
-    p.add_argument("--matmul", choices=("auto", "float32", "bf16", "int8"), default="auto",
+    p.add_argument("--matmul", choices=(AUTO, *MATMULS), default=AUTO,
                    help="the fused CPU step's matmuls: float32 (the exact model); bf16 on Intel AMX tiles (weights "
-                        "and each linear's input rounded to bfloat16, float32 sums); or int8 (GGUF Q4_1 / Q8_0 weight "
-                        "blocks, each linear's input rounded to int8 blocks of 32, exact integer sums). In bf16 and "
-                        "int8 a verify of several rows costs about one decode step, and the lossless modes still "
-                        "equal ar in that precision. auto (the default): bf16 where the CPU has AMX tiles, else int8 "
-                        "on the CPU kinds where int8 was measured to keep the model's answers (docs/performance.md), "
-                        "else float32. Runs record which they used")
+                        "and each linear's input rounded to bfloat16, float32 sums); int8 or int16 (GGUF Q4_1 / Q8_0 "
+                        "weight blocks; each linear's input rounded, per block of 32, to int8 as llama.cpp does, or "
+                        "to 16-bit codes dotted as two int8 planes; exact integer sums). In these a verify of several "
+                        "rows costs about one decode step, and the lossless modes still equal ar in that precision. "
+                        "auto (the default): bf16 where the CPU has AMX tiles, else int16 on the CPU kinds where it "
+                        "was measured faster with the model's answers kept (docs/performance.md), else float32. Runs "
+                        "record which they used")
 
 
 def load_from_args(args: argparse.Namespace, at_most_per_sequence: int = 64) -> tuple[LoadedModel, int]:

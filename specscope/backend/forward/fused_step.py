@@ -40,20 +40,23 @@ MAX_AMX_CHUNK = 256
 BIASES = LAYER_TENSORS[4:8]
 ODD_HEAD_ROWS = 16
 """Head rows that may sit outside the head's block format, summed in float32 (an adapter's trained MASK row)."""
-MATMULS = ("float32", "bf16", "int8")
+MATMULS = ("float32", "bf16", "int8", "int16")
 """The fused step's matmul precisions: float32 (the weights exactly, in their narrowest exact format), bf16 on
-Intel AMX tiles (weights rounded to bfloat16, rows rounded where they enter a linear, float32 sums), or int8 (GGUF
-Q4_1 / Q8_0 weight blocks, other weights rounded to Q8_0; rows rounded to int8 blocks of 32 where they enter a
-linear; exact int32 sums per block). Norms, attention, softmax, the adapter and KV stay float32. In each a row's
-numbers do not depend on how many rows share its forward, so the lossless modes equal `ar` in each."""
+Intel AMX tiles (weights rounded to bfloat16, rows rounded where they enter a linear, float32 sums), int8 or int16
+(GGUF Q4_1 / Q8_0 weight blocks, other weights rounded to Q8_0; rows rounded where they enter a linear to int8, or
+to 16-bit codes dotted as two int8 planes, in blocks of 32; exact int32 sums per block). Norms, attention, softmax,
+the adapter and KV stay float32. In each a row's numbers do not depend on how many rows share its forward, so the
+lossless modes equal `ar` in each."""
+INTEGER_MATMULS = {"int8": 1, "int16": 2}
+"""The integer precisions and the int8 planes a row's codes take in each (kernels/cpu_int8.c)."""
 AUTO = "auto"
-"""The matmul choice: bf16 where this CPU and model can run it (AMX tiles), else int8 where the CPU has an ISA in
+"""The matmul choice: bf16 where this CPU and model can run it (AMX tiles), else int16 where the CPU has an ISA in
 INT8_AUTO, else float32."""
 INT8_ISAS = ("scalar", "avx2", "avx_vnni", "avx512_vnni")
 """The int8 linears' vector ISAs (kernels/int8.h's enum order); every one gives the same numbers bit for bit."""
 INT8_AUTO: tuple[str, ...] = ()
-"""The ISAs on which `auto` takes int8: where it was measured faster than float32 with answers that agree
-(docs/performance.md). On AVX2 alone the int8 path runs when asked for, but was never measured there."""
+"""The ISAs on which `auto` takes int16: where it was measured faster than float32 with answers that agree
+(docs/performance.md). On AVX2 alone the integer paths run when asked for, but were never measured there."""
 
 
 class MatmulUnavailable(ValueError):
@@ -187,8 +190,8 @@ class FusedDecode:
         cfg = model.cfg
         self.fallback, self.lib = fallback or Eager(model), lib
         self.matmul = matmul
-        self.isa = (isa or best_int8_isa(lib)) if matmul == "int8" else None
-        """The int8 linears' vector ISA (INT8_ISAS; None in another precision)."""
+        self.isa = (isa or best_int8_isa(lib)) if matmul in INTEGER_MATMULS else None
+        """The integer linears' vector ISA (INT8_ISAS; None in another precision)."""
         with torch.no_grad():
             layers = [dict(layer.named_modules()) for layer in model.layers]
             projections, head = linear_weights(model)
@@ -221,7 +224,8 @@ class FusedDecode:
         dims = torch.tensor([cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size,
                              cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size,
                              FORMATS.index(projections.format), FORMATS.index(head.format),
-                             INT8_ISAS.index(self.isa or "scalar")], dtype=torch.long)
+                             INT8_ISAS.index(self.isa or "scalar"), INTEGER_MATMULS.get(self.matmul, 1)],
+                            dtype=torch.long)
         pointers = StepPointers(ptr(dims), ptr(self.eps), ptr(tensors), ptr(self.embed), ptr(self.final_norm),
                                 ptr(head.copies[0]), ptr(head.odd_rows[0]), head.odd_rows[0].numel(),
                                 ptr(head.odd_values[0]))
@@ -409,7 +413,7 @@ def pack_weights(projections: list[Tensor], head: Tensor, matmul: str) -> tuple[
     """The projections and the head in the layout of the matmul precision (MATMULS)."""
     if matmul == "bf16":
         return pack_amx(projections), pack_amx([head])
-    if matmul == "int8":
+    if matmul in INTEGER_MATMULS:
         return pack_int8(projections), pack_int8([head], spare_rows=ODD_HEAD_ROWS)
     return pack(projections), pack([head], spare_rows=ODD_HEAD_ROWS)
 
@@ -425,7 +429,7 @@ def amx_unsupported(model: Transformer, lib: Any) -> str | None:
 
 
 def int8_unsupported(model: Transformer, lib: Any) -> str | None:
-    """Why the int8 matmuls cannot run this model here (None: they can)."""
+    """Why the integer matmuls cannot run this model here (None: they can)."""
     if lib is None:
         return "no C build of the kernels"
     projections, head = linear_weights(model)
@@ -444,22 +448,22 @@ def resolve_matmul(model: Transformer, lib: Any, matmul: str) -> str:
     """The precision `matmul` (MATMULS or AUTO) runs in here; MatmulUnavailable where an asked-for one cannot."""
     if matmul == "bf16" and (why := amx_unsupported(model, lib)):
         raise MatmulUnavailable(f"--matmul bf16: {why}")
-    if matmul == "int8" and (why := int8_unsupported(model, lib)):
-        raise MatmulUnavailable(f"--matmul int8: {why}")
+    if matmul in INTEGER_MATMULS and (why := int8_unsupported(model, lib)):
+        raise MatmulUnavailable(f"--matmul {matmul}: {why}")
     if matmul != AUTO:
         return matmul
     if not amx_unsupported(model, lib):
         return "bf16"
     if not int8_unsupported(model, lib) and best_int8_isa(lib, INT8_AUTO):
-        return "int8"
+        return "int16"
     return "float32"
 
 
 def fused_decode(model: Transformer, cache: PagedKV, fallback: ForwardBackend | None = None,
                  matmul: str = "float32") -> FusedDecode | None:
     """The fused decode step for this model and KV memory (the plans it cannot take run on `fallback`), or None
-    where it does not apply. matmul="bf16" or "int8" (MATMULS) raises MatmulUnavailable where it cannot run: a user
-    who asks for it gets it or the reason, never the float32 step instead; matmul=AUTO resolves as
+    where it does not apply. matmul="bf16", "int8" or "int16" (MATMULS) raises MatmulUnavailable where it cannot
+    run: a user who asks for it gets it or the reason, never the float32 step instead; matmul=AUTO resolves as
     `resolve_matmul` says."""
     if matmul not in (*MATMULS, AUTO):
         raise MatmulUnavailable(f"matmul {matmul!r}: expected one of {(*MATMULS, AUTO)}")
