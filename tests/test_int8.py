@@ -225,16 +225,19 @@ def test_int8_where_it_cannot_run_is_an_error(monkeypatch):
         fused_decode(model, PagedKV.empty(CFG, 4, torch.float32, "cpu"), matmul="int8")
 
 
-def test_auto_takes_int16_only_on_the_isas_it_was_measured_on(monkeypatch):
-    """auto: bf16 where AMX tiles run, else int16 where the CPU has an ISA of INT8_AUTO, else float32."""
+def test_auto_takes_int16_only_on_the_isas_it_was_measured_on_and_gguf_weights(monkeypatch):
+    """auto: bf16 where AMX tiles run, else int16 where the CPU has an ISA of INT8_AUTO and the weights are GGUF
+    blocks (held exactly), else float32: never a model whose weights the integer formats would round."""
     lib = built()
-    model, cache = random_model(CFG, torch.float32), PagedKV.empty(CFG, 4, torch.float32, "cpu")
+    cache = PagedKV.empty(CFG, 4, torch.float32, "cpu")
     monkeypatch.setattr(fused_step, "amx_unsupported", lambda model, lib: "no AMX here")
     measured = any(lib.int8_isa_ready(INT8_ISAS.index(isa)) for isa in fused_step.INT8_AUTO)
-    step = fused_decode(model, cache, matmul="auto")
+    step = fused_decode(gguf_model(CFG), cache, matmul="auto")
     assert step is not None and step.matmul == ("int16" if measured else "float32")
+    assert fused_decode(random_model(CFG, torch.float32), cache, matmul="auto").matmul == "float32"
+    assert FusedDecode(random_model(CFG, torch.float32), lib, matmul="int16").rounds_weights
     monkeypatch.setattr(fused_step, "INT8_AUTO", ())
-    assert fused_decode(model, cache, matmul="auto").matmul == "float32"
+    assert fused_decode(gguf_model(CFG), cache, matmul="auto").matmul == "float32"
 
 
 def test_a_run_records_int8(loaded):

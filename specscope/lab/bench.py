@@ -435,12 +435,19 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
     return text
 
 
+MATMUL_NOTES = {
+    "bf16": "in bf16 on AMX tiles (weights and each linear's input rows rounded to bfloat16, float32 sums)",
+    "int8": "in int8 (GGUF Q4_1 / Q8_0 weight blocks, each linear's input rows rounded to int8 blocks of 32, exact "
+            "integer sums)",
+    "int16": "in int16 (GGUF Q4_1 / Q8_0 weight blocks, each linear's input rows rounded to 16-bit blocks of 32 and "
+             "dotted as two int8 planes, exact integer sums)"}
+"""How the fused step multiplies, by its precision (fused_step.MATMULS but float32)."""
+
+
 def matmul_note(meta: dict[str, Any]) -> str:
     """How the fused step multiplied, where not in float32."""
-    if meta.get("matmul", "float32") == "float32":
-        return ""
-    return (", matmuls in bf16 on AMX tiles (weights and each linear's input rows rounded to bfloat16, float32 "
-            "sums)")
+    matmul = meta.get("matmul", "float32")
+    return "" if matmul == "float32" else f", matmuls {MATMUL_NOTES.get(matmul, matmul)}"
 
 
 def provenance() -> dict[str, Any]:

@@ -51,10 +51,10 @@ INTEGER_MATMULS = {"int8": 1, "int16": 2}
 """The integer precisions and the int8 planes a row's codes take in each (kernels/cpu_int8.c)."""
 AUTO = "auto"
 """The matmul choice: bf16 where this CPU and model can run it (AMX tiles), else int16 where the CPU has an ISA in
-INT8_AUTO, else float32."""
+INT8_AUTO and the weights are GGUF blocks (which the integer formats hold exactly), else float32."""
 INT8_ISAS = ("scalar", "avx2", "avx_vnni", "avx512_vnni")
 """The int8 linears' vector ISAs (kernels/int8.h's enum order); every one gives the same numbers bit for bit."""
-INT8_AUTO: tuple[str, ...] = ()
+INT8_AUTO = ("avx512_vnni",)
 """The ISAs on which `auto` takes int16: where it was measured faster than float32 with answers that agree
 (docs/performance.md). On AVX2 alone the integer paths run when asked for, but were never measured there."""
 
@@ -208,6 +208,9 @@ class FusedDecode:
             self.eps = torch.tensor([cfg.rms_norm_eps], dtype=torch.float32)
             self.weights = self._weights(cfg, *pack_weights(projections, head, matmul))
             self.format, self.head_format = self.weights.projections.format, self.weights.head.format
+            self.rounds_weights = self.weights.projections.rounded or self.weights.head.rounded
+            """Whether this layout rounds the weights themselves (an integer precision on weights that are no GGUF
+            blocks)."""
             self.has_adapter = any(getattr(m[name], "lora_A", None) is not None
                                    for m in layers for name in PROJECTIONS)
             self.lora, self.lora_rank, self.lora_scale, lora_copies = self._lora_table(layers, matmul)
@@ -476,4 +479,8 @@ def fused_decode(model: Transformer, cache: PagedKV, fallback: ForwardBackend | 
     if reason or lib is None:
         log.info("decoding eagerly: %s", reason or "no C compiler")
         return None
-    return FusedDecode(model, lib, fallback, resolve_matmul(model, lib, matmul))
+    step = FusedDecode(model, lib, fallback, resolve_matmul(model, lib, matmul))
+    if matmul == AUTO and step.matmul in INTEGER_MATMULS and step.rounds_weights:
+        log.info("matmul auto: float32, as the integer formats would round this model's weights (no GGUF blocks)")
+        return FusedDecode(model, lib, fallback, "float32")
+    return step

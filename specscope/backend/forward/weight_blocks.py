@@ -80,6 +80,8 @@ class Packed:
     copies: list[Tensor]
     odd_rows: list[Tensor]
     odd_values: list[Tensor]
+    rounded: bool = False
+    """Whether an int8 format had to round the weights themselves (weights that are no GGUF blocks)."""
 
 
 def pack(weights: list[Tensor], spare_rows: int = 0) -> Packed:
@@ -189,12 +191,14 @@ def pack_int8(weights: list[Tensor], spare_rows: int = 0) -> Packed:
     fours = [q4_1(w) for w in weights]
     if all(bool(exact.all()) for _, exact in fours):
         return Packed("i8_q4_1", [int8_q4_1(p) for p, _ in fours], odd, [w[:0] for w in weights])
-    copies = []
+    copies, rounded = [], False
     for i, w in enumerate(weights):
         packed, exact = q8_0(w)
         if int((~exact).sum()) <= spare_rows:
             odd[i] = (~exact).nonzero()[:, 0]
         else:
             packed, _ = q8_0(nearest_q8_0(w))
+            rounded = True
         copies.append(int8_q8_0(packed))
-    return Packed("i8_q8_0", copies, odd, [w[rows].contiguous() for w, rows in zip(weights, odd, strict=True)])
+    return Packed("i8_q8_0", copies, odd, [w[rows].contiguous() for w, rows in zip(weights, odd, strict=True)],
+                  rounded)
