@@ -170,9 +170,8 @@ def test_bf16_where_it_cannot_run_is_an_error(monkeypatch):
 
 
 def test_auto_takes_bf16_only_where_it_can_run(monkeypatch):
-    """matmul="auto" (the command line's default) is bf16 where AMX tiles can run the model, else (these non-GGUF
-    weights) float32, never an
-    error; the fused step says which it took."""
+    """matmul="auto" (the command line's default) is bf16 where AMX tiles can run the model, else (for these weights,
+    which are no GGUF blocks) float32, never an error; the fused step says which it took."""
     built = library()
     if built is None:
         pytest.skip("no C build")
