@@ -16,6 +16,7 @@ from support.plans import forward
 from test_cpu_decode import (
     CONFIGS,
     SPLIT_CFG,
+    assert_chunk_rows_are_lone_steps,
     batch,
     filled_cache,
     gguf_model,
@@ -72,17 +73,7 @@ def test_a_chunk_row_is_the_decode_step_at_its_position(lib, queries):
     prefill) gives, row for row, the numbers of lone 1-row steps bit for bit: what keeps the lossless modes equal to
     `ar` with bf16 matmuls."""
     fused = FusedDecode(with_adapter(random_model(CFG, torch.float32), rank=16), lib, matmul="bf16")
-    ids, positions, prefix, _, write = batch([9], queries, CFG.vocab_size)
-    lora = ids % 3 == 0
-    chunk_cache, step_cache = filled_cache(CFG), filled_cache(CFG)
-    with torch.inference_mode():
-        chunk = forward(fused, ids, positions, kv=KVContext(chunk_cache, prefix, None, write), lora=lora)
-        steps = [forward(fused, ids[:, m:m + 1], positions[:, m:m + 1],
-                         kv=KVContext(step_cache, torch.cat([prefix, write[:, :m]], 1), None, write[:, m:m + 1]),
-                         lora=lora[:, m:m + 1])
-                 for m in range(queries)]
-    assert torch.equal(chunk, torch.cat(steps, dim=1))
-    assert torch.equal(chunk_cache.k, step_cache.k) and torch.equal(chunk_cache.v, step_cache.v)
+    assert_chunk_rows_are_lone_steps(fused, CFG, queries, adapted=True)
 
 
 def test_threads_split_outputs_not_sums(lib):

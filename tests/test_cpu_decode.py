@@ -272,20 +272,27 @@ def test_block_chunks_equal_eager(lib, config, fmt, writes):
             assert torch.equal(fused_cache.k, filled_cache(cfg).k) and torch.equal(fused_cache.v, filled_cache(cfg).v)
 
 
+def assert_chunk_rows_are_lone_steps(fused: FusedDecode, cfg: ModelConfig, queries: int, adapted: bool) -> None:
+    """A causal chunk of `queries` rows (the adapter on at every third id, if `adapted`) gives, row for row, the
+    logits of lone 1-row steps at their positions bit for bit, and writes the same K/V."""
+    ids, positions, prefix, _, write = batch([9], queries, cfg.vocab_size)
+    lora = ids % 3 == 0 if adapted else torch.zeros_like(ids, dtype=torch.bool)
+    chunk_cache, step_cache = filled_cache(cfg), filled_cache(cfg)
+    with torch.inference_mode():
+        chunk = forward(fused, ids, positions, kv=KVContext(chunk_cache, prefix, None, write), lora=lora)
+        steps = [forward(fused, ids[:, m:m + 1], positions[:, m:m + 1],
+                         kv=KVContext(step_cache, torch.cat([prefix, write[:, :m]], 1), None, write[:, m:m + 1]),
+                         lora=lora[:, m:m + 1])
+                 for m in range(queries)]
+    assert torch.equal(chunk, torch.cat(steps, dim=1))
+    assert torch.equal(chunk_cache.k, step_cache.k) and torch.equal(chunk_cache.v, step_cache.v)
+
+
 def test_a_chunk_row_is_the_decode_step_at_its_position(lib):
     """A 5-row causal chunk (a verify) gives, row for row, the very numbers of five 1-row steps: what makes
     linear_spec and isd lossless against ar bit for bit, not only up to rounding."""
     cfg = CONFIGS["qwen3"]
-    fused = FusedDecode(random_model(cfg, torch.float16), lib)
-    ids, positions, prefix, _, write = batch([9], 5, cfg.vocab_size)
-    chunk_cache, step_cache = filled_cache(cfg), filled_cache(cfg)
-    with torch.inference_mode():
-        chunk = forward(fused, ids, positions, kv=KVContext(chunk_cache, prefix, None, write))
-        steps = [forward(fused, ids[:, m:m + 1], positions[:, m:m + 1],
-                       kv=KVContext(step_cache, torch.cat([prefix, write[:, :m]], 1), None, write[:, m:m + 1]))
-                 for m in range(5)]
-    assert torch.equal(chunk, torch.cat(steps, dim=1))
-    assert torch.equal(chunk_cache.k, step_cache.k) and torch.equal(chunk_cache.v, step_cache.v)
+    assert_chunk_rows_are_lone_steps(FusedDecode(random_model(cfg, torch.float16), lib), cfg, 5, adapted=False)
 
 
 def test_the_prefetch_hint_changes_no_number():

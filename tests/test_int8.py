@@ -13,7 +13,17 @@ from __future__ import annotations
 import pytest
 import torch
 from support.plans import forward
-from test_cpu_decode import CONFIGS, SPLIT_CFG, batch, filled_cache, gguf_model, gguf_values, random_model
+from test_cpu_decode import (
+    CONFIGS,
+    SPLIT_CFG,
+    assert_chunk_rows_are_lone_steps,
+    batch,
+    filled_cache,
+    gguf_model,
+    gguf_values,
+    random_model,
+    with_adapter,
+)
 
 from specscope.backend.engine.engine import Engine, run_matmul
 from specscope.backend.engine.lossless import Outcome, claim_of, verdict
@@ -146,20 +156,9 @@ def test_a_chunk_row_is_the_decode_step_at_its_position(isa, queries, matmul):
     """A causal chunk of 5, 16 or 40 rows (past the float32 step's MAX_CHUNK, as a prefill) gives, row for row, the
     numbers of lone 1-row steps bit for bit, the adapter on at some rows: what keeps the lossless modes equal to
     `ar` in int8. On a model of float32 weights, which the int8 precision rounds to Q8_0."""
-    from test_cpu_decode import with_adapter
     fused = FusedDecode(with_adapter(random_model(CFG, torch.float32), rank=4), built(), matmul=matmul, isa=isa)
     assert fused.format == "i8_q8_0"
-    ids, positions, prefix, _, write = batch([9], queries, CFG.vocab_size)
-    lora = ids % 3 == 0
-    chunk_cache, step_cache = filled_cache(CFG), filled_cache(CFG)
-    with torch.inference_mode():
-        chunk = forward(fused, ids, positions, kv=KVContext(chunk_cache, prefix, None, write), lora=lora)
-        steps = [forward(fused, ids[:, m:m + 1], positions[:, m:m + 1],
-                         kv=KVContext(step_cache, torch.cat([prefix, write[:, :m]], 1), None, write[:, m:m + 1]),
-                         lora=lora[:, m:m + 1])
-                 for m in range(queries)]
-    assert torch.equal(chunk, torch.cat(steps, dim=1))
-    assert torch.equal(chunk_cache.k, step_cache.k) and torch.equal(chunk_cache.v, step_cache.v)
+    assert_chunk_rows_are_lone_steps(fused, CFG, queries, adapted=True)
 
 
 @pytest.mark.parametrize("matmul", INTEGER_MATMULS)

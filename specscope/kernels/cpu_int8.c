@@ -46,20 +46,24 @@ static inline const int8_t *codes_of(const rows_i8 *x, int m, int p) {
     return x->q + ((int64_t)m * x->planes + p) * x->in;
 }
 
-/* One block of 32 values: its codes, and its scale and codes' sum (every ISA the same numbers: the largest
-   magnitude is exact in any order, the rest is per value). */
-static void quantize_block(const float *x, int8_t *q, float *d, int32_t *sum) {
+/* One block of 32 values as codes c = round(x * largest / max |x|) (scale max |x| / largest), their sum, and the
+   codes: int8 ones in `high` (largest 127, low NULL), or 16-bit ones (largest 32258) split into two planes of int8
+   codes, c = 254 * high + low with |high|, |low| <= 127. Every ISA the same numbers: the largest magnitude is exact
+   in any order, the rest is per value. */
+static void quantize_block(const float *x, float largest, int8_t *high, int8_t *low, float *d, int32_t *sum) {
     float top = 0.0f;
     for (int j = 0; j < 32; j++) top = fmaxf(top, fabsf(x[j]));
-    float inv = top > 0.0f ? 127.0f / top : 0.0f;
+    float inv = top > 0.0f ? largest / top : 0.0f;
     int total = 0;
     for (int j = 0; j < 32; j++) {
         float c = rintf(x[j] * inv);
-        c = c > 127.0f ? 127.0f : c < -127.0f ? -127.0f : c;
-        q[j] = (int8_t)c;
+        c = c > largest ? largest : c < -largest ? -largest : c;
+        float h = low ? rintf(c / 254.0f) : c;
+        high[j] = (int8_t)h;
+        if (low) low[j] = (int8_t)(c - 254.0f * h);
         total += (int)c;
     }
-    *d = top / 127.0f;
+    *d = top / largest;
     *sum = total;
 }
 
@@ -80,27 +84,8 @@ __attribute__((target("avx512f,avx512bw"))) static void quantize_block_512(const
     *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ca, cb));
 }
 
-/* One block of 32 values as 16-bit codes c = round(x * 32258 / max |x|) (scale max |x| / 32258), split into two
-   planes of int8 codes, c = 254 * high + low with |high|, |low| <= 127; the scale and the sum of the c. */
-static void quantize_block16(const float *x, int8_t *high, int8_t *low, float *d, int32_t *sum) {
-    float top = 0.0f;
-    for (int j = 0; j < 32; j++) top = fmaxf(top, fabsf(x[j]));
-    float inv = top > 0.0f ? 32258.0f / top : 0.0f;
-    int total = 0;
-    for (int j = 0; j < 32; j++) {
-        float c = rintf(x[j] * inv);
-        c = c > 32258.0f ? 32258.0f : c < -32258.0f ? -32258.0f : c;
-        float h = rintf(c / 254.0f);
-        high[j] = (int8_t)h;
-        low[j] = (int8_t)(c - 254.0f * h);
-        total += (int)c;
-    }
-    *d = top / 32258.0f;
-    *sum = total;
-}
-
 /* A linear's input rows as blocks of int8 codes in `planes` planes (1: int8 rows; 2: int16 rows), each block by
-   quantize_block (or its AVX-512 twin) or quantize_block16. */
+   quantize_block (or, for int8 rows, its AVX-512 twin). */
 static rows_i8 quantize(int isa, int planes, const float *x, int64_t ldx, int rows, int in, void *scratch) {
     int nb = in / 32;
     int8_t *q = scratch;
@@ -114,11 +99,11 @@ static rows_i8 quantize(int isa, int planes, const float *x, int64_t ldx, int ro
             const float *xb = x + m * ldx + b * 32;
             int8_t *high = q + ((int64_t)m * planes) * in + b * 32;
             if (planes == 2)
-                quantize_block16(xb, high, high + in, d + at, sum + at);
+                quantize_block(xb, 32258.0f, high, high + in, d + at, sum + at);
             else if (isa == I8_AVX512_VNNI)
                 quantize_block_512(xb, high, d + at, sum + at);
             else
-                quantize_block(xb, high, d + at, sum + at);
+                quantize_block(xb, 127.0f, high, NULL, d + at, sum + at);
             ds[at] = d[at] * (float)sum[at];
         }
     return out;
