@@ -11,6 +11,13 @@ from specscope.app.trace import Piece, id_piece
 Report = Mapping[str, Any]
 
 
+def adapter_words(adapter: object) -> str:
+    """on / off for a flag, else the adapter's name (— for none)."""
+    if isinstance(adapter, bool):
+        return "on" if adapter else "off"
+    return str(adapter or "—")
+
+
 def token_text(token: int | None, piece: Piece) -> str:
     """'"Paris" (id 3681)', escaped; 'no token' for None."""
     if token is None:
@@ -45,7 +52,7 @@ def side_html(name: str, side: Mapping[str, Any], piece: Piece) -> str:
     again = "" if reproduced is None else badge("ss-ok", "re-scored alone, it picks the same") if reproduced else \
         badge("ss-bad", f"re-scored alone, it picks id {side.get('argmax')}")
     facts = [f"matmul {esc(side.get('matmul') or '?')}",
-             f"adapter {esc({True: 'on', False: 'off'}.get(side.get('adapter'), side.get('adapter') or '—'))}",
+             f"adapter {esc(adapter_words(side.get('adapter')))}",
              f"T={fmt(side.get('temperature'))}"]
     return (f'<div class="ss-div-side" id="div-{name}"><div><b>{name}</b> · <b>{esc(side.get("mode"))}</b> '
             f'<code>{esc(side.get("run_id"))}</code> · {" · ".join(facts)}</div>'

@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import gradio as gr
 
@@ -23,10 +23,10 @@ ALL = "all"
 STATUSES = [ALL, "running", "done", "cancelled", "error", "interrupted"]
 COLUMNS = ["run id", "created", "mode", "params", "model", "status", "alarm", "tokens", "rounds", "NFE", "TPF",
            "load tier", "prompt"]
-WIDTHS = ["145px", "100px", "100px", "140px", "110px", "75px", "70px", "62px", "62px", "50px", "50px", "110px",
-          "130px"]
+WIDTHS: list[str | int] = ["145px", "100px", "100px", "140px", "110px", "75px", "70px", "62px", "62px", "50px",
+                           "50px", "110px", "130px"]
 """Each column's width: every header word and parameter fits on one line; a narrow screen scrolls the table."""
-DATATYPES = ["str"] * 6 + ["html"] + ["str"] * 6
+DATATYPES: list[Literal["str", "html"]] = ["html" if column == "alarm" else "str" for column in COLUMNS]
 """The alarm is a badge whose hover says why."""
 EXPORTS = {"json": ".json", "perfetto": ".perfetto.json"}
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
