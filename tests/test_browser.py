@@ -336,7 +336,10 @@ def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
     page.get_by_role("tab", name="Compare").click()
     set_number(page, "#cmp-max-new", 12)
     page.click("#cmp-run")
-    page.wait_for_selector("#cmp-table .ss-table")
+    page.wait_for_selector("#cmp-table .ss-table")      # rows appear as their runs end: wait for the third
+    page.wait_for_function("() => document.querySelector('#cmp-table table').querySelectorAll('tbody tr').length === 3"
+                           " && !/running|queued/.test(document.querySelector('#cmp-status').innerText)",
+                           timeout=120_000)
     assert page.locator("#cmp-table table").first.locator("tbody tr").count() == 3   # the speedup table follows
     table = page.locator("#cmp-table").inner_text()
     assert "reference" in table and ("as reference" in table or "from reference" in table)
@@ -347,8 +350,10 @@ def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
         tpf, row_cost, share, product, _ = (float(v) for v in re.findall(r"\d+\.\d{3}", row))
         assert abs(tpf * row_cost * share - product) <= 0.0005, row
     picks = [page.locator("#cmp-table tbody tr").nth(i).locator("td").nth(-3).inner_text() for i in range(3)]
-    greedy, tokens = picks[0].split(" ")[0].split("/")      # the served model rates each answer: ar's, all its own
-    assert greedy == tokens and all(re.fullmatch(r"\d+/\d+ \(\d+\.\d\d\)", p) for p in picks), picks
+    rated = [re.fullmatch(r"(\d+) of (\d+) tokens? (?:is|are) the model's own pick; mean NLL \d+\.\d\d nats",
+                          " ".join(p.split())) for p in picks]
+    assert all(rated), picks        # the served model rates each answer: ar's, all its own
+    assert rated[0] is not None and rated[0][1] == rated[0][2], picks
     page.wait_for_selector("#cmp-chart .js-plotly-plot")
     assert page.evaluate("() => document.querySelector('#cmp-chart .js-plotly-plot').data.length") == 3
     assert page.locator("#cmp-diffs .ss-diff").count() == 3
@@ -368,12 +373,13 @@ def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
 
 
 def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
-    """N for isd swept beside ar; results of the last comparison vanish at once; stable mode colours,
+    """N for isd swept beside ar; the last comparison's rows vanish at once; stable mode colours,
     a distinct dash per run of a mode; the chart's token counts equal the table's; CSV export; SVG figures."""
-    page.evaluate("""() => { window.__whileRunning = [];  // each frame: while progress shows, is the old table gone?
-        const tick = () => {
+    page.evaluate("""() => { window.__whileRunning = [];  // each frame: while progress shows, are the old rows gone?
+        const old = document.querySelector('#cmp-table').innerText.match(/r_[0-9a-f]{16}/g) || [];
+        const tick = () => {   // (the new runs' rows appear as each ends)
           if (/running|queued/.test(document.querySelector('#cmp-status').innerText))
-            window.__whileRunning.push(!document.querySelector('#cmp-table .ss-table'));
+            window.__whileRunning.push(!old.some(id => document.querySelector('#cmp-table').innerText.includes(id)));
           if (!window.__stopWatching) requestAnimationFrame(tick);
         };
         tick(); }""")

@@ -179,8 +179,11 @@ def test_a_precision_difference_on_real_runs_is_named(shared_engine, loaded, hel
         found["b"]["resolution_note"]
 
 
-def build(folder: Any) -> Engine:
-    """Module level, so the spawned engine process can unpickle it."""
+def build(folder: Any, threads: int = 0) -> Engine:
+    """Module level, so the spawned engine process can unpickle it; at `threads` torch threads (0: torch's own), as
+    the eager backend's float32 numbers, which the resolutions are measured against, depend on them."""
+    if threads:
+        torch.set_num_threads(threads)
     return Engine(load_checkpoint(folder or DEFAULT_CHECKPOINT), num_slots=1024)
 
 
@@ -190,7 +193,7 @@ def test_the_engine_process_rescores_as_the_engine_does(shared_engine, stored) -
     block, ar = config(url, runs["block"]), config(url, runs["ar"])
     loaded = shared_engine.rt.loaded
     here = diverge(block, ar, Served(loaded.name, loaded.weights_hash), partial(rescore, shared_engine))
-    served = EngineProcess(build)
+    served = EngineProcess(partial(build, threads=torch.get_num_threads()))
     served.start()
     try:
         there = diverge(block, ar, Served(served.model.name, served.model.weights_hash), served.rescore)
