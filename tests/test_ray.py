@@ -28,7 +28,7 @@ from specscope.backend.server import create_app
 from specscope.backend.server.ray_replicas import Replicas, rough_need
 from specscope.backend.store import Store
 from specscope.backend.tracing import RecordingTracer
-from specscope.lab.sweep import Sweep, execute, stored_cells
+from specscope.lab.sweep import BATCH, Sweep, execute, stored_cells
 from specscope.lab.sweep_ray import run_on_ray
 
 pytest_plugins = ["support.browser"]
@@ -175,7 +175,8 @@ def test_a_sweep_spreads_over_two_engines_and_resumes_without_redoing_cells(clus
     rows = execute(sweep, store, on_ray, out=lambda _: None)
     runs = store.list_runs(sweep="grid", limit=100)
     assert len(runs) == 24 and len(stored_cells(store, "grid")) == 24       # each cell stored once
-    assert len(ran) == 2 and sum(ran.values()) == 24 - len(before)          # both engines ran cells
+    batches = -(-(24 - len(before)) // BATCH)    # a kill after the second batch was stored leaves one batch
+    assert len(ran) == min(2, batches) and sum(ran.values()) == 24 - len(before)   # both engines ran a batch
     assert {r["row"] for r in rows} == {"isd n=2", "isd n=3", "linear_spec block_size=4", "linear_spec block_size=8"}
     assert all(r["runs"] == 6 and r["tpf"] >= 1 for r in rows)
 

@@ -86,12 +86,13 @@ def cut_reason(tier: Mapping[str, Any] | None, params: Mapping[str, Any]) -> str
     if not tier:
         return None
     running, rows, own = tier.get("running"), tier.get("extra_rows"), tier.get("own_rows") or 0
+    active = f"with {running} run{'' if running == 1 else 's'} active"
     if rows is not None and rows < own:
         cut = "drafting off" if rows == 0 else f"draft rows cut to {rows} of {own}"
-        return f"{cut} with {running} runs active"
+        return f"{cut} {active}"
     size = tier.get("block_size")
     if size is not None and "block_size" in params and size != params["block_size"]:
-        return f"block size {size} instead of {params['block_size']} with {running} runs active"
+        return f"block size {size} instead of {params['block_size']} {active}"
     return None
 
 
