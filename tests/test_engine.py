@@ -174,6 +174,17 @@ def test_sampling_is_seeded(shared_engine, heldout_prompts, mode):
     assert a.status == "done" and a.output_ids == b.output_ids
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_temperature_near_zero_runs(shared_engine, heldout_prompts, mode):
+    """T = 1.2e-38 (logits / T overflow float32): no NaN probabilities, a done run of the asked length; `ar`'s draw
+    is the argmax, so its tokens are greedy's."""
+    p = {"max_new_tokens": 12, "temperature": 1.2e-38}
+    tiny = shared_engine.generate(heldout_prompts[2], mode, p)
+    assert tiny.status == "done" and tiny.error is None and tiny.output_ids, tiny.error
+    if mode == "ar":
+        assert tiny.output_ids == shared_engine.generate(heldout_prompts[2], mode, {"max_new_tokens": 12}).output_ids
+
+
 @pytest.mark.parametrize("mode,params,needle", [
     ("nope", {}, "unknown mode 'nope'"),
     ("block_diffusion", {"block_size": 0}, "block_size"),

@@ -21,6 +21,11 @@ def best(logits: Tensor, banned: int | None) -> Tensor:
     return allowed(logits, banned).max(-1).indices
 
 
+LEAST_TEMPERATURE = 1e-6
+"""Temperatures above 0 but below this draw as at this one: logits / T would overflow float32 to inf (NaN
+probabilities), and at 1e-6 the draw is already the argmax's but for exact ties."""
+
+
 def pick(logits: Tensor, temperature: float, generator: torch.Generator | None,
          banned: int | None) -> tuple[Tensor, Tensor]:
     """Tokens [...] and their probabilities under softmax(logits / T) (T=0: plain softmax, argmax)."""
@@ -28,7 +33,7 @@ def pick(logits: Tensor, temperature: float, generator: torch.Generator | None,
     if temperature <= 0:   # the top logit's probability is exp(top - logsumexp): no softmax row to write
         top, ids = logits.max(-1)
         return ids, torch.exp(top - torch.logsumexp(logits, -1))
-    probs = torch.softmax(logits / temperature, dim=-1)
+    probs = torch.softmax(logits / max(temperature, LEAST_TEMPERATURE), dim=-1)
     flat = probs.reshape(-1, probs.shape[-1])
     ids = torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
     return ids, probs.gather(-1, ids[..., None])[..., 0]
