@@ -379,6 +379,10 @@ def test_second_generate_while_busy_is_refused_and_cancel_stops_the_run(client, 
         busy = ws.receive_json()
         assert busy["type"] == "error" and busy["code"] == "busy"
         ws.send_json({"type": "cancel"})
+        held = [*engine.scheduler.running, *engine.scheduler.waiting]
+        deadline = time.monotonic() + 30     # the server takes the cancel on its own task: let it land first
+        while not any(r.cancel.is_set() for r in held) and time.monotonic() < deadline:
+            time.sleep(0.01)
         gate.open()
         events = [start, *receive_run(ws)]
     assert_one_dense_run(events)
