@@ -96,6 +96,8 @@ def test_rows_appear_as_each_run_ends_and_the_view_says_why_two_runs_diverged(br
     seen = page.evaluate("() => window.__rows")
     # a row showed while the last run had not started: the comparison waits for nothing but the run it shows
     assert any(1 <= rows < 3 and "linear_spec queued" in status for rows, status in seen), seen
+    page.wait_for_function("() => (document.querySelector('#cmp-positions .js-plotly-plot')?.data || []).length > 0",
+                           timeout=30_000)    # the chart draws after the table it comes with
     bars = page.evaluate("() => document.querySelector('#cmp-positions .js-plotly-plot').data"
                          ".map(d => ({name: d.name, y: d.y}))")
     assert any(b["name"].startswith("linear_spec") and all(0 <= y <= 1 for y in b["y"]) for b in bars), bars
