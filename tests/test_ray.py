@@ -36,6 +36,9 @@ PROMPTS = ["Count from 3 to 9.", "Reverse: q w e r t y u i", "Copy: a b c d", "W
            "Sort: 5 3 9 1", "Count from 10 to 17.", "Reverse: z x c v", "Copy: red green blue"]
 MODES = ["ar", "isd", "quadratic", "linear_spec"]
 LONG = "Count from 1 to 200 in words, one per line: one, two, three,"
+VICTIM_TOKENS = 960
+"""The killed replica's run: the tiny model's whole context (0.5 s of `ar` on an idle core), so that the kill, sent
+once its first round reached the server, lands mid-run even on a busy machine."""
 
 
 def tiny_args(*more: str):
@@ -78,9 +81,16 @@ def follow(service: Replicas, prompt: str, mode: str, store: Store, max_new_toke
     return tracer, events, ended
 
 
+def wait_serving(service: Replicas) -> None:
+    deadline = time.monotonic() + 60
+    while not all(link.serving for link in service.links):
+        assert time.monotonic() < deadline, "a killed replica did not come back"
+        time.sleep(0.2)
+
+
 def test_a_killed_replica_interrupts_its_runs_only_and_comes_back(replicas, single, tmp_path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'runs.db'}")
-    victim_run = follow(replicas, LONG, "ar", store, 200)
+    victim_run = follow(replicas, LONG, "ar", store, VICTIM_TOKENS)
     other_run = follow(replicas, LONG, "isd", store, 200)
     placed = {replicas.placed[t.run_id] for t, _, _ in (victim_run, other_run)}
     assert placed == {0, 1}
@@ -98,10 +108,7 @@ def test_a_killed_replica_interrupts_its_runs_only_and_comes_back(replicas, sing
     survivor = store.get_run(other_run[0].run_id)
     assert survivor["status"] == "done"
     assert survivor["output"] == single.generate(LONG, "isd", {"max_new_tokens": 200, "raw": True}).text
-    deadline = time.monotonic() + 60
-    while not victim.serving:
-        assert time.monotonic() < deadline, "the killed replica did not come back"
-        time.sleep(0.2)
+    wait_serving(replicas)
     assert victim.restarts == restarts + 1
     again = [follow(replicas, p, "linear_spec", store, 12) for p in PROMPTS[:2]]
     assert all(ended.wait(60) for _, _, ended in again)
@@ -115,6 +122,7 @@ def test_runs_from_8_clients_land_on_both_replicas_with_one_engines_tokens(repli
     store = Store(f"sqlite:///{tmp_path / 'runs.db'}")
     app = create_app(replicas, store)
     asks = [(p, MODES[i % len(MODES)]) for i, p in enumerate(PROMPTS)]
+    wait_serving(replicas)
     with serving(app) as port:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
 
