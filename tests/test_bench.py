@@ -22,9 +22,9 @@ def test_parse_variant_types_values():
 def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
-    args = p.parse_args(["--model", "tiny", "--modes", "ar,spiffy,specfold", "--per-kind", "1", "--repeats", "1",
-                         "--max-new-tokens", "8", "--clock", "cpu", "--variant", "specfold:ffn_gate=strict,delta=0",
-                         "--out", str(tmp_path)])
+    args = p.parse_args(["--model", "tiny", "--cost-curve", "flat", "--modes", "ar,spiffy,specfold", "--per-kind", "1",
+                         "--repeats", "1", "--max-new-tokens", "8", "--clock", "cpu",
+                         "--variant", "specfold:ffn_gate=strict,delta=0", "--out", str(tmp_path)])
     rows = bench.run(args)
     doc = json.loads((tmp_path / "bench.json").read_text())
     peer = doc["peer"]
@@ -58,8 +58,8 @@ def test_small_bench_reports_peer_ratios_verify_and_variants(tmp_path):
 def test_the_lossless_check_covers_each_variant_and_judges_the_drafter_at_its_own_parameters(tmp_path):
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
-    args = p.parse_args(["--model", "tiny", "--modes", "linear_spec", "--per-kind", "2", "--max-new-tokens", "12",
-                         "--lossless", "--variant", "linear_spec:verify=fixed",
+    args = p.parse_args(["--model", "tiny", "--cost-curve", "flat", "--modes", "linear_spec", "--per-kind", "2",
+                         "--max-new-tokens", "12", "--lossless", "--variant", "linear_spec:verify=fixed",
                          "--variant", "linear_spec:verify=fixed,branches=3", "--out", str(tmp_path)])
     bench.run(args)
     rows = {r["row"]: r for r in json.loads((tmp_path / "lossless.json").read_text())["rows"]}

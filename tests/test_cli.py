@@ -31,7 +31,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 def generate(capsys, db: str, mode: str = "linear_spec", *extra: str) -> tuple[str, str]:
     """`specscope run`; returns (run id, stdout)."""
     code, out, _ = run_cli(capsys, "run", PROMPT, "--mode", mode, "--max-new-tokens", "12", "--slots", "2048",
-                           "--db", db, *extra)
+                           "--cost-curve", "flat", "--db", db, *extra)
     assert code == 0
     found = re.search(r"^run (r_\w+)", out, re.MULTILINE)
     assert found, out
@@ -165,3 +165,27 @@ def test_run_takes_block_size_tiers_and_records_them(capsys, db):
     assert {e["block_size"] for e in events if e["type"] == "round" and e["round"] > 0} == {8}
     code, _, err = run_cli(capsys, "run", PROMPT, "--mode", "ar", "--db", db, "--block-size-tiers", "1:32")
     assert code != 0 and "catch-all" in err
+
+
+def test_run_takes_the_machine_cost_curve_as_a_logged_step_or_the_one_it_is_given(capsys, db, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSCOPE_CACHE", str(tmp_path / "cache"))
+    code, out, err = run_cli(capsys, "run", PROMPT, "--mode", "ar", "--max-new-tokens", "2", "--slots", "2048",
+                             "--db", db)
+    assert code == 0 and "specscope: cost curve: 1:" in err and "load average" in err
+    run_id = re.search(r"^run (r_\w+)", out, re.MULTILINE).group(1)
+    with Store(db) as store:
+        measured = store.events(run_id)[0]["cost_curve"]
+    assert measured["provenance"]["source"] in ("measured", "cache") and measured["provenance"]["seconds"] > 0
+    kept = list((tmp_path / "cache").glob("cost_curves/*.json"))
+    assert len(kept) == (0 if measured["provenance"]["busy"] else 1)   # a busy machine's curve is not kept
+    given = tmp_path / "curve.json"
+    given.write_text(json.dumps({"cost_curve": {"ms": {"1": 2.0, "4": 3.0}}}))   # /api/health's shape
+    code, out, err = run_cli(capsys, "run", PROMPT, "--mode", "ar", "--max-new-tokens", "2", "--slots", "2048",
+                             "--cost-curve", str(given), "--db", db)
+    run_id = re.search(r"^run (r_\w+)", out, re.MULTILINE).group(1)
+    with Store(db) as store:
+        assert store.events(run_id)[0]["cost_curve"]["ms"] == {"1": 2.0, "4": 3.0}
+    assert code == 0 and "cost curve" not in err
+    code, _, err = run_cli(capsys, "run", PROMPT, "--mode", "ar", "--cost-curve", str(tmp_path / "none.json"),
+                           "--db", db)
+    assert code == 2 and "--cost-curve" in err

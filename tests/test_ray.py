@@ -43,7 +43,8 @@ once its first round reached the server, lands mid-run even on a busy machine.""
 
 def tiny_args(*more: str):
     parser, _ = build_parser("serve")
-    return parser.parse_args(["serve", "--model", "tiny", "--slots", "2048", "--threads", "1", *more])
+    return parser.parse_args(["serve", "--model", "tiny", "--slots", "2048", "--threads", "1", "--cost-curve", "flat",
+                              *more])
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from specscope.backend import tracing
-from specscope.backend.engine.cost_curve import ROWS
+from specscope.backend.engine.cost_curve import FLAT, ROWS
+from specscope.backend.engine.cost_measure import COST_PROMPT, machine_curve
+from specscope.backend.engine.engine import Engine
 from specscope.backend.server import BindError, check_bind, create_app
 from specscope.backend.server import app as app_module
 from specscope.backend.server.logs import redact_tokens
@@ -485,14 +487,28 @@ def test_outbox_gives_up_on_a_client_too_far_behind():
 
 # -- REST ------------------------------------------------------------------------------------------------------------
 
+def test_health_and_the_model_card_say_how_the_cost_curve_was_measured(loaded, store, tmp_path):
+    probe, kept = Engine(loaded, num_slots=512), tmp_path / "curves"
+    measured = machine_curve(probe.rt, probe.encode_prompt(COST_PROMPT, raw=False), folder=kept,
+                             load=lambda: 1000.0)          # a busy machine: used, not kept
+    with TestClient(create_app(Engine(loaded, num_slots=512, cost_curve=measured), store)) as c:
+        curve = c.get("/api/health").json()["cost_curve"]
+        assert c.get("/api/model_card").json()["cost_curve"] == curve == measured.to_json()
+    assert set(curve["ms"]) == {str(rows) for rows in ROWS} and curve["vs_one_row"]["1"] == 1.0
+    p = curve["provenance"]
+    assert p["source"] == "measured" and p["cached"] is False and p["busy"].startswith("load average 1000.00")
+    assert p["load_before"] == p["load_after"] == 1000.0 and p["seconds"] > 0 and p["cpus"] >= 1 and p["threads"] >= 1
+    assert not kept.exists()
+
+
 def test_health_modes_and_index(client, engine):
     health = client.get("/api/health")
     assert health.status_code == 200
     body = health.json()
     assert body["status"] == "ok" and body["model"] == engine.model_name and body["pool"]["used"] == 0
-    curve = body["cost_curve"]      # the engine's own, which its cost-aware rounds price rows with
-    assert curve == engine.rt.cost.to_json() == client.get("/api/model_card").json()["cost_curve"]
-    assert set(curve["ms"]) == {str(rows) for rows in ROWS} and curve["vs_one_row"]["1"] == 1.0
+    curve = body["cost_curve"]      # the engine's own, which its cost-aware rounds price rows with: flat, as given
+    assert curve == engine.cost_curve.to_json() == client.get("/api/model_card").json()["cost_curve"]
+    assert curve == FLAT.to_json() and "provenance" not in curve
     modes = {m["name"]: m for m in client.get("/api/modes").json()}
     assert {"ar", "block_diffusion", "linear_spec"} <= set(modes)
     params = {name: {p["name"] for p in m["params"]} for name, m in modes.items()}

@@ -204,6 +204,23 @@ def test_the_model_card_shows_its_held_out_figures_as_a_table() -> None:
     assert '<td class="ss-num">2.681</td>' in shown
 
 
+def test_the_model_card_says_how_its_cost_curve_was_measured() -> None:
+    from specscope.app.tabs.card import card_html
+    from specscope.backend.engine.cost_curve import FLAT, CostCurve, Provenance
+
+    busy = Provenance("2026-01-02T03:04:05+00:00", 3.5, 3.7, 1.25, 2, 2, 0.4, "load average 3.70 is above 0.5 of 2 "
+                      "CPUs", cached=False)
+    shown = card_html({"model": "m", "card": None, "matmul": "float32",
+                       "cost_curve": CostCurve({1: 8.6, 2: 9.0}, busy).to_json()})
+    assert 'id="ss-cost-provenance"' in shown and "measured 2026-01-02T03:04:05+00:00 in 1.2 s on 2 CPUs" in shown
+    assert "load average 3.50 before and 3.70 after" in shown and "busy (load average 3.70" in shown
+    assert "it is not kept" in shown
+    kept = CostCurve({1: 8.6, 2: 9.0}, Provenance("2026-01-02T03:04:05+00:00", 0.1, 0.2, 1.0, 2, 2, 0.02, None,
+                                                     cached=True, source="cache")).to_json()
+    assert "Read from this machine&#x27;s cache" in card_html({"model": "m", "cost_curve": kept})
+    assert "rows are priced as free" in card_html({"model": "m", "cost_curve": FLAT.to_json()})
+
+
 def test_code_without_fences_keeps_its_whitespace_and_limits_are_said_in_words() -> None:
     from specscope.app.limits import clamp_max_new, too_long
     from specscope.app.tabs.chat import answer, code_shaped

@@ -38,6 +38,8 @@ import torch
 from tqdm import tqdm
 
 from specscope.backend.bench_cells import model_pick, same_as_reference
+from specscope.backend.cli.common import with_cost_curve
+from specscope.backend.cli.options import add_cost_curve_arg
 from specscope.backend.engine.answer_fit import answer_fit, summed
 from specscope.backend.engine.draft_tiers import draft_tiers_of
 from specscope.backend.engine.engine import Engine, RunResult
@@ -116,6 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--into", metavar="FILE", help="with --summary: the file whose bench-table section it replaces")
     p.add_argument("--draft-tiers", metavar="auto|none|N:R,...", default="none",
                    help="with --concurrency: the engine's draft tiers (auto: from this machine's verify cost)")
+    add_cost_curve_arg(p)
     p.add_argument("--concurrency", metavar="N,N,...",
                    help="instead of the per-mode table: each of --modes (default ar,isd,quadratic,linear_spec) alone "
                         "and mixed with N requests at once, e.g. 1,4,16 (load.json and load.md in --out)")
@@ -513,8 +516,8 @@ def bench(args: argparse.Namespace, runs: list[tuple[str, str, dict[str, Any]]] 
     benches: dict[str, ModeBench | PeerBench] = {
         label: ModeBench(engine, mode, tasks, {**params, **extra}, clock, traced) for label, mode, extra in runs}
     if args.adapter_off and engine.rt.loaded.adapter_scope is not None:
-        bare = Engine(load_checkpoint(source.folder, dtype, adapter=False, name=source.name), num_slots=8192,
-                      matmul=args.matmul)
+        bare = with_cost_curve(Engine(load_checkpoint(source.folder, dtype, adapter=False, name=source.name),
+                                      num_slots=8192, matmul=args.matmul), args.cost_curve)
         benches.update({f"{label} (adapter off)": ModeBench(bare, mode, tasks, {**params, **extra}, clock, traced)
                         for label, mode, extra in runs[:len(modes)] if get_mode(mode).needs_mask})
     if args.matmul != "float32" and "ar" in modes:
@@ -557,10 +560,12 @@ def bench(args: argparse.Namespace, runs: list[tuple[str, str, dict[str, Any]]] 
 
 
 def bench_engine(args: argparse.Namespace, source: ModelSource, slots: int) -> Engine:
-    """The engine the bench options name: the model in --dtype, its adapter (or --adapter, or none), --matmul."""
+    """The engine the bench options name: the model in --dtype, its adapter (or --adapter, or none), --matmul,
+    pricing rows with the curve --cost-curve names (this machine's, loaded or measured: `with_cost_curve`)."""
     adapter = False if args.adapter == "none" else args.adapter or source.adapter
-    return Engine(load_checkpoint(source.folder, DTYPES[args.dtype], adapter=adapter, adapter_scope=args.adapter_scope,
-                                  name=source.name), num_slots=slots, matmul=args.matmul)
+    return with_cost_curve(Engine(load_checkpoint(source.folder, DTYPES[args.dtype], adapter=adapter,
+                                                  adapter_scope=args.adapter_scope, name=source.name),
+                                  num_slots=slots, matmul=args.matmul), args.cost_curve)
 
 
 def bench_concurrency(args: argparse.Namespace) -> dict[str, Any]:
@@ -569,7 +574,7 @@ def bench_concurrency(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     source = resolve(args.model)
     engine = bench_engine(args, source, 32768)
-    engine.scheduler.draft_tiers = draft_tiers_of(args.draft_tiers, engine.rt.cost)
+    engine.scheduler.draft_tiers = draft_tiers_of(args.draft_tiers, engine.cost_curve)
     modes = [m for m in args.modes.split(",") if m] or list(LOAD_MODES)
     levels = [int(n) for n in args.concurrency.split(",")]
     tasks, _ = bench_prompts(source.folder, args)

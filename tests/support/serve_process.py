@@ -20,7 +20,7 @@ from support.live_server import free_port
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token"
 MAIN = "import sys; from specscope.backend.cli import main; sys.exit(main(sys.argv[1:]))"
-OPTIONS = ("--model", "tiny", "--no-ui", "--token", TOKEN, "--slots", "4096")
+OPTIONS = ("--model", "tiny", "--no-ui", "--token", TOKEN, "--slots", "4096", "--cost-curve", "flat")
 Event = dict[str, Any]
 
 

@@ -27,7 +27,25 @@ def cost_html(answer: Card) -> str:
     return (f'<div id="ss-cost-curve"><p><b>what a forward costs here</b> ({html.escape(str(answer.get("matmul")))}'
             ' matmuls): a verify of k rows against a decode step of one, which is what a drafted token must pay '
             'for</p><table class="ss-table"><thead><tr><th>rows</th>' + head + "</tr></thead><tbody>"
-            f"<tr><td>ms</td>{ms}</tr><tr><td>vs 1 row</td>{ratio}</tr></tbody></table></div>")
+            f"<tr><td>ms</td>{ms}</tr><tr><td>vs 1 row</td>{ratio}</tr></tbody></table>"
+            f'<p class="ss-provenance" id="ss-cost-provenance">{html.escape(provenance_text(curve))}</p></div>')
+
+
+def provenance_text(curve: Card) -> str:
+    """How the curve was measured, in a sentence: when, how long, on how many CPUs and threads, the machine's load
+    before and after, and whether it was kept as the machine's."""
+    p = curve.get("provenance")
+    if not p:
+        flat = all(v == 1 for v in curve.get("vs_one_row", {}).values())
+        return "Not measured: " + ("rows are priced as free (the flat curve)." if flat else
+                                   "the server was given this curve.")
+    where = "Read from this machine's cache" if p.get("source") == "cache" else "Measured as the engine started"
+    facts = (f"{where}: measured {p['measured_at']} in {p['seconds']:.1f} s on {p['cpus']} CPUs with "
+             f"{p['threads']} threads, 1-minute load average {p['load_before']:.2f} before and "
+             f"{p['load_after']:.2f} after")
+    if p.get("busy"):
+        return f"{facts}. The machine was busy ({p['busy']}): this engine uses the curve; it is not kept."
+    return f"{facts}; " + ("kept as the machine's." if p.get("cached") else "not kept (the cache was not writable).")
 
 
 def card_html(answer: Card) -> str:

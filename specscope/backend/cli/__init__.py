@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from specscope.backend.cli.common import CLIError
+from specscope.backend.cli.common import CLIError, show_steps
 from specscope.backend.engine.params import ParamError
 from specscope.backend.store import StoreError
 
@@ -60,6 +60,7 @@ def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, M
 def main(argv: Sequence[str] | None = None) -> int:
     from specscope.backend.model.config import CheckpointError
 
+    show_steps()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     try:

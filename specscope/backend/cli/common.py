@@ -22,6 +22,36 @@ NUMBER = re.compile(r"^(-?\d+(\.\d+)?|-)$")
 
 
 
+STEPS = "specscope"
+"""The logger whose records (and its children's) the commands show from INFO up: steps such as the cost curve's
+measurement (engine/cost_measure.py), which a command takes explicitly and says so."""
+
+
+def show_steps() -> None:
+    """Show specscope's INFO records on stderr, once per process (the CLI, and the engine process `serve` builds
+    its engine in); they still reach the root logger's handlers too."""
+    import logging
+
+    class Steps(logging.StreamHandler):   # type: ignore[type-arg]
+        """Writes to the sys.stderr of the moment (a test's capture, a redirect made later), not the one it began
+        with."""
+        @property   # type: ignore[override]
+        def stream(self) -> Any:
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, _: Any) -> None:
+            pass
+
+    logger = logging.getLogger(STEPS)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if not any(type(h).__name__ == "Steps" for h in logger.handlers):
+        handler = Steps()
+        handler.setFormatter(logging.Formatter("specscope: %(message)s"))
+        logger.addHandler(handler)
+
+
 class CLIError(Exception):
     """A user error: printed as `specscope: error: ...`, exit status 2."""
 
@@ -44,8 +74,8 @@ def parse_params(pairs: Sequence[str], max_new_tokens: int | None) -> dict[str, 
 
 def build_engine(args: argparse.Namespace) -> Engine:
     """The engine the model options name: device, dtype, adapter, KV pool (sized from free memory when not
-    given, at most what the scheduler can hold), block-size tiers and intra-op threads. Raises ParamError or
-    CheckpointError."""
+    given, at most what the scheduler can hold), block-size tiers and intra-op threads, pricing rows with this
+    curve --cost-curve names (`with_cost_curve`). Raises ParamError or CheckpointError."""
     import torch
 
     from specscope.backend.cli.options import load_from_args
@@ -56,8 +86,30 @@ def build_engine(args: argparse.Namespace) -> Engine:
         torch.set_num_threads(args.threads)
     tiers = parse_tiers(args.block_size_tiers) if args.block_size_tiers else None
     loaded, slots = load_from_args(args, at_most_per_sequence=MAX_RUNNING)
-    engine = Engine(loaded, num_slots=slots, tiers=tiers, matmul=args.matmul)
-    engine.scheduler.draft_tiers = draft_tiers_of(args.draft_tiers, engine.rt.cost)
+    engine = with_cost_curve(Engine(loaded, num_slots=slots, tiers=tiers, matmul=args.matmul),
+                             getattr(args, "cost_curve", "machine"))
+    engine.scheduler.draft_tiers = draft_tiers_of(args.draft_tiers, engine.cost_curve)
+    return engine
+
+
+def with_cost_curve(engine: Engine, spec: str = "machine") -> Engine:
+    """The commands' explicit cost-curve step (--cost-curve): `machine` loads this machine's curve for the engine's
+    model and precision from the cache, or measures it now through its runtime (logged, with its provenance; a busy
+    machine's is used and not kept); `flat` prices rows as free; anything else is a curve's JSON file. The curve is
+    handed to the engine."""
+    from specscope.backend.engine.cost_curve import FLAT, CostCurve
+    from specscope.backend.engine.cost_measure import COST_PROMPT, machine_curve
+    if spec == "machine":
+        curve = machine_curve(engine.rt, engine.encode_prompt(COST_PROMPT, raw=False))
+    elif spec == "flat":
+        curve = FLAT
+    else:
+        try:
+            doc = json.loads(Path(spec).read_text())
+            curve = CostCurve.from_json(doc.get("cost_curve", doc))
+        except (OSError, ValueError, AttributeError) as e:
+            raise CLIError(f"--cost-curve {spec}: not machine, flat or a cost curve's JSON file ({e})") from None
+    engine.use_cost_curve(curve)
     return engine
 
 

@@ -66,7 +66,16 @@ def model_options() -> argparse.ArgumentParser:
                    help="extra rows a drafting round (isd, quadratic, linear_spec) may run by running requests, e.g. "
                         "2:4,4:2,64:0 (0: plain decode steps); auto: from this machine's verify cost, measured at "
                         "start (`serve`'s default); none: every request drafts at its own parameters")
+    add_cost_curve_arg(p)
     return p
+
+
+def add_cost_curve_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cost-curve", metavar="machine|flat|FILE", default="machine",
+                   help="what a forward of k rows costs, as the cost-aware verify length and the draft tiers price "
+                        "rows: machine (the default) loads this machine's curve for the model and precision, or "
+                        "measures it now (logged; kept for the next start only when the machine was quiet); flat: "
+                        "rows for free, nothing measured; FILE: a curve's JSON ({rows: ms}, or /api/health's)")
 
 
 def generation_options() -> argparse.ArgumentParser:

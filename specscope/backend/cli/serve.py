@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specscope.backend.cli.common import CLIError, build_engine, first_model, folder_options
+from specscope.backend.cli.common import CLIError, build_engine, first_model, folder_options, show_steps
 from specscope.backend.cli.options import model_options, store_options
 from specscope.backend.engine.params import ParamError
 from specscope.backend.store import LEASE_TIMEOUT_S, Store
@@ -46,7 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def serve_build(args: argparse.Namespace, folder: str | Path | None) -> Engine:
-    """The engine process's builder: the model options for `folder` (the started model when None)."""
+    """The engine process's builder: the model options for `folder` (the started model when None). Its steps
+    (the cost curve's) are logged to the server's stderr."""
+    show_steps()
     return build_engine(args if folder is None else folder_options(args, folder))
 
 

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specscope.backend.engine.cost_curve import CostCurve
-from specscope.backend.engine.cost_measure import COST_PROMPT, cached
+from specscope.backend.engine.cost_curve import FLAT, CostCurve
 from specscope.backend.engine.draft_tiers import DraftTiers
 from specscope.backend.engine.messages import Prompt, check_messages, last_user
 from specscope.backend.engine.modes import param_specs
@@ -50,17 +49,29 @@ def run_matmul(engine_matmul: str, mode: Mode) -> str:
 
 
 class Engine:
-    """Owns the model runtime, the KV pool and the scheduler."""
+    """Owns the model runtime, the KV pool and the scheduler. Building one measures nothing and writes nothing:
+    it prices rows with `cost_curve`, FLAT when none is given; a command that wants the machine's curve measures
+    or loads it as a step of its own (`cost_measure.machine_curve`, as `cli.common.build_engine` does) and hands
+    it over with `use_cost_curve`."""
 
     def __init__(self, loaded: LoadedModel | None = None, num_slots: int = 16384,
                  tiers: Tiers | None = None, check_invariants: bool = False, matmul: str = "float32",
-                 draft_tiers: DraftTiers | None = None, cost_curve: CostCurve | None = None):
+                 draft_tiers: DraftTiers | None = None, cost_curve: CostCurve = FLAT):
         self.rt = Runtime(loaded or load_checkpoint(), num_slots, matmul)
         self.scheduler = Scheduler(self.rt, tiers, check_invariants, draft_tiers=draft_tiers)
         self.pieces = PieceTable(self.rt.tokenizer)
         """Each prompt id's own text, for run_start."""
-        self.rt.cost = cost_curve or cached(self.rt, self.encode_prompt(COST_PROMPT, raw=False))
+        self.use_cost_curve(cost_curve)
         freeze_long_lived()
+
+    @property
+    def cost_curve(self) -> CostCurve:
+        """What a forward costs by its rows here, as the cost-aware verify length and the draft tiers price them."""
+        return self.rt.cost
+
+    def use_cost_curve(self, curve: CostCurve) -> None:
+        """Price rows with `curve` from the next round on (runs record the curve they started with)."""
+        self.rt.cost = curve
 
     @property
     def model_name(self) -> str:
@@ -118,7 +129,7 @@ class Engine:
                                       "matmul": run_matmul(self.rt.matmul, m),
                                       "block_size_tiers": [list(t) for t in tiers],
                                       "draft_tiers": [list(t) for t in self.scheduler.draft_tiers if tiered],
-                                      "cost_curve": self.rt.cost.to_json(),
+                                      "cost_curve": self.cost_curve.to_json(),
                                       "engine": self.rt.engine_id, "kv_slots": self.rt.pool.num_slots,
                                       "prompt": prompt if isinstance(prompt, str) else last_user(prompt),
                                       **({} if isinstance(prompt, str) else {"messages": prompt}),

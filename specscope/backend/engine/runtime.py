@@ -77,8 +77,8 @@ class Runtime:
         self.chain = draft_chain(self.model, loaded.adapter_dir, self.mask_id)
         """The adapter's sampler head, if it ships one: chained MASK drafts (`drafts`)."""
         self.cost: CostCurve = FLAT
-        """What a forward costs by its rows on this machine (the engine measures it at start): the cost-aware
-        verify length and the draft tiers price rows with it."""
+        """What a forward costs by its rows on this machine (FLAT unless the engine is handed its curve): the
+        cost-aware verify length and the draft tiers price rows with it."""
         self.engine_id = os.urandom(6).hex()
         """This runtime's name in traces (run_start's `engine`): forward ids count within it."""
         self.forwards = 0
