@@ -18,12 +18,13 @@ import torch
 from support.plans import forward
 
 from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes.quadratic import interleaved_mask
 from specscope.backend.forward import weight_blocks
 from specscope.backend.forward.fused_step import MAX_CHUNK, FusedDecode, fused_decode, supported
 from specscope.backend.forward.weight_blocks import pack
 from specscope.backend.model.config import ModelConfig
 from specscope.backend.model.rope import RopeSpec
-from specscope.backend.model.transformer import KVContext, PagedKV, Transformer, interleaved_mask
+from specscope.backend.model.transformer import KVContext, PagedKV, Transformer
 from specscope.kernels import native
 from specscope.kernels.native import FLAGS, NON_TEMPORAL, build, load, native_flags
 

@@ -5,23 +5,44 @@ import pytest
 from specscope.backend.engine.cost_curve import CostCurve
 from specscope.backend.engine.draft_tiers import (
     auto_tiers,
-    block_length,
     budget,
-    isd_n,
-    quadratic_k,
+    fitted_length,
     tier_cut,
     tier_note,
 )
+from specscope.backend.engine.modes import REGISTRY, get_mode, mode_names
 from specscope.backend.tracing import RecordingTracer
 
 AVX2 = CostCurve({1: 1.0, 2: 1.15, 4: 1.72, 8: 2.63, 16: 3.88})   # a float32 verify on AVX2: each row its share
 AMX = CostCurve({1: 1.0, 2: 1.02, 4: 1.05, 8: 1.15, 16: 1.42})    # bf16 on AMX tiles: rows nearly free
 
 
+TIERED = [m for m in mode_names() if REGISTRY[m].draft_param]
+"""The modes a draft tier shrinks: those that declare which parameter sets their draft (Mode.draft_param)."""
+
+
 def test_each_mode_fits_its_draft_to_the_rows_allowed() -> None:
-    assert isd_n(4, None) == 4 and isd_n(4, 2) == 2 and isd_n(4, 100) == 4 and isd_n(4, 1) is None
-    assert quadratic_k(4, None) == 4 and quadratic_k(4, 3) == 1 and quadratic_k(4, 8) == 2 and quadratic_k(4, 2) is None
-    assert block_length(16, None) == 16 and block_length(16, 3) == 2 and block_length(16, 2) is None
+    isd, quadratic, linear = (get_mode(m).draft_length for m in ("isd", "quadratic", "linear_spec"))
+    assert isd(4, None) == 4 and isd(4, 2) == 2 and isd(4, 100) == 4 and isd(4, 1) is None
+    assert quadratic(4, None) == 4 and quadratic(4, 3) == 1 and quadratic(4, 8) == 2 and quadratic(4, 2) is None
+    assert linear(16, None) == 16 and linear(16, 3) == 2 and linear(16, 2) is None
+
+
+@pytest.mark.parametrize("mode", TIERED)
+def test_a_draft_length_is_the_longest_whose_rows_fit(mode) -> None:
+    """Any mode's length under a budget follows from the rows it declares a round of each length runs: the longest
+    that fits, never past its own, None (a decode step) where not even its shortest does."""
+    m = get_mode(mode)
+    own = next(p.default for p in m.params if p.name == m.draft_param)
+    assert m.tier_rows({m.draft_param: own}) == m.draft_rows(own)
+    for rows in range(0, m.draft_rows(own) + 3):
+        fit = m.draft_length(own, rows)
+        if fit is None:
+            assert m.draft_rows(m.min_draft) > rows
+        else:
+            assert m.min_draft <= fit <= own and m.draft_rows(fit) <= rows
+            assert fit == own or m.draft_rows(fit + 1) > rows
+    assert fitted_length(5, None, m.draft_rows, m.min_draft) == 5
 
 
 def test_auto_tiers_follow_the_cost_of_rows() -> None:
@@ -32,7 +53,7 @@ def test_auto_tiers_follow_the_cost_of_rows() -> None:
     assert [r for r, _ in cheap][-1] >= 64
 
 
-@pytest.mark.parametrize("mode", ["isd", "quadratic", "linear_spec"])
+@pytest.mark.parametrize("mode", TIERED)
 def test_a_tier_of_no_drafts_turns_rounds_into_decode_steps_and_keeps_the_tokens(shared_engine, heldout_prompts,
                                                                                mode) -> None:
     prompts = heldout_prompts[:3]

@@ -4,8 +4,7 @@ the chain does, and other branches do win rounds; the tokens stay `ar`'s (test_m
 import torch
 
 from specscope.backend.engine.cost_curve import FLAT, CostCurve
-from specscope.backend.engine.draft_tree import ROOT, DraftTree
-from specscope.backend.model.transformer import tree_mask
+from specscope.backend.engine.draft_tree import ROOT, DraftTree, tree_mask
 from specscope.backend.tracing import RecordingTracer
 
 # two branches: a (0.6) -> b (0.3) -> c (0.15); x (0.3) -> y (0.27)

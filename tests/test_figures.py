@@ -14,16 +14,15 @@ from specscope.app.figures import (
     Claim,
     acceptance_position_figure,
     accepted_length_figure,
+    case_figure,
     comparison_figure,
     comparison_rows,
     fmt,
-    isd_case_figure,
     kv_figure,
     legend_html,
     live_round,
     metrics_rows,
     metrics_table_html,
-    mode_claims,
     mode_color,
     run_labels,
     run_stats_html,
@@ -32,13 +31,17 @@ from specscope.app.figures import (
     speedup_html,
     token_diff_html,
 )
+from specscope.app.modebook import ModeBook
 from specscope.app.palette import KV_REASONS, STATES, kv_color, palette_css, vocabulary
 from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
 from specscope.app.sweep import parse_variants
 from specscope.app.trace import RunTrace, make_piece
 from specscope.app.vizdoc import document_json, viz_document
-from specscope.backend.engine.modes import get_mode
+from specscope.backend.engine.modes import describe_modes
 from specscope.backend.tracing import STATES as TRACE_STATES
+
+BOOK = ModeBook.of(describe_modes())
+"""The registry's modes as the UI gets them (GET /api/modes)."""
 
 
 @pytest.fixture
@@ -137,11 +140,11 @@ def test_kv_figure_bars_with_base_coloured_by_reason() -> None:
     assert fig.layout.yaxis.title.text and cursor(fig)
 
 
-def test_isd_case_figure_and_acceptance_by_position() -> None:
+def test_case_figure_and_acceptance_by_position() -> None:
     rounds = [rnd(0, 0, [1, 9, 9], ["bonus", "draft", "padding"], [1], case="C"),
               rnd(1, 1, [1, 2, 3], ["pending", "accepted", "bonus"], [2, 3], case="V"),
               rnd(2, 3, [3, 4, 5], ["pending", "rejected", "bonus"], [5], case="R")]
-    by_name = {t.name: t for t in isd_case_figure(rounds).data}
+    by_name = {t.name: t for t in case_figure(rounds).data}
     assert list(by_name["V"].x) == [1] and list(by_name["R"].x) == [2] and list(by_name["C"].x) == [0]
     fig = acceptance_position_figure([0.5, 0.25])
     assert list(fig.data[0].x) == [1, 2] and list(fig.data[0].text) == ["50%", "25%"]
@@ -193,13 +196,14 @@ def test_fold_ratios_and_step_map(trace: RunTrace) -> None:
 
 
 def test_viz_document_carries_what_the_browser_draws(trace: RunTrace) -> None:
-    doc = viz_document(trace, piece, explain=get_mode(trace.mode).explain)
+    doc = viz_document(trace, piece, book=BOOK)
     assert doc["run_id"] == "r_test" and len(doc["rounds"]) == 3 and "run_id" not in doc["rounds"][0]
     assert (doc["model"], doc["matmul"]) == ("m", "bf16")
     assert doc["pieces"]["2"] == "<script>" and doc["step_map"] == [0, 1, 1, 2, 2]
     drawn = {"accepted", "kv", "positions", "timeline"} | ({"kv_time"} if trace.kv else set())
     assert set(doc["figures"]) == drawn and doc["spec"]["num_spec_steps"] == 2
-    assert "accepted" in doc["explain"].lower()
+    assert "accepted" in doc["explain"].lower() and doc["explain"] == BOOK.explain(trace.mode)
+    assert doc["color"] == BOOK.color(trace.mode) and not doc["pq"]   # no p/q tables nor round cases here
     assert json.loads(document_json(doc))["mode"] == "linear_spec" and document_json(None) == ""
     assert doc["fit"] is None
     picks = [*trace.output_ids[:-1], 77]
@@ -225,10 +229,11 @@ def test_comparison_lines_stable_colours_dashes_and_table_counts() -> None:
     b = RunTrace.from_events(run_events("r_b", "linear_spec"))
     c = RunTrace.from_events(run_events("r_c", "linear_spec"))
     c.params = {"max_new_tokens": 5, "threshold": 0.5}
-    fig = comparison_figure([a, b, c])
+    fig = comparison_figure([a, b, c], BOOK)
     assert len(fig.data) == 3
     assert list(fig.data[0].x) == [0, 0, 2, 4] and list(fig.data[0].y) == [0, 1, 3, 5]
-    assert fig.data[1].line.color == fig.data[2].line.color == mode_color("linear_spec") != mode_color("ar")
+    assert fig.data[1].line.color == fig.data[2].line.color == mode_color("linear_spec", BOOK) != mode_color("ar", BOOK)
+    assert fig.data[0].line.color == BOOK.specs["ar"]["color"]   # the colour the mode declares
     assert fig.data[1].line.dash != fig.data[2].line.dash, "identical lines stay distinguishable"
     a.end["metrics"]["tokens"] = 4  # EOS committed but not counted by the table: the chart agrees
     assert comparison_figure([a]).data[0].y[-1] == 4
@@ -245,7 +250,8 @@ def test_metrics_table_badges_and_escaping() -> None:
     assert "reference" in table and "same output as reference" in table and "differs from reference" in table
     assert "&lt;i&gt;mode&lt;/i&gt;" in table and "<i>mode" not in table
     assert ">1.25<" in table and ">50.0<" in table
-    claims = {"linear_spec": Claim("ar", {}), "<i>mode</i>": Claim("ar", {}), "spiffy": Claim("block_diffusion", {})}
+    claims = ModeBook.of([{"name": "linear_spec", "lossless_vs": "ar"}, {"name": "<i>mode</i>", "lossless_vs": "ar"},
+                          {"name": "spiffy", "lossless_vs": "block_diffusion"}])
     table = metrics_table_html([ref, same, other], ref, claims)
     assert "== ar" in table and "≠ ar (first 2 of 5 tokens as ar)" in table
     spiffy = RunTrace.from_events(run_events("r_s", "spiffy"))
@@ -260,10 +266,11 @@ def test_metrics_table_badges_and_escaping() -> None:
 def test_a_lossless_verdict_only_where_the_claim_holds() -> None:
     """A failed run gets its error and no verdict; T>0 or parameters outside the claim read "not
     claimed" with the measured agreement; the reference must be a greedy run of the same prompt and length."""
-    claims = mode_claims([{"name": "specfold", "lossless_vs": "spiffy",
+    claims = ModeBook.of([{"name": "specfold", "lossless_vs": "spiffy",
                            "lossless_params": {"delta": 0.0, "ffn_gate": "strict"}},
                           {"name": "isd", "lossless_vs": "ar", "lossless_params": {}}, {"name": "ar"}])
-    assert claims == {"specfold": Claim("spiffy", {"delta": 0.0, "ffn_gate": "strict"}), "isd": Claim("ar", {})}
+    assert claims.claims == {"specfold": Claim("spiffy", {"delta": 0.0, "ffn_gate": "strict"}),
+                             "isd": Claim("ar", {})}
     ar = RunTrace.from_events(run_events("r_ar", "ar"))
     hot = RunTrace.from_events(run_events("r_hot", "isd", output=[3, 2, 9]))
     hot.params = {"max_new_tokens": 5, "temperature": 0.8}
@@ -339,7 +346,8 @@ def test_bench_tab_tables_and_speedup_figure() -> None:
                                                        "accept_len_mean": 1.6, "accuracy": {"average": 0.5},
                                                        "same_as_reference": 1.0, "reference": "ar",
                                                        "fold_ratio": None}}}
-    assert mode_rows(modes) == [["isd", 10, "1.50", "99", "0.70", "1.60", "0.50", "100 % vs ar", "—", "—"]]
+    assert mode_rows(modes) == [["isd", 10, "1.50", "99", "0.70", "1.60", "0.50", "100 % vs ar", "—"]]
+    assert mode_rows(modes, BOOK) == [[*mode_rows(modes)[0], *["—"] * len(BOOK.all_columns())]]
     lossy = {"modes": {"block_diffusion": {**modes["modes"]["isd"], "same_as_reference": 0.0, "agreed_prefix": 0.25,
                                            "greedy_share": 0.714, "answer_nll": 1.236}}}
     assert mode_rows(lossy)[0][7:9] == ["0 % vs ar, first 25 % agree", "71 % (1.24)"]
@@ -371,7 +379,7 @@ def test_the_comparison_csv_carries_both_verdicts_the_prompt_and_the_output() ->
     ref = RunTrace.from_events(run_events("r_ref", "ar"))
     same = RunTrace.from_events(run_events("r_same", "linear_spec"))
     other = RunTrace.from_events(run_events("r_other", "linear_spec", output=[3, 2]))
-    head, *rows = comparison_rows([ref, same, other], ref, {"linear_spec": Claim("ar", {})})
+    head, *rows = comparison_rows([ref, same, other], ref, ModeBook.of([{"name": "linear_spec", "lossless_vs": "ar"}]))
     assert head[-4:] == ["output vs reference", "lossless claim", "prompt", "output"]
     verdicts = [row[-4:-2] for row in rows]
     assert verdicts == [["reference", ""], ["same output as reference", "== ar"],
@@ -422,7 +430,8 @@ def test_the_speedup_factors_shown_multiply_to_the_product_shown() -> None:
                                         "tok_per_s": 100.0}}
     run.end = {**run.end, "metrics": {"nfe": 7, "tpf": 1.4449, "mean_forward_ms": 1.0 / 0.8449,
                                       "forward_share": 0.5 * 1.0049, "tok_per_s": 122.68}}
-    cells = re.findall(r'<td class="ss-num">(?:<b>)?([\d.]+)', speedup_html([base, run]))
+    cells = re.findall(r'<td class="ss-num">(?:<b>)?([\d.]+)', speedup_html([base, run], BOOK))
+    assert "needs a finished <code>ar</code> run" in speedup_html([run], BOOK)   # the baseline, by its name
     tpf, row_cost, share, product, _ = (float(c) for c in cells)
     assert abs(tpf * row_cost * share - product) <= 0.0005, cells
     assert len(cells[0].split(".")[1]) >= 3   # enough digits that a factor's rounding barely moves the product

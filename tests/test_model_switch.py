@@ -10,6 +10,7 @@ import weakref
 import pytest
 
 from specscope.app.figures import Claim, lossless_badge, metrics_table_html
+from specscope.app.modebook import ModeBook
 from specscope.app.trace import RunTrace
 from specscope.backend.engine.engine import Engine
 from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
@@ -83,7 +84,7 @@ def test_compare_says_different_model_instead_of_a_verdict() -> None:
     ref = trace("ar", [7, 8], "a", "sha256:aaa")
     same = trace("linear_spec", [7, 8], "a", "sha256:aaa")
     other = trace("linear_spec", [7, 8], "b", "sha256:bbb")
-    table = metrics_table_html([ref, same, other], ref, {"linear_spec": Claim("ar", {})})
+    table = metrics_table_html([ref, same, other], ref, ModeBook.of([{"name": "linear_spec", "lossless_vs": "ar"}]))
     rows = table.split("<tr>")[2:]
     assert "same output as reference" in rows[1] and "different model" not in rows[1]
     assert "different model" in rows[2] and "same output" not in rows[2]
@@ -98,7 +99,8 @@ def test_compare_gives_no_verdict_across_matmul_precisions() -> None:
     ref = trace("ar", [7, 8], "a", "sha256:aaa", "float32")
     bf16 = trace("linear_spec", [7, 9], "a", "sha256:aaa", "bf16")
     unrecorded = trace("linear_spec", [7, 8], "a", "sha256:aaa")
-    rows = metrics_table_html([ref, bf16, unrecorded], ref, claims).split("<tr>")[2:]
+    book = ModeBook.of([{"name": "linear_spec", "lossless_vs": "ar"}])
+    rows = metrics_table_html([ref, bf16, unrecorded], ref, book).split("<tr>")[2:]
     assert "bf16 matmuls, not float32" in rows[1] and "differs" not in rows[1]
     assert "same output as reference" in rows[2]
     assert lossless_badge(bf16, [ref, bf16], claims).endswith("ar ran with float32 matmuls, not bf16</span>")

@@ -20,7 +20,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from specscope.app.figures import LAYOUT, mode_color
+from specscope.app.figures import LAYOUT, NO_MODES, mode_color
+from specscope.app.modebook import ModeBook
 
 Run = Mapping[str, Any]
 GROUP_FIELDS = ("mode", "model", "status", "sweep")  # besides `param:<name>`
@@ -187,9 +188,10 @@ def runs_csv(groups: Mapping[str, Sequence[Run]]) -> str:
 GROUP_COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04"]
 
 
-def colors(groups: Mapping[str, Any], by: str) -> dict[str, str]:
-    """Groups by mode take the modes' colours everywhere else in the UI; other groups a palette, in order."""
-    return {name: mode_color(name) if by == "mode" else GROUP_COLORS[i % len(GROUP_COLORS)]
+def colors(groups: Mapping[str, Any], by: str, book: ModeBook = NO_MODES) -> dict[str, str]:
+    """Groups by mode take the modes' colours everywhere else in the UI (as `book` declares them); other groups a
+    palette, in order."""
+    return {name: mode_color(name, book) if by == "mode" else GROUP_COLORS[i % len(GROUP_COLORS)]
             for i, name in enumerate(groups)}
 
 
@@ -201,9 +203,9 @@ def figure(title: str, x: str, y: str) -> go.Figure:
     return fig
 
 
-def accept_hist_figure(groups: Mapping[str, Sequence[Run]], by: str) -> go.Figure:
+def accept_hist_figure(groups: Mapping[str, Sequence[Run]], by: str, book: ModeBook = NO_MODES) -> go.Figure:
     fig = figure("tokens committed per round", "tokens committed in the round", "share of the group's rounds")
-    for name, color in colors(groups, by).items():
+    for name, color in colors(groups, by, book).items():
         hist = accept_hist(groups[name])
         rounds = sum(hist.values()) or 1
         fig.add_bar(x=list(hist), y=[n / rounds for n in hist.values()], name=name, marker_color=color,
@@ -212,9 +214,9 @@ def accept_hist_figure(groups: Mapping[str, Sequence[Run]], by: str) -> go.Figur
     return fig
 
 
-def position_figure(groups: Mapping[str, Sequence[Run]], by: str) -> go.Figure:
+def position_figure(groups: Mapping[str, Sequence[Run]], by: str, book: ModeBook = NO_MODES) -> go.Figure:
     fig = figure("per-position acceptance", "position k in the round's block", "share of rounds keeping k or more")
-    for name, color in colors(groups, by).items():
+    for name, color in colors(groups, by, book).items():
         rates = position_acceptance(accept_hist(groups[name]))
         fig.add_scatter(x=list(range(1, len(rates) + 1)), y=rates, name=name, mode="lines+markers",
                         line={"color": color},
@@ -223,17 +225,18 @@ def position_figure(groups: Mapping[str, Sequence[Run]], by: str) -> go.Figure:
     return fig
 
 
-def distribution_figure(groups: Mapping[str, Sequence[Run]], by: str, name: str, title: str) -> go.Figure:
+def distribution_figure(groups: Mapping[str, Sequence[Run]], by: str, name: str, title: str,
+                        book: ModeBook = NO_MODES) -> go.Figure:
     fig = figure(title, "group", title)
-    for group, color in colors(groups, by).items():
+    for group, color in colors(groups, by, book).items():
         fig.add_box(y=metric(groups[group], name), name=group, marker_color=color, boxpoints="all", jitter=0.4,
                     pointpos=0, showlegend=False)
     return fig
 
 
-def nfe_figure(groups: Mapping[str, Sequence[Run]], by: str) -> go.Figure:
+def nfe_figure(groups: Mapping[str, Sequence[Run]], by: str, book: ModeBook = NO_MODES) -> go.Figure:
     fig = figure("forwards against tokens", "tokens generated", "NFE (forwards)")
-    for group, color in colors(groups, by).items():
+    for group, color in colors(groups, by, book).items():
         runs = [r for r in groups[group] if (r.get("metrics") or {}).get("nfe") is not None]
         fig.add_scatter(x=[r["metrics"].get("tokens") for r in runs], y=[r["metrics"]["nfe"] for r in runs],
                         text=[r.get("run_id") for r in runs], mode="markers", name=group, marker={"color": color},
@@ -244,8 +247,8 @@ def nfe_figure(groups: Mapping[str, Sequence[Run]], by: str) -> go.Figure:
     return fig
 
 
-def analysis_figures(groups: Mapping[str, Sequence[Run]], by: str) -> list[go.Figure]:
-    """The five figures, in the tab's order."""
-    return [accept_hist_figure(groups, by), position_figure(groups, by),
-            distribution_figure(groups, by, "tpf", "TPF (tokens per forward)"),
-            distribution_figure(groups, by, "tok_per_s", "tok/s (wall clock)"), nfe_figure(groups, by)]
+def analysis_figures(groups: Mapping[str, Sequence[Run]], by: str, book: ModeBook = NO_MODES) -> list[go.Figure]:
+    """The five figures, in the tab's order (modes in the colours `book` declares)."""
+    return [accept_hist_figure(groups, by, book), position_figure(groups, by, book),
+            distribution_figure(groups, by, "tpf", "TPF (tokens per forward)", book),
+            distribution_figure(groups, by, "tok_per_s", "tok/s (wall clock)", book), nfe_figure(groups, by, book)]

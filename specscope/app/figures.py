@@ -14,13 +14,14 @@ from typing import Any
 import plotly.graph_objects as go
 from markdown_it import MarkdownIt
 
+from specscope.app.modebook import ModeBook
 from specscope.app.palette import CASES, CONTEXT_CELLS, KV_REASONS, STATES, kv_color, phase_color, vocabulary
 from specscope.app.specmetrics import spec_metrics
 from specscope.app.trace import Cell, Event, Piece, RunTrace, id_piece
 from specscope.backend.bench_cells import pick_count
 from specscope.backend.engine.cost_curve import CostCurve
 from specscope.backend.engine.lossless import Claim, Outcome, model_difference, unmet, verdict
-from specscope.backend.engine.speedup import DIGITS, FACTORS, against_ar, shown
+from specscope.backend.engine.speedup import DIGITS, FACTORS, against_baseline, shown
 from specscope.backend.tracing import ROUND_COUNTS
 
 VISIBLE = str.maketrans({" ": "␣", "\n": "⏎", "\t": "⇥", "\r": "␍"})
@@ -241,8 +242,9 @@ def acceptance_position_figure(rates: Sequence[float]) -> go.Figure:
     return fig
 
 
-def isd_case_figure(rounds: Sequence[Event]) -> go.Figure:
-    """ISD: the V/R/C case of every round (bar height = accepted length); click a bar to jump to its round."""
+def case_figure(rounds: Sequence[Event]) -> go.Figure:
+    """A run whose rounds record their case (ISD): the V/R/C case of every round (bar height = accepted length);
+    click a bar to jump to its round."""
     fig = go.Figure()
     for case, (color, meaning) in CASES.items():
         chosen = [r for r in rounds if r.get("case") == case]
@@ -257,16 +259,16 @@ def isd_case_figure(rounds: Sequence[Event]) -> go.Figure:
     return fig
 
 
-MODE_COLORS = {"ar": "#64748b", "block_diffusion": "#f59e0b", "linear_spec": "#3b82f6", "isd": "#ef4444",
-               "spiffy": "#10b981", "specfold": "#8b5cf6"}
+NO_MODES = ModeBook()
+"""No declarations at hand: every mode in the neutral colour, no claims, no baseline."""
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross")
 PATTERNS = ("", "/", ".", "x", "-", "+")
 
 
-def mode_color(mode: str) -> str:
-    """A mode's colour, the same in every comparison."""
-    return MODE_COLORS.get(mode, "#0f172a")
+def mode_color(mode: str, book: ModeBook = NO_MODES) -> str:
+    """A mode's colour, the same in every comparison: the one it declares (`book`: the served modes)."""
+    return book.color(mode)
 
 
 def run_labels(runs: Sequence[RunTrace]) -> list[str]:
@@ -279,9 +281,9 @@ def run_labels(runs: Sequence[RunTrace]) -> list[str]:
     return labels
 
 
-def comparison_figure(runs: Sequence[RunTrace]) -> go.Figure:
-    """Output tokens (as the table counts them) vs cumulative NFE, one step line per run: stable colour per mode,
-    a different dash and marker per run of the same mode, so identical lines stay visible."""
+def comparison_figure(runs: Sequence[RunTrace], book: ModeBook = NO_MODES) -> go.Figure:
+    """Output tokens (as the table counts them) vs cumulative NFE, one step line per run: each mode in its declared
+    colour, a different dash and marker per run of the same mode, so identical lines stay visible."""
     fig = go.Figure()
     seen: dict[str, int] = {}
     for run, label in zip(runs, run_labels(runs), strict=True):
@@ -291,7 +293,7 @@ def comparison_figure(runs: Sequence[RunTrace]) -> go.Figure:
         if limit is not None:  # the table's count (EOS and stop tokens excluded)
             tokens = [min(t, int(limit)) for t in tokens]
         fig.add_trace(go.Scatter(x=nfe, y=tokens, mode="lines+markers", line={"shape": "hv",
-                                 "color": mode_color(run.mode), "dash": DASHES[k % len(DASHES)], "width": 2},
+                                 "color": mode_color(run.mode, book), "dash": DASHES[k % len(DASHES)], "width": 2},
                                  marker={"symbol": SYMBOLS[k % len(SYMBOLS)], "size": 7},
                                  name=f"{label} · {run.run_id[-6:]}",
                                  hovertemplate="NFE %{x}<br>tokens %{y}<extra>" + esc(label) + "</extra>"))
@@ -318,7 +320,6 @@ DEFINITIONS = {  # one definition per figure, shown as the hover of its label wh
     "drafts accepted": "drafted positions the verifier kept (the bonus token not counted)",
     "drafted": "drafted positions a verify step checked",
     "verify steps": "rounds whose forward verified drafts",
-    "fold ratio": "share of a verify forward's rows that folding recomputed (specfold)",
     "KV peak": "most KV slots the run held at once",
     "KV leaked": "KV slots still held after the run ended (must be 0)",
     "model's pick": ("the run's tokens that the served model picks itself (greedy) after the same prefix, of all, "
@@ -330,13 +331,30 @@ METRIC_COLUMNS: tuple[tuple[str, str, int | str], ...] = (
                   ("wall_ms", "wall ms", 0), ("accept_len_mean", "tokens / round", 2),
                   ("mean_acceptance_length", "mean acc. length (vLLM)", 2),
                   ("draft_acceptance_rate", "draft acc. rate (vLLM)", PERCENT),
-                  ("fold_ratio", "fold ratio", PERCENT),
                   ("kv_peak", "KV peak", 0), ("kv_leaked", "KV leaked", 0))
 
 
-def defined(label: str) -> str:
-    """A table header: the label, with its definition as the hover."""
-    return f'<th title="{esc(DEFINITIONS.get(label, ""))}">{esc(label)}</th>'
+def defined(label: str, definition: str | None = None) -> str:
+    """A table header: the label, with its definition (DEFINITIONS' by default) as the hover."""
+    return f'<th title="{esc(DEFINITIONS.get(label, "") if definition is None else definition)}">{esc(label)}</th>'
+
+
+Column = tuple[str, str, int | str]
+"""A metric column: the run metric's key, its label, its format (digits, or PERCENT)."""
+
+
+def metric_columns(runs: Sequence[RunTrace], book: ModeBook = NO_MODES) -> list[Column]:
+    """METRIC_COLUMNS, then the columns the runs' modes declare of their own metrics (Mode.columns), before the KV
+    columns."""
+    own = [(c["key"], c["label"], PERCENT if c.get("format") == PERCENT else int(c.get("format") or 2))
+           for c in book.columns(run.mode for run in runs)]
+    kv = [c for c in METRIC_COLUMNS if c[0].startswith("kv_")]
+    return [c for c in METRIC_COLUMNS if c not in kv] + own + kv
+
+
+def column_definitions(book: ModeBook) -> dict[str, str]:
+    """The declared columns' definitions by label."""
+    return {c["label"]: c.get("definition", "") for c in book.all_columns()}
 
 
 def run_metrics(run: RunTrace) -> dict[str, Any]:
@@ -344,21 +362,24 @@ def run_metrics(run: RunTrace) -> dict[str, Any]:
     return {**run.metrics, **(spec_metrics(run) or {})}
 
 
-def metrics_rows(runs: Sequence[RunTrace]) -> list[list[Any]]:
-    """The comparison table as data (header first): one row per run, for the HTML table and the CSV export."""
-    head = ["run", "mode", "label", "status", *[label for _, label, _ in METRIC_COLUMNS]]
+def metrics_rows(runs: Sequence[RunTrace], book: ModeBook = NO_MODES) -> list[list[Any]]:
+    """The comparison table as data (header first): one row per run, for the HTML table and the CSV export; the
+    columns are `metric_columns`'."""
+    columns = metric_columns(runs, book)
+    head = ["run", "mode", "label", "status", *[label for _, label, _ in columns]]
     rows = []
     for run, label in zip(runs, run_labels(runs), strict=True):
         m = run_metrics(run)
-        rows.append([run.run_id, run.mode, label, run.status, *[m.get(key) for key, _, _ in METRIC_COLUMNS]])
+        rows.append([run.run_id, run.mode, label, run.status, *[m.get(key) for key, _, _ in columns]])
     return [head, *rows]
 
 
 def comparison_rows(runs: Sequence[RunTrace], reference: RunTrace | None,
-                    claims: Mapping[str, Claim]) -> list[list[Any]]:
+                    book: ModeBook = NO_MODES) -> list[list[Any]]:
     """The comparison as data for its CSV: the metrics table's rows, then the two verdicts (output against the
     reference, the mode's own lossless claim), the prompt and the output text."""
-    head, *rows = metrics_rows(runs)
+    head, *rows = metrics_rows(runs, book)
+    claims = book.claims
     extra = [[text_of(output_verdict(run, reference)), text_of(lossless_verdict(run, runs, claims)), run.prompt,
               run.text] for run in runs]
     return [head + ["output vs reference", "lossless claim", "prompt", "output"],
@@ -379,18 +400,12 @@ def outcome(run: RunTrace) -> Outcome:
                    run.prompt_ids)
 
 
-def mode_claims(modes: Sequence[Mapping[str, Any]]) -> dict[str, Claim]:
-    """mode -> its claim, from /api/modes."""
-    return {m["name"]: Claim(m["lossless_vs"], dict(m.get("lossless_params") or {})) for m in modes
-            if m.get("lossless_vs")}
-
-
 Verdict = tuple[str, str]
 """A verdict as the table shows it: its badge's class and its text."""
 
 
 def lossless_verdict(run: RunTrace, runs: Sequence[RunTrace], claims: Mapping[str, Claim]) -> Verdict | None:
-    """The verdict on a mode's own lossless claim (e.g. linear_spec == ar), given only where the claim holds for
+    """The verdict on a mode's own lossless claim (its declared `lossless_vs`), given only where the claim holds for
     this run's settings (greedy, the declared parameters) and against a done, greedy run of the claim's reference
     mode on the same model, prompt and max_new_tokens. Elsewhere it says why there is none, with the measured
     agreement; a run that did not finish gets none."""
@@ -464,54 +479,59 @@ def pick_cell(fit: Mapping[str, Any] | str | None) -> str:
     return f'<small class="ss-pick" title="{esc(pick_count(fit))}">{esc(pick_words(fit))}</small>'
 
 
-def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = None,
-                       claims: Mapping[str, Claim] | None = None,
+def metrics_table_html(runs: Sequence[RunTrace], reference: RunTrace | None = None, book: ModeBook = NO_MODES,
                        fits: Mapping[str, Mapping[str, Any] | str] | None = None) -> str:
-    """One row per run with its metrics, the served model's rating of its answer (`fits` by run id: the
-    /api/runs/{id}/fit answer, or why there is none), a badge saying whether its output equals the reference's
-    (none for a run that did not finish), the verdict on the mode's own lossless claim (`lossless_badge`) and a
-    link that opens the run in the visualizer. Scrolls sideways on a narrow screen."""
-    head = "".join(defined(label) for _, label, _ in METRIC_COLUMNS)
+    """One row per run with its metrics (`metric_columns`: the runs' modes' own columns too), the served model's
+    rating of its answer (`fits` by run id: the /api/runs/{id}/fit answer, or why there is none), a badge saying
+    whether its output equals the reference's (none for a run that did not finish), the verdict on the mode's own
+    lossless claim (`lossless_badge`, from the modes' declarations in `book`) and a link that opens the run in the
+    visualizer; each run's name in its mode's colour. Scrolls sideways on a narrow screen."""
+    columns = metric_columns(runs, book)
+    definitions = column_definitions(book)
+    head = "".join(defined(label, definitions.get(label)) for _, label, _ in columns)
+    claims = book.claims
     rows = []
-    for run, values in zip(runs, metrics_rows(runs)[1:], strict=True):
-        cells = "".join(f"<td>{esc(fmt(v, digits))}</td>" for v, (_, _, digits) in zip(values[4:], METRIC_COLUMNS,
+    for run, values in zip(runs, metrics_rows(runs, book)[1:], strict=True):
+        cells = "".join(f"<td>{esc(fmt(v, digits))}</td>" for v, (_, _, digits) in zip(values[4:], columns,
                                                                                           strict=True))
         found = output_verdict(run, reference)
         same = "" if found is None else badge(*found)
         link = (f'<a class="ss-open" href="?run={esc(run.run_id)}&amp;round=0" target="_blank">open ↗</a>'
                 if run.run_id else "")
-        rows.append(f'<tr><td><b style="color:{mode_color(run.mode)}">{esc(values[2])}</b><br>'
+        rows.append(f'<tr><td><b style="color:{mode_color(run.mode, book)}">{esc(values[2])}</b><br>'
                     f'<code>{esc(run.run_id or "(not started)")}</code> {link}{alarm_html(run.metrics)}'
                     f'{tier_html(run)}</td>'
                     f'<td>{status_cell(run)}</td>'
                     f'{cells}<td>{pick_cell((fits or {}).get(run.run_id))}</td><td>{same}</td>'
-                    f'<td>{lossless_badge(run, runs, claims or {})}</td></tr>')
+                    f'<td>{lossless_badge(run, runs, claims)}</td></tr>')
     return (f'<div class="ss-scroll"><table class="ss-table"><thead><tr><th>run</th><th>status</th>{head}'
             f'{defined(PICK_LABEL)}<th>output</th><th>lossless claim</th></tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
-def speedup_html(runs: Sequence[RunTrace]) -> str:
-    """The speedup explained: each finished run's tok/s against the first finished `ar` run's, as its three
-    measured factors (TPF ratio × row cost × forward share ratio), their product, and the measured ratio."""
-    base = next((r for r in runs if r.mode == "ar" and r.status == "done"), None)
+def speedup_html(runs: Sequence[RunTrace], book: ModeBook = NO_MODES) -> str:
+    """The speedup explained: each finished run's tok/s against the first finished run of the baseline's (the
+    exact mode `book` declares), as its three measured factors (TPF ratio × row cost × forward share ratio), their
+    product, and the measured ratio."""
+    exact = esc(book.baseline or "exact")
+    base = next((r for r in runs if r.mode == book.baseline and r.status == "done"), None)
     if base is None:
-        return ('<div class="ss-note" id="cmp-speedup">The speedup explained needs a finished <code>ar</code> run '
-                "in the comparison.</div>")
+        return (f'<div class="ss-note" id="cmp-speedup">The speedup explained needs a finished <code>{exact}</code> '
+                "run in the comparison.</div>")
     rows = []
     for run, label in zip(runs, run_labels(runs), strict=True):
-        found = against_ar(run.metrics, base.metrics) if run is not base and run.status == "done" else None
+        found = against_baseline(run.metrics, base.metrics) if run is not base and run.status == "done" else None
         if found:
             found = shown(found)
-            rows.append(f"<tr><td><b style=\"color:{mode_color(run.mode)}\">{esc(label)}</b></td>"
+            rows.append(f"<tr><td><b style=\"color:{mode_color(run.mode, book)}\">{esc(label)}</b></td>"
                         + "".join(f'<td class="ss-num">{found[k]:.{DIGITS}f}</td>' for k in FACTORS)
                         + f'<td class="ss-num"><b>{found["product"]:.{DIGITS}f}×</b></td>'
                           f'<td class="ss-num">{found["measured"]:.{DIGITS}f}×</td></tr>')
     if not rows:
         return ""
-    return ('<div class="ss-scroll" id="cmp-speedup"><b>the speedup explained</b> (against the <code>ar</code> run: '
-            "tok/s ratio = TPF ratio × row cost, ar's mean forward ms ÷ the run's, × forward share ratio, the "
-            "run's share of wall time in forwards ÷ ar's)<table class=\"ss-table\"><thead><tr><th>run</th>"
+    return (f'<div class="ss-scroll" id="cmp-speedup"><b>the speedup explained</b> (against the <code>{exact}</code> '
+            f"run: tok/s ratio = TPF ratio × row cost, {exact}'s mean forward ms ÷ the run's, × forward share ratio, "
+            f"the run's share of wall time in forwards ÷ {exact}'s)<table class=\"ss-table\"><thead><tr><th>run</th>"
             "<th>TPF</th><th>× row cost</th><th>× forward share</th><th>= product</th><th>measured</th></tr>"
             f"</thead><tbody>{''.join(rows)}</tbody></table></div>")
 
@@ -626,9 +646,9 @@ def acceptance_rates(metrics: Mapping[str, Any]) -> list[float]:
     return [n / drafts for n in per_pos] if drafts else []
 
 
-def acceptance_by_position_figure(runs: Sequence[RunTrace]) -> go.Figure:
+def acceptance_by_position_figure(runs: Sequence[RunTrace], book: ModeBook = NO_MODES) -> go.Figure:
     """Per drafting run, the share of its drafts accepted at each draft position (`acceptance_rates`), as grouped
-    bars in the run's mode colour (runs of one mode told apart by their bars' pattern)."""
+    bars in the run's mode's declared colour (runs of one mode told apart by their bars' pattern)."""
     fig = go.Figure()
     seen: dict[str, int] = {}
     depth = 0
@@ -640,7 +660,8 @@ def acceptance_by_position_figure(runs: Sequence[RunTrace]) -> go.Figure:
         depth = max(depth, len(rates))
         per_pos, drafts = run.metrics["num_accepted_tokens_per_pos"], run.metrics["num_drafts"]
         fig.add_trace(go.Bar(x=list(range(1, len(rates) + 1)), y=rates, name=f"{label} · {run.run_id[-6:]}",
-                             marker={"color": mode_color(run.mode), "pattern": {"shape": PATTERNS[k % len(PATTERNS)]}},
+                             marker={"color": mode_color(run.mode, book),
+                                     "pattern": {"shape": PATTERNS[k % len(PATTERNS)]}},
                              customdata=[[n, drafts] for n in per_pos],
                              hovertemplate="draft position %{x}: %{customdata[0]} of %{customdata[1]} drafts "
                                            "accepted (%{y:.0%})<extra>" + esc(label) + "</extra>"))

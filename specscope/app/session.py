@@ -9,6 +9,7 @@ from typing import Any
 import gradio as gr
 
 from specscope.app.client import BackendError, BackendUnavailable, Client
+from specscope.app.modebook import ModeBook
 from specscope.app.trace import Piece, RunTrace, make_piece
 from specscope.backend.engine.cost_curve import CostCurve
 
@@ -22,7 +23,7 @@ class Backend:
         self.max_runs = max_runs
         self._runs: OrderedDict[tuple[str, str], RunTrace] = OrderedDict()
         self._vocabs: dict[tuple[str, str], list[str]] = {}  # (backend, model) -> display text of token ids
-        self._explain: dict[str, dict[str, str]] = {}  # backend -> mode -> what a round means there
+        self._modes: dict[str, ModeBook] = {}  # backend -> its modes' declarations
         self._curves: dict[str, dict[str, CostCurve]] = {}  # backend -> its stored benches' cost curves
         self._ratings: OrderedDict[tuple[str, str, str | None], dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
@@ -96,11 +97,23 @@ class Backend:
         self._curves[client.http_url] = bench_curves(stored)
         return self._curves[client.http_url]
 
-    def explain(self, client: Client, mode: str) -> str:
-        """What a round, "accepted" and "committed" mean in `mode`, as the backend's registry says (/api/modes)."""
-        if client.http_url not in self._explain:
-            self._explain[client.http_url] = {m["name"]: m.get("explain", "") for m in client.modes()}
-        return self._explain[client.http_url].get(mode, "")
+    def modes(self, client: Client, fresh: bool = False) -> ModeBook:
+        """The backend's modes as its registry declares them (/api/modes: colours, claims, the baseline, what a
+        round means), fetched once a backend (`fresh`: again, e.g. after a model switch changed which it can run); a
+        backend that does not answer gives no declarations (BackendError / BackendUnavailable with `fresh`)."""
+        if fresh or client.http_url not in self._modes:
+            try:
+                self._modes[client.http_url] = ModeBook.of(client.modes())
+            except (BackendError, BackendUnavailable):
+                if fresh:
+                    raise
+                return ModeBook()
+        return self._modes[client.http_url]
+
+    def remember_modes(self, client: Client, specs: list[dict[str, Any]]) -> ModeBook:
+        """Keep what the backend just answered at /api/modes as its modes' declarations."""
+        self._modes[client.http_url] = ModeBook.of(specs)
+        return self._modes[client.http_url]
 
 
 def session_of(request: gr.Request) -> str:

@@ -1,12 +1,14 @@
 """Spec-decode metrics a serving engineer knows (vLLM / llama.cpp names), per-round fold ratios and the step map,
 derived from a run's round events. Pure functions, no I/O.
 
-A *verify step* is one round whose forward checked drafts. Per mode, its drafts and their verdicts are:
-- linear_spec: the block after the committed anchor; accepted cells, then the bonus/correction cell, which replaced a
-  draft (`replaced_draft`) when the rest were rejected;
-- isd: the `pq` entries (one per speculated token), accepted in order until the first rejection;
-- spiffy / specfold: the verify forward's drafted future states; position i is accepted when the i-th following round
-  was a cache hit (the drafted state matched), so `1 + accepted` = denoising steps per verify forward.
+A run's acceptance figures come from the counts the engine kept of its drafts (run_end's vLLM counts,
+engine/spec_counts.py: each mode says what its drafts are, `RoundResult.draft`). A run without them (still
+recording, or stored before they were kept) has them read off its rounds, by what each verify round recorded:
+- drafted block states (`branches`, verified in one batched forward): position i is accepted when the i-th following
+  round was a cache hit (the drafted state matched), so `1 + accepted` = denoising steps per verify forward;
+- a p/q table (`pq`, one entry per speculated token): accepted in order until the first rejection;
+- otherwise the round's cells after the anchor: accepted cells, then the bonus/correction cell, which replaced a draft
+  (`replaced_draft`) when the rest were rejected.
 `mean_acceptance_length` = 1 + accepted / steps (counting the bonus, as vLLM does).
 """
 from __future__ import annotations
@@ -15,8 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from specscope.app.trace import Event, RunTrace
-
-BRANCHING = ("spiffy", "specfold")
+from specscope.backend.engine.spec_counts import stored_counts
 
 
 def is_verify(r: Event) -> bool:
@@ -29,7 +30,7 @@ def cache_hit(r: Event) -> Event | None:
 
 
 def round_verdicts(r: Event) -> list[bool]:
-    """linear_spec drafts of one round, in order: True accepted, False rejected (empty: no drafts verified)."""
+    """The drafted cells of one round, in order: True accepted, False rejected (empty: no drafts verified)."""
     if not is_verify(r) or r.get("branches"):
         return []
     states = list(r.get("states") or [])[1:]
@@ -38,7 +39,8 @@ def round_verdicts(r: Event) -> list[bool]:
 
 
 def branch_steps(rounds: Sequence[Event]) -> list[tuple[int, list[bool]]]:
-    """spiffy/specfold: (drafted, verdicts) per verify forward; verdict i = the i-th following round was a cache hit."""
+    """Drafted block states: (drafted, verdicts) per verify forward; verdict i = the i-th following round was a
+    cache hit."""
     steps = []
     for k, r in enumerate(rounds):
         if not is_verify(r) or not r.get("branches"):
@@ -54,18 +56,26 @@ def branch_steps(rounds: Sequence[Event]) -> list[tuple[int, list[bool]]]:
     return steps
 
 
-def spec_metrics(trace: RunTrace) -> dict[str, Any] | None:
-    """vLLM-style acceptance metrics of a drafting run, None for a mode that drafts nothing (ar, block_diffusion)."""
-    if trace.mode in BRANCHING:
-        steps = branch_steps(trace.rounds)
-        drafted = [d for d, _ in steps]
-        verdicts = [v for _, v in steps]
+def round_steps(rounds: Sequence[Event]) -> list[tuple[int, list[bool]]]:
+    """(drafted, verdicts) per verify step, as the rounds recorded them (the module's docstring)."""
+    if any(is_verify(r) and r.get("branches") for r in rounds):
+        return branch_steps(rounds)
+    if any(r.get("pq") for r in rounds):
+        verdicts = [[bool(e.get("accepted")) for e in r["pq"]] for r in rounds if r.get("pq")]
     else:
-        if any(r.get("pq") for r in trace.rounds):  # isd: the verified specs
-            verdicts = [[bool(e.get("accepted")) for e in r["pq"]] for r in trace.rounds if r.get("pq")]
-        else:
-            verdicts = [v for v in (round_verdicts(r) for r in trace.rounds) if v]
-        drafted = [len(v) for v in verdicts]
+        verdicts = [v for v in (round_verdicts(r) for r in rounds) if v]
+    return [(len(v), v) for v in verdicts]
+
+
+def spec_metrics(trace: RunTrace) -> dict[str, Any] | None:
+    """vLLM-style acceptance metrics of a drafting run, None for a run that drafted nothing: from the engine's counts
+    where the run has them, else from its rounds (`per_step_*` then too)."""
+    counts = stored_counts(trace.metrics)
+    if counts is not None:
+        return counted_metrics(counts)
+    steps = round_steps(trace.rounds)
+    drafted = [d for d, _ in steps]
+    verdicts = [v for _, v in steps]
     if not verdicts:
         return None
     accepted = [next((i for i, ok in enumerate(v) if not ok), len(v)) for v in verdicts]
@@ -78,6 +88,17 @@ def spec_metrics(trace: RunTrace) -> dict[str, Any] | None:
             "draft_acceptance_rate": sum(accepted) / total_drafted if total_drafted else None,
             "acceptance_rate_per_position": per_position, "per_step_accepted": accepted,
             "per_step_drafted": drafted}
+
+
+def counted_metrics(counts: dict[str, Any]) -> dict[str, Any] | None:
+    """spec_metrics' figures from the engine's counts of a run's drafts (SPEC_KEYS)."""
+    drafts, drafted, accepted = counts["num_drafts"], counts["num_draft_tokens"], counts["num_accepted_tokens"]
+    if not drafts:
+        return None
+    return {"num_spec_steps": drafts, "num_draft_tokens": drafted, "num_accepted_draft_tokens": accepted,
+            "mean_acceptance_length": 1 + accepted / drafts,
+            "draft_acceptance_rate": accepted / drafted if drafted else None,
+            "acceptance_rate_per_position": [n / drafts for n in counts["num_accepted_tokens_per_pos"]]}
 
 
 def fold_ratios(r: Event) -> tuple[float | None, float | None]:

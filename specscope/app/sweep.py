@@ -6,7 +6,23 @@ from itertools import product
 from typing import Any
 
 Variant = tuple[str, dict[str, Any]]
-EXAMPLE = "specfold delta=0,0.05,0.2\nisd n=2,4,8\nblock_diffusion threshold=0.5,0.9\nspiffy branches=1,3,7"
+EXAMPLE = "MODE KEY=V1,V2,… (one line per sweep)"
+"""The variants box's placeholder until the served modes are known (`example`)."""
+
+
+def example(specs: list[dict[str, Any]], lines: int = 4) -> str:
+    """A variants text for the served modes (GET /api/modes): a line for each of the first `lines` modes with a
+    number parameter of its own (one not every mode has), sweeping it over its minimum, default and maximum."""
+    common = set.intersection(*({p["name"] for p in m["params"]} for m in specs)) if specs else set()
+    out = []
+    for m in specs:
+        own = [p for p in m["params"] if p["name"] not in common and p["type"] in ("int", "float")
+               and p.get("min") is not None and p.get("max") is not None]
+        if own and m.get("available", True):
+            p = own[0]
+            values = dict.fromkeys(str(v) for v in (p["min"], p["default"], p["max"]))
+            out.append(f"{m['name']} {p['name']}={','.join(values)}")
+    return "\n".join(out[:lines]) or EXAMPLE
 
 
 def parse_value(text: str, kind: str) -> Any:

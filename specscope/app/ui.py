@@ -20,11 +20,12 @@ from specscope.app.client import BackendError, BackendUnavailable
 from specscope.app.palette import palette_css
 from specscope.app.plot import serve_plotly_js
 from specscope.app.session import Backend
+from specscope.app.sweep import example
 from specscope.app.tabs.analysis import build_analysis
 from specscope.app.tabs.bench import build_bench
 from specscope.app.tabs.card import build_model_card
 from specscope.app.tabs.chat import build_chat
-from specscope.app.tabs.compare import DEFAULT_MODES, build_compare
+from specscope.app.tabs.compare import build_compare
 from specscope.app.tabs.models import build_model_picker
 from specscope.app.tabs.race import build_race
 from specscope.app.tabs.runs import ALL, build_runs
@@ -35,8 +36,6 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when Blocks a
 
 STATIC = Path(__file__).resolve().parent / "static"
 HEALTH_EVERY_S = 1.0
-RACE_RIVALS = ("isd", "quadratic", "linear_spec", "block_diffusion")
-"""Mode B of a race, the first the served model can run (mode A is ar)."""
 SYSTEM_FONTS = [gr.themes.Font("ui-sans-serif"), gr.themes.Font("system-ui"), gr.themes.Font("sans-serif")]
 MONO_FONTS = [gr.themes.Font("ui-monospace"), gr.themes.Font("monospace")]
 
@@ -109,21 +108,24 @@ def build_ui(backend: Backend) -> gr.Blocks:
                 return [status_html(None, str(exc))] + [gr.skip()] * (len(checked) - 1)
             if specs is None:
                 return [status_html(health, switching=backend.switching)] + [gr.skip()] * (len(checked) - 1)
-            names = [m["name"] for m in specs if m.get("available", True)]   # what the served model can run
+            book = backend.remember_modes(client, specs)
+            names = book.names()   # what the served model can run
             off = [f'{m["name"]} ({m["unavailable"]})' for m in specs if not m.get("available", True)]
-            compared = [m for m in DEFAULT_MODES if m in names] or names[:3]
+            compared = book.picks("compare", names) or names[:3]   # each picker's defaults: the modes' own `picked`
+            exact = book.baseline if book.baseline in names else names[0]
             hint = picker_hint(specs, off)
             return [status_html(health), specs,
                     # the chosen mode is kept by not sending a value (a switch answers after the model loaded:
                     # a value sent then would undo a mode picked meanwhile)
                     gr.Dropdown(choices=names, info=hint) if chosen in names else
-                    gr.Dropdown(choices=names, info=hint, value="linear_spec" if "linear_spec" in names else names[0]),
+                    gr.Dropdown(choices=names, info=hint, value=book.pick("chat", names)),
                     gr.CheckboxGroup(choices=names, value=compared, info=hint),
-                    gr.Dropdown(choices=names, value="ar" if "ar" in names else names[0]),
+                    gr.Dropdown(choices=names, value=exact),
                     gr.Dropdown(choices=[ALL, *[m["name"] for m in specs]]),
-                    gr.Dropdown(choices=names, info=hint, value="ar" if "ar" in names else names[0]),
+                    gr.Dropdown(choices=names, info=hint, value=exact),
                     gr.Dropdown(choices=names, info=hint,
-                                value=next((m for m in RACE_RIVALS if m in names), names[-1]))]
+                                value=next(iter(book.picks("race", names)), names[-1])),
+                    gr.Textbox(placeholder=example(specs))]
 
         def open_run(run_id: str) -> tuple[Any, Any]:
             return (gr.Tabs(selected="viz"), run_id) if run_id else (gr.skip(), gr.skip())
@@ -153,7 +155,7 @@ def build_ui(backend: Backend) -> gr.Blocks:
                     gr.Button(interactive=True, value="Send")]
 
         checked = [status, chat.modes, chat.mode, compare.modes, compare.reference, runs.mode, race.mode_a,
-                   race.mode_b]
+                   race.mode_b, compare.variants]
         demo.load(picker.show, None, [picker.choice, picker.info], concurrency_limit=None, show_progress="hidden")
         carded = [card.html, chat.examples, compare.examples]
         picker.choice.input(begin_switch, picker.choice, [picker.info, chat.send], queue=False).then(

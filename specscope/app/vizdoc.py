@@ -11,13 +11,14 @@ from specscope.app.figures import (
     acceptance_position_figure,
     accepted_count,
     accepted_length_figure,
-    isd_case_figure,
+    case_figure,
     kv_figure,
     kv_time_figure,
     phase_timeline_figure,
     shown_pieces,
 )
 from specscope.app.live import running_figures
+from specscope.app.modebook import ModeBook
 from specscope.app.palette import vocabulary
 from specscope.app.specmetrics import fold_ratios, spec_metrics, step_map
 from specscope.app.trace import Event, Piece, RunTrace
@@ -62,17 +63,19 @@ def speedup_figures(trace: RunTrace, elsewhere: Mapping[str, CostCurve]) -> dict
                           if speedup is not None]}
 
 
-def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: str = "",
+def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, book: ModeBook | None = None,
                  fit: dict[str, Any] | None = None, elsewhere: Mapping[str, CostCurve] | None = None) -> dict[str, Any]:
     """Everything the visualizer shows of one run, with what it draws with (`vocab`: states, colours, limits) and
-    each piece as shown (`shown`); the per-run charts come as Plotly JSON. `explain`: what a
-    round means in the run's mode (its `explain` in /api/modes); `fit`: the served model's rating of the answer
+    each piece as shown (`shown`); the per-run charts come as Plotly JSON. `book`: the modes' declarations
+    (/api/modes), for what a round means in the run's mode (`explain`) and its colour (`color`); `pq`: whether its
+    rounds record a p/q table or a round case (the p/q panel); `fit`: the served model's rating of the answer
     (GET /api/runs/{id}/fit: its own pick and the NLL at each output token), when it has one; `elsewhere`: other
     machines' cost curves, on which the run's speedup is projected."""
     pieces: dict[int, str] = {t: piece(t) for t in trace.prompt_ids}
     rounds = [compact_round(r, piece, pieces) for r in trace.rounds]
     for token in [*trace.output_ids, *(fit or {}).get("picks", [])]:
         pieces.setdefault(token, piece(token))
+    modes = book or ModeBook()
     mask_ids = sorted({t for r in trace.rounds for t, s in zip(r.get("tokens") or [], r.get("states") or [],
                                                                strict=False) if s == "mask"})
     n_rounds = len(trace.rounds)
@@ -84,7 +87,7 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
     if metrics:
         figures["positions"] = acceptance_position_figure(metrics["acceptance_rate_per_position"])
     if any(r.get("case") for r in trace.rounds):
-        figures["cases"] = isd_case_figure(trace.rounds)
+        figures["cases"] = case_figure(trace.rounds)
     return {"run_id": trace.run_id, "mode": trace.mode, "model": trace.model, "model_hash": trace.model_hash,
             "matmul": trace.matmul, "tiers": trace.tiers, "tier_note": trace.tier_note, "status": trace.status,
             "error": trace.error, "prompt": trace.prompt, "params": trace.params, "prompt_ids": trace.prompt_ids,
@@ -93,7 +96,8 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, explain: s
             "definitions": DEFINITIONS,
             "step_map": step_map(trace), "rounds": rounds, "pieces": {str(k): v for k, v in pieces.items()},
             "shown": shown_pieces({str(k): v for k, v in pieces.items()}), "vocab": vocabulary(),
-            "mask_ids": mask_ids, "explain": explain, "start_round": start_round,
+            "mask_ids": mask_ids, "explain": modes.explain(trace.mode), "color": modes.color(trace.mode),
+            "pq": any(r.get("pq") or r.get("case") for r in trace.rounds), "start_round": start_round,
             "fit": None if fit is None else {k: fit[k] for k in ("picks", "nll", "greedy", "tokens", "nll_mean")},
             "figures": {k: json.loads(f.to_json()) for k, f in figures.items()}}
 

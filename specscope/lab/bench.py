@@ -44,8 +44,8 @@ from specscope.backend.engine.answer_fit import answer_fit, summed
 from specscope.backend.engine.draft_tiers import draft_tiers_of
 from specscope.backend.engine.engine import Engine, RunResult
 from specscope.backend.engine.lossless import Claim, Outcome, Verdict, claim_of, verdict
-from specscope.backend.engine.modes import get_mode, mode_names
-from specscope.backend.engine.speedup import DIGITS, against_ar, shown
+from specscope.backend.engine.modes import baseline, get_mode, mode_names
+from specscope.backend.engine.speedup import DIGITS, against_baseline, shown
 from specscope.backend.forward.fused_step import MATMULS
 from specscope.backend.model.checkpoint import DTYPES, load_checkpoint
 from specscope.backend.model.families import ADAPTER_SCOPES
@@ -62,10 +62,9 @@ STANDARD = {"nfe", "tokens", "tpf", "wall_ms", "tok_per_s", "accept_len_mean", "
             "kv_leaked", "rounds", "forward_ms", "mean_forward_ms", "forward_share", "forward_rows"}
 PEER = "transformers"
 LLAMA_CPP = "llama.cpp"
-FLOAT32_AR = "ar (float32)"
-"""With --matmul bf16: `ar` with the float32 fused step, the exact model's fastest path, in the same run."""
-LOAD_MODES = ("ar", "isd", "quadratic", "linear_spec")
-"""`--concurrency`'s default modes: the lossless self-speculative ones and their reference."""
+FLOAT32 = " (float32)"
+"""With --matmul bf16: the baseline (the exact mode) with the float32 fused step, the exact model's fastest path, in
+the same run, as the row of its name with this suffix."""
 BENCH_SEED = 7
 """The held-out chat prompts' draw (the adapter's held-out figures use seed 0 of the same templates)."""
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
@@ -120,7 +119,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --concurrency: the engine's draft tiers (auto: from this machine's verify cost)")
     add_cost_curve_arg(p)
     p.add_argument("--concurrency", metavar="N,N,...",
-                   help="instead of the per-mode table: each of --modes (default ar,isd,quadratic,linear_spec) alone "
+                   help="instead of the per-mode table: each of --modes (default: the baseline and every mode that "
+                        "drafts under a draft tier's budget, Mode.draft_param) alone "
                         "and mixed with N requests at once, e.g. 1,4,16 (load.json and load.md in --out)")
 
 
@@ -338,11 +338,12 @@ def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] 
     """Fill same_as_reference (fraction of prompts with identical tokens), agreed_prefix (per prompt, the share of
     the reference's tokens given before the first difference, averaged), lossless (where the row's mode claims
     equality with its reference and the claim covers its parameters: the prompts checked and those identical,
-    from `verdict`), tokens/s ratios to ar (speedup_vs_ar) and to the peer (vs_peer), and the verify-forward
-    speed-up over the reference mode."""
+    from `verdict`), tokens/s ratios to the baseline, the exact mode (speedup_vs_ar) and to the peer (vs_peer), and
+    the verify-forward speed-up over the reference mode."""
+    exact = baseline()
     for row in rows.values():
         claim = claim_of(row["mode"])
-        ref = claim.reference if claim else "ar"
+        ref = claim.reference if claim else exact
         row["reference"] = ref
         if ref in rows:
             found = pair_verdicts(row, rows[ref], claim)
@@ -353,13 +354,13 @@ def compare_to_references(rows: dict[str, dict[str, Any]], peer: dict[str, Any] 
             ref_ms, ms = rows[ref].get("verify_forward_ms"), row.get("verify_forward_ms")
             if ref_ms and ms:
                 row["verify_speedup_vs_reference"] = ref_ms / ms
-        if "ar" in rows:
-            row["speedup_vs_ar"] = row["tok_per_s"] / rows["ar"]["tok_per_s"]
-            row["speedup_explained"] = against_ar(row, rows["ar"])
+        if exact in rows:
+            row["speedup_vs_ar"] = row["tok_per_s"] / rows[exact]["tok_per_s"]
+            row["speedup_explained"] = against_baseline(row, rows[exact])
         if peer is not None:
             row["vs_peer"] = row["tok_per_s"] / peer["tok_per_s"]
-    if peer is not None and "ar" in rows:
-        pairs = list(zip(peer["outputs"], rows["ar"]["outputs"], strict=True))
+    if peer is not None and exact in rows:
+        pairs = list(zip(peer["outputs"], rows[exact]["outputs"], strict=True))
         peer["same_as_ar"] = sum(a == b for a, b in pairs) / len(pairs)
 
 
@@ -380,14 +381,15 @@ def fmt(x: float | None, spec: str, suffix: str = "") -> str:
 
 
 def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta: dict[str, Any]) -> str:
-    head = ("| mode | NFE | TPF | tok/s | vs ar | vs transformers | tokens / round | accuracy | same as ref | "
+    exact = baseline()
+    head = (f"| mode | NFE | TPF | tok/s | vs {exact} | vs transformers | tokens / round | accuracy | same as ref | "
             "model's pick (NLL) | tracing on/off | verify ms (vs ref) | KV peak |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     if peer is not None:
-        peer_same = same_as_reference({"same_as_reference": peer.get("same_as_ar"), "reference": "ar"})
+        peer_same = same_as_reference({"same_as_reference": peer.get("same_as_ar"), "reference": exact})
         lines.append(f"| {PEER} generate (peer) | — | — | {peer['tok_per_s']:.0f} | "
-                     f"{fmt(peer['tok_per_s'] / rows['ar']['tok_per_s'] if 'ar' in rows else None, '.2f', '×')} | "
+                     f"{fmt(peer['tok_per_s'] / rows[exact]['tok_per_s'] if exact in rows else None, '.2f', '×')} | "
                      f"1.00× | — | — | {peer_same} | — | — | — | — |")
     for label, r in rows.items():
         verify = fmt(r.get("verify_forward_ms"), ".1f")
@@ -421,20 +423,20 @@ def markdown(rows: dict[str, dict[str, Any]], peer: dict[str, Any] | None, meta:
              + "\n".join(split) + "\n")
     explained = [(label, shown(r["speedup_explained"])) for label, r in rows.items() if r.get("speedup_explained")]
     if explained:
-        text += ("\nThe speedup explained: tok/s against ar = TPF ratio × row cost (ar's mean forward ms ÷ the "
-                 "row's) × forward share ratio (the row's share of wall time in forwards ÷ ar's); the product "
-                 "against the measured ratio:\n\n| mode | TPF | × row cost | × forward share | = product | "
+        text += (f"\nThe speedup explained: tok/s against {exact} = TPF ratio × row cost ({exact}'s mean forward "
+                 f"ms ÷ the row's) × forward share ratio (the row's share of wall time in forwards ÷ {exact}'s); the "
+                 "product against the measured ratio:\n\n| mode | TPF | × row cost | × forward share | = product | "
                  "measured |\n|---|---|---|---|---|---|\n"
                  + "\n".join(f"| {label} | {e['tpf']:.{DIGITS}f} | {e['row_cost']:.{DIGITS}f} | "
                              f"{e['forward_share']:.{DIGITS}f} | {e['product']:.{DIGITS}f}× | "
                              f"{e['measured']:.{DIGITS}f}× |" for label, e in explained) + "\n")
     if extras:
         text += "\nMode metrics (counts summed, ratios averaged over prompts):\n\n" + "\n".join(extras) + "\n"
-    if FLOAT32_AR in rows:
-        exact = rows[FLOAT32_AR]["tok_per_s"]
-        text += (f"\nAgainst `ar` with float32 matmuls ({exact:.0f} tok/s, the exact model): "
-                 + ", ".join(f"{label} {r['tok_per_s'] / exact:.2f}×" for label, r in rows.items()
-                             if label != FLOAT32_AR) + ".\n")
+    if exact + FLOAT32 in rows:
+        fastest = rows[exact + FLOAT32]["tok_per_s"]
+        text += (f"\nAgainst `{exact}` with float32 matmuls ({fastest:.0f} tok/s, the exact model): "
+                 + ", ".join(f"{label} {r['tok_per_s'] / fastest:.2f}×" for label, r in rows.items()
+                             if label != exact + FLOAT32) + ".\n")
     return text
 
 
@@ -520,9 +522,9 @@ def bench(args: argparse.Namespace, runs: list[tuple[str, str, dict[str, Any]]] 
                                       num_slots=8192, matmul=args.matmul), args.cost_curve)
         benches.update({f"{label} (adapter off)": ModeBench(bare, mode, tasks, {**params, **extra}, clock, traced)
                         for label, mode, extra in runs[:len(modes)] if get_mode(mode).needs_mask})
-    if args.matmul != "float32" and "ar" in modes:
+    if args.matmul != "float32" and baseline() in modes:
         exact = Engine(load_checkpoint(source.folder, dtype, adapter=False, name=source.name), num_slots=8192)
-        benches[FLOAT32_AR] = ModeBench(exact, "ar", tasks, params, clock, traced)
+        benches[baseline() + FLOAT32] = ModeBench(exact, baseline(), tasks, params, clock, traced)
     prompts = [engine.encode_prompt(t.prompt, raw=False) for t in tasks]
     peers: list[tuple[str, Generate | None]] = []
     if not args.no_peer:
@@ -568,6 +570,12 @@ def bench_engine(args: argparse.Namespace, source: ModelSource, slots: int) -> E
                                   num_slots=slots, matmul=args.matmul), args.cost_curve)
 
 
+def load_modes() -> list[str]:
+    """`--concurrency`'s default modes: the baseline and the modes a draft tier shrinks under load (those that
+    declare a `draft_param`)."""
+    return [baseline(), *(m for m in mode_names() if get_mode(m).draft_param)]
+
+
 def bench_concurrency(args: argparse.Namespace) -> dict[str, Any]:
     """`bench --concurrency`: bench_load's table on the bench's engine and prompts."""
     if args.threads:
@@ -575,7 +583,7 @@ def bench_concurrency(args: argparse.Namespace) -> dict[str, Any]:
     source = resolve(args.model)
     engine = bench_engine(args, source, 32768)
     engine.scheduler.draft_tiers = draft_tiers_of(args.draft_tiers, engine.cost_curve)
-    modes = [m for m in args.modes.split(",") if m] or list(LOAD_MODES)
+    modes = [m for m in args.modes.split(",") if m] or load_modes()
     levels = [int(n) for n in args.concurrency.split(",")]
     tasks, _ = bench_prompts(source.folder, args)
     table = load_table(engine, modes, levels, [t.prompt for t in tasks], args.max_new_tokens, args.repeats)
@@ -646,15 +654,17 @@ def headline(doc: dict[str, Any]) -> str:
     """A stored bench as a compact table (the peers first, then every row), under a line saying where, when and
     how it was measured."""
     meta, rows = doc["meta"], doc["modes"]
-    ar = rows.get("ar", {}).get("tok_per_s")
+    exact = baseline()
+    ar = rows.get(exact, {}).get("tok_per_s")
     flags = ", ".join(meta.get("cpu_flags") or []) or "flags not recorded"
     lines = [f"`specscope bench` at commit {meta['commit']}, {meta['date']}, on {meta['cpu']} ({meta['cores']} cores; "
              f"{flags}); {meta['model']}, {meta['dtype']}{matmul_note(meta)}; {meta['prompts']} held-out "
              f"{meta['prompt_kind']}, max_new_tokens {meta['max_new_tokens']}, greedy, {meta['threads']} thread(s).",
-             "", "| row | TPF | tok/s | vs ar | same as reference | model's pick (NLL) |", "|---|---|---|---|---|---|"]
+             "", f"| row | TPF | tok/s | vs {exact} | same as reference | model's pick (NLL) |",
+             "|---|---|---|---|---|---|"]
     for name, peer in ((LLAMA_CPP, doc.get("llama_cpp")), (PEER, doc.get("peer"))):
         if peer:
-            same = same_as_reference({"same_as_reference": peer.get("same_as_ar"), "reference": "ar"})
+            same = same_as_reference({"same_as_reference": peer.get("same_as_ar"), "reference": exact})
             lines.append(f"| {name} (peer) | — | {peer['tok_per_s']:.0f} | "
                          f"{fmt(ar and peer['tok_per_s'] / ar, '.2f', '×')} | {same} | — |")
     for label, r in rows.items():

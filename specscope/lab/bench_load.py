@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import baseline
 from specscope.backend.tracing import RecordingTracer
 
 MIXED = "mixed"
@@ -79,8 +80,9 @@ def load_table(engine: Engine, modes: list[str], levels: list[int], prompts: lis
             runs = sorted((load_row(engine, mix, clients, prompts, params) for _ in range(repeats)),
                           key=lambda r: r["tok_per_s"])
             table.append({"label": label, **runs[len(runs) // 2]})
+    exact = baseline()
     for row in table:
-        ar = next((r for r in table if r["label"] == "ar" and r["clients"] == row["clients"]), None)
+        ar = next((r for r in table if r["label"] == exact and r["clients"] == row["clients"]), None)
         row["vs_ar"] = row["tok_per_s"] / ar["tok_per_s"] if ar else None
     return table
 
@@ -93,8 +95,8 @@ def markdown(table: list[dict], meta: dict[str, Any]) -> str:
              f"({meta['cores']} cores; {flags}); {meta['model']}, matmuls {meta['matmul']}, draft tiers "
              f"{meta.get('draft_tiers') or 'none'}, max_new_tokens {meta['max_new_tokens']}, greedy; medians of "
              f"{meta['repeats']}.", "",
-             "| clients | modes | tok/s (all clients) | vs ar | TTFT p50 / p99 ms | between tokens p50 / p99 ms | "
-             "forwards / step | rows / forward |", "|---|---|---|---|---|---|---|---|"]
+             f"| clients | modes | tok/s (all clients) | vs {baseline()} | TTFT p50 / p99 ms | between tokens p50 / "
+             "p99 ms | forwards / step | rows / forward |", "|---|---|---|---|---|---|---|---|"]
     for r in table:
         lines.append(f"| {r['clients']} | {r['label']} | {r['tok_per_s']:.1f} | {f(r['vs_ar'], '.2f')}× | "
                      f"{f(r['ttft_p50_ms'], '.0f')} / {f(r['ttft_p99_ms'], '.0f')} | "

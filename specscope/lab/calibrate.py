@@ -72,9 +72,9 @@ class Recorder(BlockDiffusion):
 def record(engine: Engine, prompts: list[str], params: dict[str, Any], top_k: int) -> list[list[Step]]:
     """The denoise steps of block_diffusion on each prompt, grouped by block."""
     blocks: list[list[Step]] = []
-    for prompt in tqdm(prompts, desc="block_diffusion", leave=False):
-        recorder = engine.scheduler.policies["block_diffusion"] = Recorder(top_k)
-        engine.run([engine.new_request(prompt, "block_diffusion", params)])
+    for prompt in tqdm(prompts, desc=Recorder.name, leave=False):
+        recorder = engine.scheduler.policies[Recorder.name] = Recorder(top_k)   # in the registered mode's place
+        engine.run([engine.new_request(prompt, Recorder.name, params)])
         for _, steps in itertools.groupby(recorder.steps, key=lambda s: s[0]):
             blocks.append([s for _, s in steps])
     return blocks

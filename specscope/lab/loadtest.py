@@ -39,7 +39,6 @@ import httpx
 
 from specscope.backend.train.prompts import prompt_set
 
-MODES = ("ar", "linear_spec", "isd", "quadratic")
 TOKEN = "loadtest-token"
 RSS_GROWTH_MB = 512   # the server's resident memory may grow this much over a run (caches, allocator pools)
 SERVE = "import sys; from specscope.backend.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -182,7 +181,16 @@ def per_mode(samples: list[Sample], wall_s: float) -> dict[str, Any]:
     return out
 
 
-async def levels_phase(target: Target, levels: Sequence[int], max_tokens: int, modes: Sequence[str]) -> list[dict]:
+def served_modes(target: Target) -> tuple[list[str], str]:
+    """The server's default modes for the load (GET /api/modes: the exact mode, the baseline, and every mode a draft
+    tier shrinks under load, that is with a `draft_param`, that the served model can run) and the baseline."""
+    specs = [m for m in target.get("/api/modes") if m.get("available", True)]
+    exact = next(m["name"] for m in specs if m.get("exact"))
+    return [exact, *(m["name"] for m in specs if m.get("draft_param"))], exact
+
+
+async def levels_phase(target: Target, levels: Sequence[int], max_tokens: int, modes: Sequence[str],
+                       exact: str) -> list[dict]:
     """Each mode alone and the mix of all (where the clients cover every mode), at each client count: that many
     clients send one streamed request each at once. Aggregate tok/s, TTFT and time between tokens (p50 / p99), and
     from the stored rounds the forwards they ran and how many requests and rows each served."""
@@ -202,7 +210,7 @@ async def levels_phase(target: Target, levels: Sequence[int], max_tokens: int, m
                          "ttft_p99_s": percentile([s.ttft_s for s in ok], 0.99),
                          "between_chunks_p50_s": percentile(gaps, 0.5), "between_chunks_p99_s": percentile(gaps, 0.99),
                          **shared_forwards(target, [s.run_id for s in ok])})
-    ar = {r["clients"]: r["tok_per_s"] for r in rows if r["modes"] == "ar"}
+    ar = {r["clients"]: r["tok_per_s"] for r in rows if r["modes"] == exact}   # vs the baseline (`exact`)
     for r in rows:
         r["vs_ar"] = r["tok_per_s"] / ar[r["clients"]] if r["clients"] in ar else None
     return rows
@@ -236,9 +244,9 @@ def store_check(target: Target, samples: list[Sample], before: set[str]) -> dict
             "ok": not wrong and len(set(sent)) == len(sent) == len(new) and set(sent) == new}
 
 
-async def busy_phase(target: Target, max_queued: int, max_tokens: int) -> dict[str, Any]:
+async def busy_phase(target: Target, max_queued: int, max_tokens: int, exact: str) -> dict[str, Any]:
     """max_queued + 4 requests at once: the overflow gets 429 in OpenAI's shape; the admitted ones finish."""
-    body = {"model": f"{target.model}:ar", "messages": [{"role": "user", "content": "Count from 1 to 50."}],
+    body = {"model": f"{target.model}:{exact}", "messages": [{"role": "user", "content": "Count from 1 to 50."}],
             "max_tokens": max_tokens}
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=max_queued + 8)) as client:
         answers = await asyncio.gather(*(client.post(f"{target.url}/v1/chat/completions", json=body,
@@ -250,11 +258,11 @@ async def busy_phase(target: Target, max_queued: int, max_tokens: int) -> dict[s
             "status_codes": codes, "ok": bool(refused) and shaped and set(codes) <= {200, 429}}
 
 
-async def disconnect_phase(target: Target, count: int) -> dict[str, Any]:
+async def disconnect_phase(target: Target, count: int, modes: Sequence[str]) -> dict[str, Any]:
     """`count` clients hang up after their first chunk: no run stays active, no KV slot stays held."""
     async with httpx.AsyncClient(timeout=600) as client:
         story = [{"role": "user", "content": "Write a long story about a lighthouse."}]
-        left = await asyncio.gather(*(stream_one(client, target, story, MODES[i % len(MODES)], 400, leave_after=1)
+        left = await asyncio.gather(*(stream_one(client, target, story, modes[i % len(modes)], 400, leave_after=1)
                                       for i in range(count)))
     deadline = time.monotonic() + 60
     while (health := target.get("/api/health"))["active_runs"] and time.monotonic() < deadline:
@@ -277,7 +285,7 @@ def stored_as_answered(target: Target, samples: list[Sample]) -> list[str]:
 
 
 async def outage_phase(target: Target, clients: int, max_tokens: int, stop: str, start: str,
-                       outage_s: float) -> dict[str, Any]:
+                       outage_s: float, modes: Sequence[str]) -> dict[str, Any]:
     """`clients` streams in mixed modes; once every one has its run id, the store's database is stopped (the shell
     command `stop`) for `outage_s`, then started again (`start`). Meanwhile health says the store is unavailable and
     reads are 503s; afterwards every acknowledged run is stored, done, with its client's text, without a restart."""
@@ -290,7 +298,7 @@ async def outage_phase(target: Target, clients: int, max_tokens: int, stop: str,
 
     story = [{"role": "user", "content": "Write a long story about a lighthouse."}]
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as client:
-        streams = [asyncio.create_task(stream_one(client, target, story, MODES[i % len(MODES)], max_tokens,
+        streams = [asyncio.create_task(stream_one(client, target, story, modes[i % len(modes)], max_tokens,
                                                   acknowledged=acknowledged)) for i in range(clients)]
         await asyncio.wait_for(all_acked.wait(), 600)
         await asyncio.to_thread(subprocess.run, stop, shell=True, check=True, capture_output=True)
@@ -322,7 +330,8 @@ async def outage_phase(target: Target, clients: int, max_tokens: int, stop: str,
 
 
 async def run_all(target: Target, args: argparse.Namespace) -> dict[str, Any]:
-    modes = args.modes.split(",")
+    default, exact = served_modes(target)
+    modes = [m for m in args.modes.split(",") if m] or default
     report: dict[str, Any] = {"model": target.model, "clients": args.clients, "requests": args.requests,
                               "max_tokens": args.max_tokens, "modes": modes, "rss_mb_before": target.rss_mb()}
     phases = args.phases.split(",")
@@ -334,14 +343,14 @@ async def run_all(target: Target, args: argparse.Namespace) -> dict[str, Any]:
         report["store"] = store_check(target, samples, before)
     if "levels" in phases:
         report["levels"] = await levels_phase(target, [int(n) for n in args.levels.split(",")], args.max_tokens,
-                                              modes)
+                                              modes, exact)
     if "busy" in phases:
-        report["busy"] = await busy_phase(target, args.max_queued, args.max_tokens)
+        report["busy"] = await busy_phase(target, args.max_queued, args.max_tokens, exact)
     if "disconnects" in phases:
-        report["disconnects"] = await disconnect_phase(target, min(args.clients, 8))
+        report["disconnects"] = await disconnect_phase(target, min(args.clients, 8), modes)
     if "outage" in phases and args.store_stop and args.store_start:
         report["outage"] = await outage_phase(target, args.clients, args.max_tokens, args.store_stop,
-                                              args.store_start, args.outage_s)
+                                              args.store_start, args.outage_s, modes)
     report["rss_mb_after"] = after = target.rss_mb()
     grown = None if after is None or report["rss_mb_before"] is None else after - report["rss_mb_before"]
     report["rss"] = {"grown_mb": grown, "ok": grown is None or grown < RSS_GROWTH_MB}
@@ -396,7 +405,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated modes, used in turn")
+    p.add_argument("--modes", default="", help="comma-separated modes, used in turn (default: the baseline and the "
+                                               "modes that draft under a tier's budget, as the server declares them)")
     p.add_argument("--max-queued", type=int, default=24, help="with --spawn: the server's --max-queued (with --url: "
                                                               "what the server was started with)")
     p.add_argument("--phases", default="load,busy,disconnects,outage",

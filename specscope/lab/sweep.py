@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from specscope.backend.engine.engine import Engine
-from specscope.backend.engine.modes import mode_names
+from specscope.backend.engine.modes import baseline, mode_names
 from specscope.backend.tracing import RecordingTracer
 
 Event = dict[str, Any]
@@ -164,7 +164,7 @@ def summary_rows(store: Any, sweep_id: str) -> list[dict[str, Any]]:
                      "tpf": tokens / nfe if nfe else None,
                      "tok_per_s": statistics.median(m["tok_per_s"] for m in metrics if m.get("tok_per_s")),
                      "accept_len_mean": statistics.mean(accept) if accept else None})
-    ar = next((r["tok_per_s"] for r in rows if r["row"] == "ar"), None)
+    ar = next((r["tok_per_s"] for r in rows if r["row"] == baseline()), None)   # vs the exact mode
     for r in rows:
         r["vs_ar"] = r["tok_per_s"] / ar if ar else None
     return rows
@@ -176,7 +176,7 @@ def markdown(sweep_id: str, rows: Sequence[dict[str, Any]]) -> str:
     lines = [f"| {r['row']} | {r['runs']} | {r['nfe']} | {f(r['tpf'], '.2f')} | {f(r['tok_per_s'], '.0f')} | "
              f"{f(r['vs_ar'], '.2f', '×')} | {f(r['accept_len_mean'], '.2f')} |" for r in rows]
     return (f"Sweep `{sweep_id}` (stored runs that ended done; tok/s: the median over runs):\n\n"
-            "| mode | runs | NFE | TPF | tok/s | vs ar | tokens / round |\n|---|---|---|---|---|---|---|\n"
+            f"| mode | runs | NFE | TPF | tok/s | vs {baseline()} | tokens / round |\n|---|---|---|---|---|---|---|\n"
             + "\n".join(lines) + "\n")
 
 

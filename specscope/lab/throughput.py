@@ -39,6 +39,7 @@ from websockets.asyncio.client import connect
 from specscope.backend.cli.common import build_engine
 from specscope.backend.cli.options import add_model_args
 from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import baseline
 from specscope.backend.store import Store, StoreWriter, Tee
 from specscope.backend.tracing import NULL_TRACER
 
@@ -101,7 +102,7 @@ def serve_in_process(args: argparse.Namespace) -> subprocess.Popen[bytes]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", default="ar")
+    p.add_argument("--mode", default="", help="the mode to run (default: the exact one, the baseline)")
     p.add_argument("--db", default="sqlite:///sessions/throughput.db")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--port", type=int, default=7871)
@@ -112,7 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    engine, mode, n = build_engine(args), args.mode, args.max_new_tokens   # sets torch's threads to --threads
+    engine, n = build_engine(args), args.max_new_tokens   # sets torch's threads to --threads
+    mode = args.mode or baseline()
     server = serve_in_process(args)
     rows: dict[str, list[Timed]] = {}
     try:

@@ -406,7 +406,7 @@ window.specscopeViz = (() => {
                                    `<span>${esc(k)}</span> <b>${esc(fmt(v))}</b></span>`).join("");
     const status = doc.status === "running" ? '<span class="ss-badge ss-ref">● live: following</span>'
       : `<span class="ss-badge ${doc.status === "done" ? "ss-ok" : "ss-bad"}">${esc(doc.status)}</span>`;
-    return `<div class="ss-summary"><b>${esc(doc.mode)} · ${esc(doc.run_id)} · ${esc(doc.status)} · ` +
+    return `<div class="ss-summary"><b><span class="ssv-mode" style="color:${esc(doc.color || "")}">${esc(doc.mode)}</span> · ${esc(doc.run_id)} · ${esc(doc.status)} · ` +
       `${plural(doc.rounds.length, "round")} · NFE ${esc(fmt(m.nfe))} · TPF ${esc(fmt(m.tpf, 2))}</b> ${status}` +
       (doc.error ? `<div class="ss-badge ss-bad">${esc(doc.error)}</div>` : "") +
       (doc.tier_note ? `<div class="ss-tier-note ss-badge ss-bad">⚠ ${esc(doc.tier_note)}</div>` : "") +
@@ -632,7 +632,7 @@ window.specscopeViz = (() => {
       conf.hidden = !hasConf;
       if (hasConf) conf.innerHTML = confSvg(doc, this.ctx, r, byEntropy);
       const isd = this.$("viz-isd");
-      isd.hidden = doc.mode !== "isd";
+      isd.hidden = !doc.pq;   // the run records p/q tables or round cases
       if (!isd.hidden) isd.innerHTML = isdHtml(doc, this.ctx, r);
       const br = this.$("viz-branches");
       br.hidden = !(r.branches || []).length;

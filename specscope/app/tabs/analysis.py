@@ -72,9 +72,10 @@ def build_analysis(backend: Backend, tab: gr.Tab) -> None:
     nfe = chart(CHARTS[4])
     download = gr.File(label="CSV", elem_id="an-file", interactive=False, visible=False)
 
-    def analyse(found: Sequence[Run], text: str, group_by: str) -> list[Any]:
+    def analyse(found: Sequence[Run], text: str, group_by: str, request: gr.Request) -> list[Any]:
         groups = group_runs(select_runs(found, text), group_by or "mode")
-        figures = analysis_figures(groups, group_by or "mode") if groups else [None] * len(CHARTS)
+        book = backend.modes(backend.client(request))
+        figures = analysis_figures(groups, group_by or "mode", book) if groups else [None] * len(CHARTS)
         return [summary_html(groups, len(found)), *(figure_json(f) for f in figures)]
 
     def fetch(state: str, text: str, group_by: str, request: gr.Request) -> list[Any]:
@@ -83,7 +84,7 @@ def build_analysis(backend: Backend, tab: gr.Tab) -> None:
             found = backend.client(request).runs(None, None if state == "all" else state, limit=FETCHED)
         except (BackendUnavailable, BackendError) as exc:
             return [gr.skip(), gr.skip(), warning_html(exc), *[gr.skip()] * len(CHARTS)]
-        return [found, gr.Dropdown(choices=group_choices(found)), *analyse(found, text, group_by)]
+        return [found, gr.Dropdown(choices=group_choices(found)), *analyse(found, text, group_by, request)]
 
     def save_csv(found: Sequence[Run], text: str, group_by: str) -> Any:
         groups = group_runs(select_runs(found, text), group_by or "mode")

@@ -11,23 +11,33 @@ import plotly.graph_objects as go
 
 from specscope.app.client import BackendError, BackendUnavailable
 from specscope.app.figures import LAYOUT, fmt, warning_html
+from specscope.app.modebook import ModeBook
 from specscope.app.session import Backend
 from specscope.backend.bench_cells import model_pick, same_as_reference
 
-MODE_COLUMNS = ["mode", "NFE", "TPF", "tok/s", "vs ar", "tokens / round", "accuracy", "same as ref",
-                "model's pick (NLL)", "fold ratio"]
+MODE_COLUMNS = ["mode", "NFE", "TPF", "tok/s", "vs exact", "tokens / round", "accuracy", "same as ref",
+                "model's pick (NLL)"]
+"""The bench table's columns before the modes' own (Mode.columns); `vs exact`: tok/s over the exact mode's (the
+baseline)."""
 KERNEL_COLUMNS = ["branches", "prefix", "fold target", "fold QKV", "fold FFN", "dense ms", "folded ms", "speedup",
                   "TFLOP/s dense", "TFLOP/s folded", "GB/s dense", "GB/s folded"]
 
 
-def mode_rows(doc: dict[str, Any] | None) -> list[list[Any]]:
-    """One row per mode of a `specscope bench` document."""
+def mode_columns(book: ModeBook) -> list[str]:
+    """MODE_COLUMNS (`vs` the baseline by its name), then a column for each metric a mode declares of its own."""
+    vs = f"vs {book.baseline}" if book.baseline else "vs exact"
+    return [vs if c == "vs exact" else c for c in MODE_COLUMNS] + [c["label"] for c in book.all_columns()]
+
+
+def mode_rows(doc: dict[str, Any] | None, book: ModeBook = ModeBook()) -> list[list[Any]]:
+    """One row per mode of a `specscope bench` document, with the modes' own metric columns (`mode_columns`)."""
     rows = []
     for name, m in ((doc or {}).get("modes") or {}).items():
+        own = {**(m.get("mode_metrics") or {}), **m}
         rows.append([name, m.get("nfe"), fmt(m.get("tpf"), 2), fmt(m.get("tok_per_s"), 0),
                      fmt(m.get("speedup_vs_ar"), 2), fmt(m.get("accept_len_mean"), 2),
                      fmt((m.get("accuracy") or {}).get("average"), 2),
-                     same_as_reference(m), model_pick(m), fmt(m.get("fold_ratio"), 2)])
+                     same_as_reference(m), model_pick(m), *[fmt(own.get(c["key"]), 2) for c in book.all_columns()]])
     return rows
 
 
@@ -113,8 +123,8 @@ def build_bench(backend: Backend, tab: gr.Tab) -> None:
         summary = gr.HTML(elem_id="bench-summary")
         refresh = gr.Button("↻ reload", elem_id="bench-refresh", scale=0, min_width=100)
     with gr.Row():
-        mode = gr.Dropdown(label="run it here: ar against", choices=["linear_spec"], value="linear_spec",
-                           elem_id="bench-here-mode", scale=2)
+        mode = gr.Dropdown(label="run it here: the exact mode against", choices=[], value=None,
+                           elem_id="bench-here-mode", scale=2)   # filled when the tab opens (`modes_here`)
         run_here = gr.Button("run it here", elem_id="bench-here-run", scale=0, min_width=120)
     here = gr.HTML(elem_id="bench-here")
     modes = gr.Dataframe(headers=MODE_COLUMNS, value=[], interactive=False, elem_id="bench-modes",
@@ -124,22 +134,28 @@ def build_bench(backend: Backend, tab: gr.Tab) -> None:
                            label="SpecFold verification (specscope bench-kernels)")
 
     def load(request: gr.Request) -> list[Any]:
+        client = backend.client(request)
         try:
-            bench = backend.client(request).bench()
+            bench = client.bench()
         except (BackendUnavailable, BackendError) as exc:
             return [warning_html(exc), gr.skip(), gr.skip(), gr.skip()]
         kernels = bench.get("kernels")
-        return [summary_html(bench), mode_rows(bench.get("modes")),
+        book = backend.modes(client)
+        return [summary_html(bench), gr.Dataframe(mode_rows(bench.get("modes"), book), headers=mode_columns(book)),
                 gr.Plot(speedup_figure(kernels), visible=True) if kernels else gr.Plot(None, visible=False),
                 gr.Dataframe(kernel_rows(kernels), visible=bool(kernels))]
 
     def modes_here(request: gr.Request) -> Any:
-        """The modes the served model can run, beside ar."""
+        """The modes the served model can run, beside the exact one (the baseline), labelled with its name; the
+        first the modes declare for this picker chosen."""
+        client = backend.client(request)
         try:
-            names = [m["name"] for m in backend.client(request).modes() if m["available"] and m["name"] != "ar"]
+            book = backend.remember_modes(client, client.modes())
         except (BackendUnavailable, BackendError):
             return gr.skip()
-        return gr.Dropdown(choices=names, value="linear_spec" if "linear_spec" in names else next(iter(names), None))
+        names = book.rivals()
+        return gr.Dropdown(choices=names, value=book.pick("bench", names),
+                           label=f"run it here: {book.baseline or 'the exact mode'} against")
 
     def measure(name: str, request: gr.Request) -> str:
         client = backend.client(request)
@@ -151,5 +167,6 @@ def build_bench(backend: Backend, tab: gr.Tab) -> None:
     for trigger in (refresh.click, tab.select):
         trigger(load, None, [summary, modes, speedup, kernels], concurrency_limit=None)
     tab.select(modes_here, None, mode, concurrency_limit=None)
-    run_here.click(lambda: "running ar and the mode on this server…", None, here, concurrency_limit=None).then(
+    run_here.click(lambda: "running the exact mode and this one on this server…", None, here,
+                   concurrency_limit=None).then(
         measure, mode, here)

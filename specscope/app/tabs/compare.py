@@ -9,7 +9,7 @@ import csv
 import html
 import io
 import tempfile
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,11 @@ import gradio as gr
 from specscope.app.client import BackendError, BackendUnavailable, Client
 from specscope.app.diverge import differing_pairs
 from specscope.app.figures import (
-    Claim,
     acceptance_by_position_figure,
     comparison_figure,
     comparison_rows,
     load_warning_html,
     metrics_table_html,
-    mode_claims,
     plural,
     run_labels,
     speedup_html,
@@ -33,6 +31,7 @@ from specscope.app.figures import (
     warning_html,
 )
 from specscope.app.limits import LENGTH_NOTE, MAX_NEW_LABEL, clamp_max_new, served_toggle, too_long
+from specscope.app.modebook import ModeBook
 from specscope.app.plot import chart, figure_json
 from specscope.app.session import Backend, StopFlags
 from specscope.app.sweep import EXAMPLE, Variant, parse_variants
@@ -40,7 +39,6 @@ from specscope.app.tabs.card import example_picker
 from specscope.app.tabs.why import BUTTON, pair_html
 from specscope.app.trace import RunTrace
 
-DEFAULT_MODES = ["ar", "block_diffusion", "linear_spec"]
 SIDE_BY_SIDE = "side by side (concurrently)"
 EXPORT_DIR = Path(tempfile.gettempdir()) / "specscope-exports"
 
@@ -50,6 +48,7 @@ class CompareTab:
     modes: gr.CheckboxGroup
     reference: gr.Dropdown
     examples: gr.Dataset
+    variants: gr.Textbox
 
 
 def pick_reference(traces: list[RunTrace], mode: str | None) -> RunTrace | None:
@@ -112,11 +111,13 @@ def results(traces: list[RunTrace], ref_mode: str | None, backend: Backend, clie
     rating of each answer), diffs of finished runs, and the pairs of runs whose outputs differ (for "why did they
     diverge?")."""
     reference = pick_reference(traces, ref_mode)
+    book = backend.modes(client)
     table = (load_warning_html(traces, reference)
-             + metrics_table_html(traces, reference, mode_claims(client.modes()), ratings(traces, client, known))
-             + speedup_html(traces))
+             + metrics_table_html(traces, reference, book, ratings(traces, client, known))
+             + speedup_html(traces, book))
     pairs = differing_pairs(traces, reference, run_labels(traces))
-    return [figure_json(comparison_figure(traces)), figure_json(acceptance_by_position_figure(traces)), table,
+    return [figure_json(comparison_figure(traces, book)), figure_json(acceptance_by_position_figure(traces, book)),
+            table,
             diffs_html(traces, reference, backend, client),
             gr.Dropdown(choices=pairs, value=pairs[0][1] if pairs else None, visible=bool(pairs))]
 
@@ -126,9 +127,9 @@ def ended(traces: list[RunTrace]) -> list[RunTrace]:
     return [t for t in traces if started(t) and t.status != "running"]
 
 
-def csv_text(traces: list[RunTrace], reference: RunTrace | None, claims: Mapping[str, Claim]) -> str:
+def csv_text(traces: list[RunTrace], reference: RunTrace | None, book: ModeBook) -> str:
     out = io.StringIO()
-    csv.writer(out).writerows(comparison_rows(traces, reference, claims))
+    csv.writer(out).writerows(comparison_rows(traces, reference, book))
     return out.getvalue()
 
 
@@ -158,9 +159,9 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         max_new = gr.Number(label=MAX_NEW_LABEL, value=16, precision=0, elem_id="cmp-max-new", scale=1)
     examples = example_picker(prompt, "cmp-examples")
     with gr.Row():
-        modes = gr.CheckboxGroup(label="modes (defaults)", choices=DEFAULT_MODES, value=DEFAULT_MODES,
-                                 elem_id="cmp-modes", scale=3)
-        reference = gr.Dropdown(label="reference mode (same-output badge)", choices=DEFAULT_MODES, value="ar",
+        modes = gr.CheckboxGroup(label="modes (defaults)", choices=[], value=[], elem_id="cmp-modes",
+                                 scale=3)   # the served modes and the defaults they declare, once they load (ui.py)
+        reference = gr.Dropdown(label="reference mode (same-output badge)", choices=[], value=None,
                                 elem_id="cmp-reference", scale=1)
         layout = gr.Radio(["one after another", SIDE_BY_SIDE], value="one after another", label="run",
                           elem_id="cmp-layout", scale=1)
@@ -289,12 +290,12 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
         try:
             client = backend.client(request)
             traces = [backend.trace(client, run_id) for run_id in ids]
-            claims = mode_claims(client.modes())
+            book = backend.modes(client, fresh=True)
         except (BackendUnavailable, BackendError) as exc:
             return gr.File(visible=False), warning_html(exc)
         EXPORT_DIR.mkdir(exist_ok=True)
         path = EXPORT_DIR / f"comparison-{ids[0]}.csv"
-        path.write_text(csv_text(traces, pick_reference(traces, ref_mode), claims))
+        path.write_text(csv_text(traces, pick_reference(traces, ref_mode), book))
         return gr.File(str(path), visible=True), f"Exported <code>{html.escape(path.name)}</code>."
 
     shown = [aligned, positions, table, diffs, pair]
@@ -314,7 +315,7 @@ def build_compare(backend: Backend, tab: gr.Tab) -> CompareTab:
     export.click(export_csv, [run_ids, reference], [download, status], concurrency_limit=None)
     for trigger in (max_new.blur, max_new.submit):
         trigger(clamp_max_new, max_new, max_new, queue=False)
-    return CompareTab(modes=modes, reference=reference, examples=examples)
+    return CompareTab(modes=modes, reference=reference, examples=examples, variants=variants)
 
 
 async def run_groups(traces: list[RunTrace], how: str, consume: Callable[[RunTrace], Coroutine[Any, Any, None]],

@@ -89,8 +89,9 @@ def build_race(backend: Backend) -> RaceTab:
                 "Both runs share the server's forwards, as two users' runs would, and each drafts as it would alone "
                 "unless *as served under load* is ticked; each is stored and opens in the visualizer.")
     with gr.Row():
-        mode_a = gr.Dropdown(label="mode A", choices=["ar"], value="ar", elem_id="race-mode-a", scale=1)
-        mode_b = gr.Dropdown(label="mode B", choices=["ar"], value="ar", elem_id="race-mode-b", scale=1)
+        # the served modes once they load (ui.py): A the baseline, B the first the modes' `picked` names for a race
+        mode_a = gr.Dropdown(label="mode A", choices=[], value=None, elem_id="race-mode-a", scale=1)
+        mode_b = gr.Dropdown(label="mode B", choices=[], value=None, elem_id="race-mode-b", scale=1)
         max_new = gr.Number(label=MAX_NEW_LABEL, value=64, precision=0, elem_id="race-max", scale=1)
         served = served_toggle("race-served")
     message = gr.Textbox(label=f"message ({LENGTH_NOTE})", value="Write a Python function that reverses a string.",

@@ -16,7 +16,8 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 
 from specscope.app.client import BackendError, BackendUnavailable
-from specscope.app.figures import mode_color, plural, warning_html
+from specscope.app.figures import NO_MODES, mode_color, plural, warning_html
+from specscope.app.modebook import ModeBook
 from specscope.app.plot import chart, figure_json
 from specscope.app.session import Backend
 
@@ -32,10 +33,10 @@ REQUEST_COLORS = qualitative.Dark24
 """Each request's fill, by the order it first appears (its mode's colour outlines it)."""
 
 
-def scheduler_figure(records: Sequence[Record]) -> go.Figure:
+def scheduler_figure(records: Sequence[Record], book: ModeBook = NO_MODES) -> go.Figure:
     """One stacked bar per forward (x: its id): a segment per request, its rows, in the request's own colour and
-    outlined in its mode's, each request in the legend with its mode; the KV slots in use as a line on an axis of
-    their own (scaled to the most used)."""
+    outlined in its mode's (as `book` declares it), each request in the legend with its mode; the KV slots in use
+    as a line on an axis of their own (scaled to the most used)."""
     fig = go.Figure()
     runs: dict[str, tuple[str, list[int], list[int], list[str]]] = {}
     for record in records:
@@ -47,7 +48,7 @@ def scheduler_figure(records: Sequence[Record]) -> go.Figure:
     for i, (run_id, (mode, x, y, text)) in enumerate(runs.items()):
         fig.add_bar(x=x, y=y, name=f"{mode} · {run_id}", hovertext=text, hoverinfo="text+y",
                     marker={"color": REQUEST_COLORS[i % len(REQUEST_COLORS)],
-                            "line": {"color": mode_color(mode), "width": 2}}, customdata=[run_id] * len(x))
+                            "line": {"color": mode_color(mode, book), "width": 2}}, customdata=[run_id] * len(x))
     pooled = [r for r in records if r.get("pool_used") is not None]   # stored runs may lack it
     used = [int(r["pool_used"]) for r in pooled]
     fig.add_scatter(x=[r["id"] for r in pooled], y=used, name="KV slots in use", yaxis="y2", mode="lines",
@@ -61,13 +62,13 @@ def scheduler_figure(records: Sequence[Record]) -> go.Figure:
     return fig
 
 
-def forwards_table_html(records: Sequence[Record]) -> str:
+def forwards_table_html(records: Sequence[Record], book: ModeBook = NO_MODES) -> str:
     """The latest forwards, newest first: id, ms, rows, and each request it served (linked to that round)."""
     rows = []
     for record in list(records)[::-1][:LISTED]:
         served = ", ".join(
             f'<a class="ss-open" href="?run={html.escape(g["run_id"])}&amp;round={int(g["round"])}" target="_blank">'
-            f'<b style="color:{mode_color(g["mode"])}">{html.escape(g["mode"])}</b> {html.escape(g["run_id"])} '
+            f'<b style="color:{mode_color(g["mode"], book)}">{html.escape(g["mode"])}</b> {html.escape(g["run_id"])} '
             f'round {int(g["round"])}</a> ({plural(int(g["rows"]), html.escape(g["kind"]) + " row")})'
             for g in record["groups"])
         rows.append(f'<tr><td>{int(record["id"])}</td><td>{record["ms"]:.1f}</td><td>{int(record["rows"])}</td>'
@@ -114,15 +115,15 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
     timer = gr.Timer(FOLLOW_S, active=False)   # started by opening the tab, while follow is on
     was_active = gr.State(False)   # whether runs were active at the last tick (their last forwards show once more)
 
-    def drawn(note: str, records: Sequence[Record]) -> list[Any]:
-        return [note, figure_json(scheduler_figure(records)), forwards_table_html(records)]
+    def drawn(note: str, records: Sequence[Record], book: ModeBook) -> list[Any]:
+        return [note, figure_json(scheduler_figure(records, book)), forwards_table_html(records, book)]
 
     def fetch(run_id: str | None, replica: int | None, request: gr.Request) -> list[Any]:
         client, run_id = backend.client(request), (run_id or "").strip()
         try:
             if run_id:
                 replayed = client.run_forwards(run_id)
-                return drawn(replay_note(replayed), replayed["forwards"])
+                return drawn(replay_note(replayed), replayed["forwards"], backend.modes(client))
             records = client.forwards(replica=int(replica or 0))[-SHOWN:]
         except (BackendUnavailable, BackendError) as exc:
             return [warning_html(exc), gr.skip(), gr.skip()]
@@ -131,7 +132,7 @@ def build_scheduler(backend: Backend, tab: gr.Tab) -> SchedulerTab:
                 else "no forward yet")
         if records and "replica" in records[-1]:
             note += f" (engine replica {records[-1]['replica']})"
-        return drawn(f'<div class="ss-note">{html.escape(note)}</div>', records)
+        return drawn(f'<div class="ss-note">{html.escape(note)}</div>', records, backend.modes(client))
 
     def live(run_id: str | None, replica: int | None, was: bool, request: gr.Request) -> list[Any]:
         """A follow tick: the live view while runs are active, and once after they end (a replay is stored: it

@@ -14,6 +14,7 @@ import gradio as gr
 from specscope.app.analysis import mode_defaults, params_label
 from specscope.app.client import BackendError, BackendUnavailable, Client
 from specscope.app.figures import legend_html, warning_html
+from specscope.app.modebook import ModeBook
 from specscope.app.plot import PLOTLY_ROUTE
 from specscope.app.session import Backend
 from specscope.app.tabs.why import diverge_from_row
@@ -67,8 +68,8 @@ async def follow_events(client: Client, trace: RunTrace) -> AsyncIterator[RunTra
             await asyncio.sleep(FOLLOW_RETRY_S)
 
 
-def document_of(trace: RunTrace, piece: Any, explain: Any, fit: dict[str, Any] | None = None) -> str:
-    return document_json(viz_document(trace, piece, explain=explain, fit=fit))
+def document_of(trace: RunTrace, piece: Any, book: ModeBook, fit: dict[str, Any] | None = None) -> str:
+    return document_json(viz_document(trace, piece, book=book, fit=fit))
 
 
 def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
@@ -94,7 +95,7 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         client = backend.client(request)
         try:
             trace = backend.trace(client, run_id)
-            doc = viz_document(trace, backend.piece(client, trace), explain=backend.explain(client, trace.mode),
+            doc = viz_document(trace, backend.piece(client, trace), book=backend.modes(client),
                                fit=backend.rating(client, trace), elsewhere=backend.stored_curves(client))
             return "", document_json(doc), trace.status == "running"
         except BackendError as exc:
@@ -116,7 +117,7 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
         try:
             trace = await asyncio.to_thread(backend.trace, client, run_id)
             piece = await asyncio.to_thread(backend.piece, client, trace)
-            explain = await asyncio.to_thread(backend.explain, client, trace.mode)
+            book = await asyncio.to_thread(backend.modes, client)
         except (BackendUnavailable, BackendError):
             return
         shown, every = time.monotonic(), FOLLOW_EVERY_S
@@ -126,7 +127,7 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
                     return
                 if time.monotonic() - shown >= every:
                     started = time.monotonic()
-                    doc = await asyncio.to_thread(document_of, now, piece, explain)
+                    doc = await asyncio.to_thread(document_of, now, piece, book)
                     shown = time.monotonic()
                     every = max(FOLLOW_EVERY_S, (shown - started) / FOLLOW_COST_SHARE)
                     yield doc
@@ -139,7 +140,7 @@ def build_viz(backend: Backend, tab: gr.Tab) -> VizTab:
             return
         if watching.get(session) == run_id:
             fit = await asyncio.to_thread(backend.rating, client, final)
-            yield await asyncio.to_thread(document_of, final, piece, explain, fit)
+            yield await asyncio.to_thread(document_of, final, piece, book, fit)
 
     def list_runs(request: gr.Request) -> Any:
         """The newest runs, each with the parameters that differ from its mode's defaults."""

@@ -17,7 +17,8 @@ PARENTS = (generation_options, store_options, model_options)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--modes", default="ar,block_diffusion,linear_spec", help="comma-separated")
+    p.add_argument("--modes", default="", help="comma-separated (default: the modes that declare themselves "
+                                               "Compare's defaults, Mode.picked)")
     p.add_argument("--reference", help="mode whose output the others are checked against (default: the first)")
     p.add_argument("--label")
 
@@ -25,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from specscope.backend.bench_cells import pick_count
     from specscope.backend.engine.answer_fit import answer_fit
-    from specscope.backend.engine.modes import get_mode, param_specs
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    from specscope.backend.engine.modes import get_mode, param_specs, picks
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()] or picks("compare")
     if not modes:
         raise CLIError("--modes names no mode")
     declared = {m: {p.name for p in param_specs(get_mode(m))} for m in modes}

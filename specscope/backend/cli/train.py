@@ -154,7 +154,8 @@ def add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     p.add_argument("--per-kind", type=int, default=20)
     p.add_argument("--batches", type=int, default=8, help="held-out text batches for the loss (0: skip)")
-    p.add_argument("--modes", default="ar")
+    p.add_argument("--modes", default="", help="comma-separated modes to check exact match in (default: the "
+                                                 "exact one, the model's own greedy decode)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", help="write evaluation.json here instead of the checkpoint folder")
 
@@ -162,7 +163,9 @@ def add_evaluate(p: argparse.ArgumentParser) -> None:
 def run_evaluate(args: argparse.Namespace) -> None:
     """Evaluate the checkpoint; write evaluation.json next to it (or into --out) and print it."""
     torch.set_num_threads(args.threads)
-    result = tiny_eval.evaluate(load_checkpoint(args.checkpoint), args.per_kind, args.batches, args.modes.split(","))
+    from specscope.backend.engine.modes import baseline
+    modes = [m for m in args.modes.split(",") if m] or [baseline()]
+    result = tiny_eval.evaluate(load_checkpoint(args.checkpoint), args.per_kind, args.batches, modes)
     out = Path(args.out or args.checkpoint) / "evaluation.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from specscope.backend.engine.engine import Engine
+from specscope.backend.engine.modes import baseline
 from specscope.backend.engine.params import ParamError
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.scores import Scores
@@ -49,7 +50,7 @@ def answer_fit(engine: Engine, prompt_ids: list[int], answer: list[int]) -> Answ
         raise ParamError(f"a prompt and an answer of token ids in [0, {vocab}) are needed")
     if len(prompt_ids) + len(answer) > rt.context:
         raise ParamError(f"{len(prompt_ids)} + {len(answer)} tokens exceed the model's context {rt.context}")
-    req = Request(rid="answer_fit", prompt_ids=list(prompt_ids), mode="ar", params={}, eos_id=rt.eos_id)
+    req = Request(rid="answer_fit", prompt_ids=list(prompt_ids), mode=baseline(), params={}, eos_id=rt.eos_id)
     ids = [*prompt_ids, *answer]
     rows: list[Scores] = []
     try:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from specscope.backend.engine.lossless import Outcome, claim_of, first_difference, temperature, verdict
+from specscope.backend.engine.modes import baseline
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.sampling import allowed
@@ -175,7 +176,7 @@ def rescore_one(rt: Runtime, probe: Probe) -> Rescored:
         backend = AdapterOff(backend)
     site = probe.site
     ids = [rt.mask if i == MASK else i for i in site.ids]
-    req = Request(rid="diverge", prompt_ids=list(probe.prefix[:probe.prompt_len]), mode="ar", params={},
+    req = Request(rid="diverge", prompt_ids=list(probe.prefix[:probe.prompt_len]), mode=baseline(), params={},
                   eos_id=rt.eos_id)
     try:
         write_prefix(rt, req, probe, backend)

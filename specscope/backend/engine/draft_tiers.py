@@ -1,12 +1,12 @@
 """Draft tiers: how many rows each request may draft in a round, by how many requests are running (SGLang's
-`select_block_size(running_bs)`, widened to every drafting mode's length: isd's N, quadratic's k, linear_spec's
-block). Shrinking a lossless mode's draft never changes its tokens, only how many forwards they take. With no tier
-in force a request drafts at its own parameters; a budget of 0 makes its rounds plain decode steps."""
+`select_block_size(running_bs)`, widened to every drafting mode's length: the parameter a mode names as its
+`draft_param`, fitted to the budget through the rows the mode says a round of each length runs, `Mode.draft_rows`).
+Shrinking a lossless mode's draft never changes its tokens, only how many forwards they take. With no tier in force
+a request drafts at its own parameters; a budget of 0 makes its rounds plain decode steps."""
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from specscope.backend.engine.cost_curve import CostCurve
@@ -36,27 +36,15 @@ def budget(tiers: DraftTiers, running: int) -> int | None:
     return next((rows for max_running, rows in tiers if running <= max_running), None)
 
 
-def isd_n(n: int, rows: int | None) -> int | None:
-    """isd's N within the extra rows (Block-N runs 2N-1 rows, N >= 2); None: a plain decode step."""
+def fitted_length(length: int, rows: int | None, draft_rows: Callable[[int], int], shortest: int = 1) -> int | None:
+    """A mode's draft length within a tier's `rows` extra rows, for any mode: the longest value of its `draft_param`,
+    at most its own `length`, whose round runs no more extra rows than that (`draft_rows`: the mode's rows at a
+    length, Mode.draft_rows); None where not even its `shortest` fits, so the round is a plain decode step; `length`
+    itself where no tier is in force (rows None)."""
     if rows is None:
-        return n
-    return min(n, rows // 2 + 1) if rows >= 2 else None
-
-
-def quadratic_k(k: int, rows: int | None) -> int | None:
-    """quadratic's k within the extra rows (a round runs (k+1)² rows, k >= 1); None: a plain decode step."""
-    if rows is None:
-        return k
-    fits = math.isqrt(rows + 1) - 1
-    return min(k, fits) if fits >= 1 else None
-
-
-def block_length(size: int, rows: int | None) -> int | None:
-    """linear_spec's block within the extra rows (B draft rows, then B verify rows, B >= 2); None: a plain
-    decode step."""
-    if rows is None:
-        return size
-    return min(size, (rows + 1) // 2) if rows >= 3 else None
+        return length
+    fits = [n for n in range(shortest, length + 1) if draft_rows(n) <= rows]
+    return fits[-1] if fits else None
 
 
 def auto_tiers(curve: CostCurve, max_running: int = 64) -> DraftTiers:

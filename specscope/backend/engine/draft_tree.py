@@ -6,8 +6,11 @@ and checks them all in one causal forward under a tree mask, each row seeing its
 longest one whose every node is the verifier's own token after its parent, so greedy output stays `ar`'s."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
+from torch import Tensor
 
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.scores import Scores
@@ -78,3 +81,14 @@ def grow(rt: Runtime, rows: Scores, branches: int) -> DraftTree:
             tree.branches.append(branch)
             parent = len(tree.tokens) - 1
     return tree
+
+
+def tree_mask(parents: Sequence[int], prefix: int) -> Tensor:
+    """[1, 1, Q, P+Q] attention mask over [prefix ‖ chunk] of a draft tree's rows (`parents[i]`: the row that row i
+    hangs from, -1 for the root): each row sees the prefix, its ancestors and itself."""
+    q = len(parents)
+    sees = torch.eye(q, dtype=torch.bool)
+    for row, parent in enumerate(parents):
+        if parent >= 0:
+            sees[row] |= sees[parent]
+    return torch.cat([torch.ones(q, prefix, dtype=torch.bool), sees], dim=1)[None, None]

@@ -71,7 +71,7 @@ def verify_specs(clean: Scores, draft: Scores, specs: list[int], alpha: float,
     greedy check may skip p and q (the verdict's lists then come back empty)."""
     logits, req = clean.logits, clean.req
     if clean.mask_id is None:
-        raise RuntimeError("isd's verify needs the model's mask token")
+        raise RuntimeError("the p/q verify of drafted specs needs the model's mask token")
     k, v = logits.shape
     uniforms = gumbel = None
     if req.temperature > 0:

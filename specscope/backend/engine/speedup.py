@@ -26,8 +26,9 @@ def usable(m: Metrics) -> bool:
         m.get("tpf") is not None
 
 
-def against_ar(m: Metrics, ar: Metrics) -> dict[str, float] | None:
-    """The three factors of a run's speedup over an `ar` run, their product, and the measured tok/s ratio."""
+def against_baseline(m: Metrics, ar: Metrics) -> dict[str, float] | None:
+    """The three factors of a run's speedup over a run of the baseline (`ar`, the registry's exact mode), their
+    product, and the measured tok/s ratio."""
     if not (usable(m) and usable(ar)):
         return None
     factors = {"tpf": m["tpf"] / ar["tpf"], "row_cost": ar["mean_forward_ms"] / m["mean_forward_ms"],

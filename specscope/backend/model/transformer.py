@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import mmap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
@@ -162,30 +162,6 @@ def chunk_mask(q_len: int, attn: str, device: torch.device) -> Tensor:
     if attn == "block":
         return torch.ones(q_len, q_len, dtype=torch.bool, device=device)
     return torch.ones(q_len, q_len, dtype=torch.bool, device=device).tril()
-
-
-def interleaved_mask(groups: int, k: int, prefix: int) -> Tensor:
-    """[1, 1, Q, P+Q] attention mask over [prefix ‖ chunk] of quadratic decoding's interleaved layout
-    [d0, M×k, d1, M×k, …]: the d's form a causal chain, each group of k masks sees d_0..d_j and its own earlier
-    masks (backend/engine/modes/quadratic.py)."""
-    q = groups * (k + 1)
-    u = torch.arange(q)
-    group, first = u // (k + 1), u % (k + 1) == 0
-    chain = first[None, :] & (group[None, :] <= group[:, None])            # d_0..d_g, every row
-    own = ~first[:, None] & (group[None, :] == group[:, None]) & (u[None, :] <= u[:, None])
-    chunk = chain | own
-    return torch.cat([torch.ones(q, prefix, dtype=torch.bool), chunk], dim=1)[None, None]
-
-
-def tree_mask(parents: Sequence[int], prefix: int) -> Tensor:
-    """[1, 1, Q, P+Q] attention mask over [prefix ‖ chunk] of a draft tree's rows (`parents[i]`: the row that row i
-    hangs from, -1 for the root): each row sees the prefix, its ancestors and itself."""
-    q = len(parents)
-    sees = torch.eye(q, dtype=torch.bool)
-    for row, parent in enumerate(parents):
-        if parent >= 0:
-            sees[row] |= sees[parent]
-    return torch.cat([torch.ones(q, prefix, dtype=torch.bool), sees], dim=1)[None, None]
 
 
 def build_mask(q_len: int, attn: str, kv: KVContext | None, batch: int, device: torch.device) -> Tensor | None:

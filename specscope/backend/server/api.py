@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from specscope.backend.engine.kv import OutOfSlots
-from specscope.backend.engine.modes import describe_modes
+from specscope.backend.engine.modes import describe_modes, picks
 from specscope.backend.engine.params import ParamError
 from specscope.backend.server.bench_here import BenchTimeout, bench_here
 from specscope.backend.server.protocol import MAX_FORWARDS, MAX_INDEX, MAX_NEW_TOKENS
@@ -65,7 +65,7 @@ def served_limits(mode: Row) -> Row:
 
 
 class BenchHere(BaseModel):
-    mode: str = Field("linear_spec", max_length=64)
+    mode: str = Field(default_factory=lambda: picks("bench")[0], max_length=64)   # the mode Bench picks first
 
 
 class NewComparison(BaseModel):

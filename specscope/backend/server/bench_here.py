@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specscope.backend.engine.modes import baseline
 from specscope.backend.server.service import EngineService
 from specscope.backend.tracing import RecordingTracer
 
@@ -63,9 +64,9 @@ def measure(engine: EngineService, mode: str, prompts: tuple[str, ...], max_new_
 
 def bench_here(engine: EngineService, mode: str, prompts: tuple[str, ...] = HERE_PROMPTS,
                max_new_tokens: int = HERE_TOKENS) -> dict[str, Any]:
-    """`ar` and `mode` on the served model, with where and on what they ran."""
+    """The baseline (the exact mode, `ar`) and `mode` on the served model, with where and on what they ran."""
     model = engine.model
-    modes = {m: measure(engine, m, prompts, max_new_tokens) for m in dict.fromkeys(("ar", mode))}
+    modes = {m: measure(engine, m, prompts, max_new_tokens) for m in dict.fromkeys((baseline(), mode))}
     return {"model": model.name, "matmul": model.matmul, "cpu": cpu_name(), "cores": os.cpu_count(),
             "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "prompts": len(prompts),
             "max_new_tokens": max_new_tokens, "modes": modes}

@@ -25,7 +25,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specscope.backend.engine.messages import Prompt
-from specscope.backend.engine.modes import describe_modes
+from specscope.backend.engine.modes import baseline, describe_modes
 from specscope.backend.engine.params import ParamError, PromptTooLong
 from specscope.backend.server.generate import LoopHandoff
 from specscope.backend.server.prometheus import Watch
@@ -35,7 +35,6 @@ from specscope.backend.server.worker import Busy
 from specscope.backend.store import StoreWriter, Tee
 
 RUN_HEADER = "x-specscope-run-id"
-DEFAULT_MODE = "ar"
 DEFAULT_MAX_TOKENS = 256
 MAX_BODY_BYTES = 256 * 1024
 Event = dict[str, Any]
@@ -242,7 +241,7 @@ def mode_and_model(model: str, options: SpecscopeOptions, served: str) -> tuple[
     if suffix and options.mode and suffix != options.mode:
         raise OpenAIError(400, f"the model id asks for mode {suffix!r} and specscope.mode for {options.mode!r}",
                           param="specscope.mode")
-    return suffix or options.mode or DEFAULT_MODE, name
+    return suffix or options.mode or baseline(), name
 
 
 async def start(service: EngineService, writer: StoreWriter, prompt: Prompt, mode: str,

@@ -34,9 +34,11 @@ def sampling_of(messages: list[dict[str, str]], temperature: float, seed: int) -
 
 def answer(engine: Engine, conversations: list[list[dict[str, str]]], max_new_tokens: int,
            temperature: float = 0.0, seed: int = 0) -> list[dict[str, Any]]:
-    """`ar` answers of a batch of conversations, run together: greedy, or drawn at `temperature`."""
+    """The model's own answers (the baseline mode's, `ar`) of a batch of conversations, run together: greedy, or
+    drawn at `temperature`."""
+    from specscope.backend.engine.modes import baseline
     draws = [sampling_of(conv, temperature, seed) for conv in conversations]
-    reqs = [engine.new_request(conv, "ar", {"max_new_tokens": max_new_tokens, **(draw or {})})
+    reqs = [engine.new_request(conv, baseline(), {"max_new_tokens": max_new_tokens, **(draw or {})})
             for conv, draw in zip(conversations, draws, strict=True)]
     results = engine.run(reqs)
     return [{"key": key(conv, draw), "messages": conv, "prompt_ids": req.prompt_ids, "answer_ids": res.output_ids,

@@ -45,7 +45,7 @@ def unigram_loss(loaded: LoadedModel) -> float:
     return float(-logp[held].mean())
 
 
-def exact_match(loaded: LoadedModel, tasks: list[Task], mode: str = "ar",
+def exact_match(loaded: LoadedModel, tasks: list[Task], mode: str,
                 params: dict | None = None) -> dict[str, Any]:
     """Greedy exact-match and TPF per family and wording split; the average and minimum over required families."""
     engine = Engine(loaded, num_slots=4096)

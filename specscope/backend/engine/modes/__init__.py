@@ -38,11 +38,30 @@ def describe_modes(mask_token: bool = True) -> list[dict]:
     """Registry + parameter schema, as served by GET /api/modes, with whether a model with (or without) a mask
     token can run each mode."""
     _load_all()
-    return [{"name": name, "summary": cls.summary, "nfe": cls.nfe_note, "explain": cls.explain,
-             "lossless_vs": cls.lossless_vs, "lossless_params": cls.lossless_params, "lossy": lossy(name),
+    return [{"name": name, "summary": cls.summary, "nfe": cls.nfe_note, "explain": cls.explain, "color": cls.color,
+             "exact": cls.exact, "lossless_vs": cls.lossless_vs, "lossless_params": cls.lossless_params,
+             "lossy": lossy(name), "picked": dict(cls.picked), "draft_param": cls.draft_param,
+             "columns": [c.schema() for c in cls.columns],
              "available": mask_token or not cls.needs_mask,
              "unavailable": None if mask_token or not cls.needs_mask else "the model has no mask token",
              "params": [p.schema() for p in param_specs(cls())]} for name, cls in sorted(REGISTRY.items())]
+
+
+def baseline() -> str:
+    """The mode every speedup is measured against and a request that names none runs: the one exact mode (its
+    greedy output is the model's own greedy decode)."""
+    _load_all()
+    exact = [name for name, cls in sorted(REGISTRY.items()) if cls.exact]
+    if len(exact) != 1:
+        raise RuntimeError(f"the registry needs exactly one exact mode, has {exact}")
+    return exact[0]
+
+
+def picks(picker: str) -> list[str]:
+    """The modes `picker` (base.PICKERS) chooses by default, in its order of preference."""
+    _load_all()
+    return sorted((name for name, cls in REGISTRY.items() if picker in cls.picked),
+                  key=lambda name: REGISTRY[name].picked[picker])
 
 
 def lossy(name: str) -> bool:

@@ -16,7 +16,9 @@ class AR(Mode):
     nfe_note = "one forward per token; prefill not counted"
     explain = ("One forward per token. Each round commits exactly the token the model picked; nothing is "
                "drafted.")
+    color = "#64748b"
     exact = True
+    picked = {"compare": 0}
     needs_mask = False
 
     def extra_positions(self, params: dict) -> int:

@@ -15,6 +15,8 @@ from specscope.backend.engine.modes import register
 @register
 class BlockDiffusion(BlockMode):
     name = "block_diffusion"
+    color = "#f59e0b"
+    picked = {"compare": 1, "race": 3}
     summary = "block diffusion: confidence-threshold denoising in blocks, causal refresh per block"
     nfe_note = "denoise passes + one refresh pass per block (the last one too); prefill not counted"
     explain = ("A block of masks is denoised in several rounds: every round unmasks (accepts) the positions "

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from specscope.backend.engine.ask import Round, RoundResult, SlotRelease
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
-from specscope.backend.engine.draft_tiers import isd_n
 from specscope.backend.engine.modes import register
 from specscope.backend.engine.modes.ar import decode_round
 from specscope.backend.engine.modes.base import Mode
@@ -70,7 +69,11 @@ class ISD(Mode):
                "and drafts new ones. Case V: every spec accepted; R: a spec rejected, the correction replaces it "
                "and the rest is dropped (KV trimmed); C: cold start, nothing to verify. Accepted spec: p/q test "
                "passed (greedy: same argmax; T > 0: u < min(1, p/(αq))).")
+    color = "#ef4444"
     lossless_vs = "ar"
+    picked = {"race": 0}
+    draft_param = "n"
+    min_draft = 2
     drafter = ("tpf", 1.2)
     drafter_params = {"verify": "fixed"}
     heldout_layout = "causal"
@@ -86,8 +89,8 @@ class ISD(Mode):
     def extra_positions(self, params: dict) -> int:
         return 2 * params["n"]
 
-    def tier_rows(self, params: dict) -> int:
-        return 2 * params["n"] - 2
+    def draft_rows(self, length: int) -> int:
+        return 2 * length - 2     # Block-N: 2N-1 rows
 
     def start(self, req: Request, rt: Runtime) -> ISDState:
         return ISDState()
@@ -102,7 +105,7 @@ class ISD(Mode):
 
     def round(self, req: Request, rt: Runtime) -> Round:
         st: ISDState = req.state
-        n = isd_n(req.params["n"], req.draft_rows)
+        n = self.draft_length(req.params["n"], req.draft_rows)
         if n is None or n != st.n:           # the tier changed the block: its specs were drafted for another
             st.specs, st.draft = [], None
         if n is None:

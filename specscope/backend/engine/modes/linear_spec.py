@@ -30,8 +30,7 @@ from specscope.backend.engine.blocks import (
     longest_match,
 )
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
-from specscope.backend.engine.draft_tiers import block_length
-from specscope.backend.engine.draft_tree import DraftTree, grow
+from specscope.backend.engine.draft_tree import DraftTree, grow, tree_mask
 from specscope.backend.engine.modes import register
 from specscope.backend.engine.modes.ar import decode_round
 from specscope.backend.engine.modes.base import Mode
@@ -40,7 +39,6 @@ from specscope.backend.engine.request import Request
 from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.spec_counts import DraftStep
 from specscope.backend.engine.verify_length import VERIFY_PARAM, best_draft_count, best_prefix
-from specscope.backend.model.transformer import tree_mask
 from specscope.backend.tracing import RoundEvent
 
 
@@ -57,7 +55,11 @@ class LinearSpec(Mode):
     explain = ("Round = draft the block in one pass (block attention, LoRA), then verify it causally. Accepted = "
                "the leading drafts the verifier agrees with; the first disagreement becomes the correction "
                "(bonus) and the rest is rejected; its KV is trimmed. Committed = accepted + correction.")
+    color = "#3b82f6"
     lossless_vs = "ar"
+    picked = {"chat": 0, "compare": 2, "race": 2, "bench": 0}
+    draft_param = "block_size"
+    min_draft = 2
     drafter = ("accept_len_mean", 1.5)
     drafter_params = {"verify": "fixed"}
     heldout_layout = "block"
@@ -74,11 +76,11 @@ class LinearSpec(Mode):
     def check(self, params: dict, rt: Runtime) -> None:
         check_block_params(params, rt)
 
-    def tier_rows(self, params: dict) -> int:
-        return 2 * params["block_size"] - 1
+    def draft_rows(self, length: int) -> int:
+        return 2 * length - 1     # B draft rows, then B verify rows
 
     def round(self, req: Request, rt: Runtime) -> Round:
-        size, start = block_length(block_size(req), req.draft_rows), req.cached
+        size, start = self.draft_length(block_size(req), req.draft_rows), req.cached
         cost = req.params["verify"] == "cost"
         if size is not None and cost:
             size = 1 + best_draft_count(req.confidence, size - 1, lambda m: round_ms(rt, m + 1))

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+from torch import Tensor
+
 from specscope.backend.engine.ask import Round, RoundResult, SlotRelease
 from specscope.backend.engine.blocks import longest_match
 from specscope.backend.engine.draft_chain import SAMPLER_PARAM
-from specscope.backend.engine.draft_tiers import quadratic_k
 from specscope.backend.engine.modes import register
 from specscope.backend.engine.modes.ar import decode_round
 from specscope.backend.engine.modes.base import Mode
@@ -36,7 +38,6 @@ from specscope.backend.engine.runtime import Runtime
 from specscope.backend.engine.scores import Scores
 from specscope.backend.engine.spec_counts import DraftStep
 from specscope.backend.engine.verify_length import VERIFY_PARAM, best_prefix, draft_plan
-from specscope.backend.model.transformer import interleaved_mask
 from specscope.backend.tracing import RoundEvent
 
 
@@ -56,6 +57,19 @@ def interleaved(drafts: list[int], k: int, mask_id: int) -> tuple[list[int], lis
     return ids, offsets
 
 
+def interleaved_mask(groups: int, k: int, prefix: int) -> Tensor:
+    """[1, 1, Q, P+Q] attention mask over [prefix ‖ chunk] of quadratic decoding's interleaved layout
+    [d0, M×k, d1, M×k, …]: the d's form a causal chain, each group of k masks sees d_0..d_j and its own earlier
+    masks."""
+    q = groups * (k + 1)
+    u = torch.arange(q)
+    group, first = u // (k + 1), u % (k + 1) == 0
+    chain = first[None, :] & (group[None, :] <= group[:, None])            # d_0..d_g, every row
+    own = ~first[:, None] & (group[None, :] == group[:, None]) & (u[None, :] <= u[:, None])
+    chunk = chain | own
+    return torch.cat([torch.ones(q, prefix, dtype=torch.bool), chunk], dim=1)[None, None]
+
+
 @register
 class Quadratic(Mode):
     name = "quadratic"
@@ -65,7 +79,10 @@ class Quadratic(Mode):
                "see exactly d0..d_j. Accepted = the specs the causal rows confirm, then the correction (bonus); "
                "the accepted group's masks become the next k specs (drafts). Cells are in input order; the small "
                "number under a cell is its position. Masks and rejected specs have their KV freed.")
+    color = "#0891b2"
     lossless_vs = "ar"
+    picked = {"race": 1}
+    draft_param = "k"
     drafter = ("accept_len_mean", 1.3)
     drafter_params = {"verify": "fixed"}
     heldout_layout = "causal"
@@ -75,15 +92,15 @@ class Quadratic(Mode):
     def extra_positions(self, params: dict) -> int:
         return (params["k"] + 1) ** 2
 
-    def tier_rows(self, params: dict) -> int:
-        return (params["k"] + 1) ** 2 - 1
+    def draft_rows(self, length: int) -> int:
+        return (length + 1) ** 2 - 1     # (k+1)² rows
 
     def start(self, req: Request, rt: Runtime) -> QuadraticState:
         return QuadraticState()
 
     def round(self, req: Request, rt: Runtime) -> Round:
         st: QuadraticState = req.state
-        k, start = quadratic_k(req.params["k"], req.draft_rows), req.cached
+        k, start = self.draft_length(req.params["k"], req.draft_rows), req.cached
         if k is None or len(st.specs) > k:   # the tier lowered k: the longer specs are dropped
             st.specs, st.probs, st.seeded_by = [], [], None
         if k is None:

@@ -17,6 +17,7 @@ from typing import Any
 from specscope.backend.engine.ask import BranchAsk
 from specscope.backend.engine.draft_graph import State
 from specscope.backend.engine.modes import register
+from specscope.backend.engine.modes.base import Column
 from specscope.backend.engine.modes.spiffy import BatchVerify, DenseVerify, Spiffy
 from specscope.backend.engine.params import Param
 from specscope.backend.engine.request import Request
@@ -82,8 +83,11 @@ class SpecFold(Spiffy):
     explain = ("spiffy whose verify forward folds work across branches: per layer and position, a branch whose "
                "input is within δ of its parent's reuses the parent's Q/K/V and FFN output. Fold ratio = share "
                "of draft rows not recomputed (QKV and FFN).")
+    color = "#8b5cf6"
     lossless_vs = "spiffy"
     lossless_params = {"delta": 0.0, "ffn_gate": "strict"}
+    columns = (Column("fold_ratio", "fold ratio", "share of the draft rows of a verify forward that folding did not "
+                                                  "recompute (QKV and FFN, averaged)", "%"),)
     drafter = ("fold_ratio", 0.3)
     verify_matmul = "float32"    # the folded verify's ops (backend/forward/folded.py) are float32 only
     params = Spiffy.params + (

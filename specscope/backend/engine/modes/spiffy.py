@@ -188,6 +188,7 @@ class Spiffy(BlockMode):
     explain = ("Block diffusion with drafted future states: a verify forward denoises the main state and every "
                "drafted branch at once; when the next main state equals a drafted branch it is a cache hit and "
                "that round costs no forward (forwards saved). Accepted = unmasked this round.")
+    color = "#10b981"
     lossless_vs = "block_diffusion"
     drafter = ("forwards_saved", 0.25)
     params = BLOCK_PARAMS + (Param("branches", int, 7, 1, 16, "draft branches per verify (graph nodes used)"),)
