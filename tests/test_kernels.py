@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specscope.backend.model.transformer import rope_cos_sin
-from specscope.kernels import attention, ffn, gate, qkv, sources
+from specscope.kernels import attention, ffn, gate, invariant, qkv, sources
 
 CHAIN = [-1, 0, 1, 2]            # depth-3 fold chain
 TREE = [-1, 0, 0, 1, 1, 2, 3, 4]  # 8 branches
@@ -246,5 +246,47 @@ def test_every_kernel_compiles_for_an_h200_without_one(tmp_path):
                          text=True, env=env, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 12 and all(line.startswith("ok ") for line in lines), out.stdout
+    assert len(lines) == 14 and all(line.startswith("ok ") for line in lines), out.stdout
     assert all("spill stores 0 B" in line for line in lines), out.stdout
+
+
+@pytest.mark.parametrize("op", ["torch", "torch-input-major", "triton"])
+def test_a_batch_invariant_linear_gives_a_row_alone_what_it_gives_among_others(op):
+    """kernels/invariant.py's linear: a row alone, and the same row at every position among 2 to 16 random rows
+    (across the twin's tiles; the kernel's blocks), bitwise the same."""
+    g = torch.Generator().manual_seed(len(op))
+    k, n = (72, 40) if op == "triton" else (256, 768)     # the kernel's K and N tails masked
+    w = torch.randn(n, k, generator=g) * 0.05
+    if op == "torch-input-major":
+        w = w.t().contiguous().t()   # Transformer.store_weights_input_major's layout
+    linear = invariant.linear_triton if op == "triton" else invariant.linear_torch
+    row = torch.randn(1, k, generator=g)
+    alone = linear(row, w)[0]
+    torch.testing.assert_close(alone, (row @ w.t())[0], atol=1e-5, rtol=1e-5)
+    for m in (2, 7, 16) if op == "triton" else range(2, 17):     # the interpreter runs a program at a time
+        others = torch.randn(m, k, generator=g)
+        for at in range(m):
+            x = others.clone()
+            x[at] = row[0]
+            assert torch.equal(linear(x, w)[at], alone), (m, at)
+
+
+@pytest.mark.parametrize("width", [768, 256, 100])
+def test_row_wise_ops_give_a_row_alone_what_they_give_among_others(width):
+    """kernels/invariant.py's by_rows (a norm, SiLU): a row in a tile of its own, and at every position among
+    others in several tiles, bitwise the same; a width no multiple of the vector step goes a row per call (a plain
+    SiLU rounds a row's scalar tail otherwise than its vector body)."""
+    from specscope.backend.model.transformer import RMSNorm
+    g = torch.Generator().manual_seed(width)
+    norm = RMSNorm(width, 1e-6)
+    norm.weight.data = torch.randn(width, generator=g)
+    tile = invariant.ROW_TILE
+    row = torch.randn(width, generator=g) * 4
+    for op in (invariant.silu, lambda x: invariant.by_rows(norm, x)):
+        alone = op(torch.cat([row[None], torch.zeros(tile - 1, width)]))[0]
+        for at in range(0, 3 * tile, 5):
+            x = torch.randn(3 * tile, width, generator=g) * 4
+            x[at] = row
+            assert torch.equal(op(x)[at], alone), at
+    with pytest.raises(ValueError, match="multiple"):
+        invariant.by_rows(norm, torch.zeros(tile + 1, 768))

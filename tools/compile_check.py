@@ -26,7 +26,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 
-from specscope.kernels import attention, ffn, gate, isd_verify, qkv, rmsnorm, sources  # noqa: E402
+from specscope.kernels import attention, ffn, gate, invariant, isd_verify, qkv, rmsnorm, sources  # noqa: E402
 
 H16, I32, F32 = "*fp16", "*i32", "*fp32"
 ALIGNED = {"h_ptr", "x_ptr", "w_ptr", "q_ptr", "k_ptr", "v_ptr", "kc_ptr", "vc_ptr", "o_ptr", "po_ptr", "wg_ptr",
@@ -69,6 +69,10 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                                                           D="i32"), dict(BLOCK_R=16, BLOCK_D=128)),
         ("isd_verify_greedy", isd_verify._isd_verify_kernel, isd_args, dict(GREEDY=True, BLOCK_V=1024)),
         ("isd_verify_sampling", isd_verify._isd_verify_kernel, isd_args, dict(GREEDY=False, BLOCK_V=1024)),
+        *((f"invariant_linear_{name}", invariant._linear_kernel,
+           dict(x_ptr=t, w_ptr=t, out_ptr=t, M="i32", N="i32", K="i32", stride_xm="i32", stride_wn="i32",
+                stride_wk="i32", stride_om="i32"), dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32))
+          for name, t in (("fp16", H16), ("fp32", F32))),
     ]
 
 

@@ -56,8 +56,8 @@ class Engine:
 
     def __init__(self, loaded: LoadedModel | None = None, num_slots: int = 16384,
                  tiers: Tiers | None = None, check_invariants: bool = False, matmul: str = "float32",
-                 draft_tiers: DraftTiers | None = None, cost_curve: CostCurve = FLAT):
-        self.rt = Runtime(loaded or load_checkpoint(), num_slots, matmul)
+                 draft_tiers: DraftTiers | None = None, cost_curve: CostCurve = FLAT, forward: str = "auto"):
+        self.rt = Runtime(loaded or load_checkpoint(), num_slots, matmul, forward)
         self.scheduler = Scheduler(self.rt, tiers, check_invariants, draft_tiers=draft_tiers)
         self.pieces = PieceTable(self.rt.tokenizer)
         """Each prompt id's own text, for run_start."""
@@ -126,7 +126,7 @@ class Engine:
             tiers = self.scheduler.tiers if "block_size" in checked and tiered else []
             tracer.emit("run_start", {"mode": mode, "params": checked, "model": self.model_name,
                                       "model_hash": self.rt.loaded.weights_hash,
-                                      "matmul": run_matmul(self.rt.matmul, m),
+                                      "matmul": run_matmul(self.rt.matmul, m), "forward": self.rt.backend_name,
                                       "block_size_tiers": [list(t) for t in tiers],
                                       "draft_tiers": [list(t) for t in self.scheduler.draft_tiers if tiered],
                                       "cost_curve": self.cost_curve.to_json(),

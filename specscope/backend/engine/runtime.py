@@ -18,8 +18,10 @@ from specscope.backend.engine.kv import KVPool
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.sampling import alternatives
 from specscope.backend.engine.scores import Scores
+from specscope.backend.forward.choice import forward_backend
 from specscope.backend.forward.folded import folded_backend
-from specscope.backend.forward.fused_step import FusedDecode, fused_decode
+from specscope.backend.forward.fused_step import FusedDecode
+from specscope.backend.forward.invariant import InvariantForward
 from specscope.backend.forward.plan import Eager, Fold, FoldCounts, ForwardBackend, ForwardPlan, ForwardResult
 from specscope.backend.model.checkpoint import LoadedModel
 from specscope.backend.model.transformer import KVContext
@@ -53,7 +55,7 @@ def shifted(rows: Tensor) -> Tensor:
 
 
 class Runtime:
-    def __init__(self, loaded: LoadedModel, num_slots: int, matmul: str = "float32"):
+    def __init__(self, loaded: LoadedModel, num_slots: int, matmul: str = "float32", forward: str = "auto"):
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -66,10 +68,12 @@ class Runtime:
             self.model.store_weights_input_major()   # the eager backend's layout: x @ W for CPU matmuls
         self.pool = KVPool(self.model.cfg, num_slots, param.dtype, param.device)
         self.eager = Eager(self.model)
-        fused = fused_decode(self.model, self.pool.memory, self.eager, matmul)
-        self.backend: ForwardBackend = fused or self.eager
-        """Every plan but a fold: the fused CPU step (float32 models on the CPU, its matmuls in `matmul`
-        precision; what it cannot take runs on self.eager), else the eager backend."""
+        self.backend_name, self.backend = forward_backend(self.model, self.pool.memory, self.eager, matmul, forward)
+        """Every plan but a fold, by `forward` (forward.choice.FORWARDS): the fused CPU step ("fused": float32
+        models on the CPU, its matmuls in `matmul` precision; what it cannot take runs on self.eager) or the
+        batch-invariant torch forward ("torch", any device; auto's choice where the fused step does not apply).
+        Runs record which (run_start's `forward`), as their tokens depend on it."""
+        fused = self.backend if isinstance(self.backend, FusedDecode) else None
         self.matmul = fused.matmul if fused else EAGER_MATMUL.get(param.dtype, str(param.dtype))
         """The precision of the forwards' matmuls: the fused step's ("float32" or "bf16", `matmul` resolved), else
         the weights' dtype. Runs record it (run_start), as their tokens depend on it."""
@@ -163,10 +167,13 @@ class Runtime:
         return packed if packed is not None else [self.answer([a])[0] for a in asks]
 
     def group_limit(self, ask: Ask) -> int:
-        """How many asks of this one's key may share a forward: as many as keep it on the fused CPU step, whose
-        rows never depend on the rows beside them (the same plan alone would run there too); 1 on any other
+        """How many asks of this one's key may share a forward: on the torch forward any number (it takes every
+        plan, and its rows never depend on the rows beside them); on the fused CPU step as many as keep the forward
+        there (the same plan alone would run there too), or 1 where the ask's plan would fall back to the eager
         backend, whose numbers may depend on the batch."""
         fused = self.backend
+        if isinstance(fused, InvariantForward):
+            return MAX_SHARED
         if not isinstance(fused, FusedDecode):
             return 1
         adapter = self.adapter(torch.tensor([ask.ids]), ask.lora)
@@ -266,9 +273,9 @@ class Runtime:
 
     def score_ragged(self, asks: Sequence[Ask]) -> list[Scores] | None:
         """One forward of several requests' row groups of any lengths, positions and attention (causal ones write
-        their K/V; bidirectional blocks may or may not), packed flat on the fused step; None where it cannot take
-        them all."""
-        if not isinstance(self.backend, FusedDecode):
+        their K/V; bidirectional blocks may or may not), packed flat on the fused step or the torch forward; None
+        where the fused step cannot take them all."""
+        if not isinstance(self.backend, (FusedDecode, InvariantForward)):
             return None
         t0 = time.perf_counter()
         planned = [self.plan(torch.tensor([a.ids]), [a.start], a.attn,
