@@ -86,11 +86,12 @@ def test_rows_appear_as_each_run_ends_and_the_view_says_why_two_runs_diverged(br
     page.fill("#cmp-prompt textarea", PROMPT)
     set_number(page, "#cmp-max-new", 24)
     page.evaluate("""() => { window.__rows = []; new MutationObserver(() => {
-        const rows = document.querySelectorAll('#cmp-table tbody tr').length;
+        const rows = document.querySelectorAll('#cmp-table .ss-scroll:not(#cmp-speedup) tbody tr').length;
         window.__rows.push([rows, document.querySelector('#cmp-status').innerText]);
       }).observe(document.querySelector('#cmp-table'), {childList: true, subtree: true}); }""")
     page.click("#cmp-run")
-    page.wait_for_function("() => document.querySelectorAll('#cmp-table tbody tr').length === 3 && "
+    page.wait_for_function("() => document.querySelectorAll('#cmp-table .ss-scroll:not(#cmp-speedup) tbody tr')"
+                           ".length === 3 && "
                            "!/running|queued/.test(document.querySelector('#cmp-status').innerText)",
                            timeout=120_000)
     seen = page.evaluate("() => window.__rows")

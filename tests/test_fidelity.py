@@ -3,15 +3,16 @@ block confidence, I-DLM's αq > 0 rule and argmax drafts."""
 import pytest
 import torch
 
-from specscope.backend.engine.blocks import guesses
-from specscope.backend.engine.modes import mode_names
+from specscope.backend.engine.blocks import BlockMode, guesses
+from specscope.backend.engine.modes import REGISTRY, mode_names
 from specscope.backend.engine.modes.isd import ISD, ISDState
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.scores import Scores
 from specscope.backend.tracing import RecordingTracer
 from specscope.kernels.isd_verify import isd_verify_torch
 
-BLOCK_MODES = ["block_diffusion", "spiffy", "specfold"]
+BLOCK_MODES = [m for m in mode_names() if issubclass(REGISTRY[m], BlockMode)]
+"""Every mode of the block loop (backend/engine/blocks.py), as the registry has them."""
 
 
 def traced(engine, prompt, mode, params):

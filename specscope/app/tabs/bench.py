@@ -157,9 +157,13 @@ def build_bench(backend: Backend, tab: gr.Tab) -> None:
         return gr.Dropdown(choices=names, value=book.pick("bench", names),
                            label=f"run it here: {book.baseline or 'the exact mode'} against")
 
-    def measure(name: str, request: gr.Request) -> str:
+    def measure(name: str | None, request: gr.Request) -> str:
         client = backend.client(request)
         try:
+            book = backend.modes(client)
+            name = name or book.pick("bench", book.rivals())   # clicked before the tab's list arrived
+            if not name:
+                return warning_html("The served model runs no mode beside the exact one.")
             return here_html(client.bench_here(name), client.bench().get("modes"))
         except (BackendUnavailable, BackendError) as exc:
             return warning_html(exc)

@@ -105,7 +105,8 @@ def build_race(backend: Backend) -> RaceTab:
 
     async def race(text: str, a: str, b: str, limit: float | None, tiered: bool,
                    request: gr.Request) -> AsyncIterator[Any]:
-        why = "Type a message first." if not text.strip() else too_long(text)
+        why = "Type a message first." if not text.strip() else too_long(text) or \
+            (None if a and b else "Pick the two modes first (the list is still loading).")
         if why:
             yield f'<div class="ss-empty">{html.escape(why)}</div>', gr.skip(), gr.skip()
             return
