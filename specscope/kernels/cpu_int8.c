@@ -52,7 +52,7 @@ static inline const int8_t *codes_of(const rows_i8 *x, int m, int p) {
    in any order, the rest is per value. */
 static void quantize_block(const float *x, float largest, int8_t *high, int8_t *low, float *d, int32_t *sum) {
     float top = 0.0f;
-    for (int j = 0; j < 32; j++) top = fmaxf(top, fabsf(x[j]));
+    for (int j = 0; j < 32; j++) top = fabsf(x[j]) > top ? fabsf(x[j]) : top;   /* no libm call, as fmaxf is */
     float inv = top > 0.0f ? largest / top : 0.0f;
     int total = 0;
     for (int j = 0; j < 32; j++) {
@@ -67,25 +67,34 @@ static void quantize_block(const float *x, float largest, int8_t *high, int8_t *
     *sum = total;
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void quantize_block_512(const float *x, int8_t *q, float *d,
+/* quantize_block in AVX-512, the same numbers: each value's code by the same float operations (rounding to
+   nearest even, the 16-bit code's high plane as round(c / 254) and its low one c - 254 * high, exact). */
+__attribute__((target("avx512f,avx512bw"))) static void quantize_block_512(const float *x, float largest,
+                                                                          int8_t *high, int8_t *low, float *d,
                                                                           int32_t *sum) {
     __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
     float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    __m512 inv = _mm512_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+    __m512 inv = _mm512_set1_ps(top > 0.0f ? largest / top : 0.0f);
+    __m512 most = _mm512_set1_ps(largest), least = _mm512_set1_ps(-largest), base = _mm512_set1_ps(254.0f);
     const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    __m512i ca = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(a, inv), round));
-    __m512i cb = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(b, inv), round));
-    __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-    ca = _mm512_min_epi32(_mm512_max_epi32(ca, lo), hi);
-    cb = _mm512_min_epi32(_mm512_max_epi32(cb, lo), hi);
-    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(ca));
-    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(cb));
-    *d = top / 127.0f;
-    *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ca, cb));
+    __m512 c[2] = {_mm512_roundscale_ps(_mm512_mul_ps(a, inv), round),
+                   _mm512_roundscale_ps(_mm512_mul_ps(b, inv), round)};
+    __m512i total = _mm512_setzero_si512();
+    for (int i = 0; i < 2; i++) {
+        c[i] = _mm512_min_ps(_mm512_max_ps(c[i], least), most);
+        total = _mm512_add_epi32(total, _mm512_cvtps_epi32(c[i]));
+        __m512 h = low ? _mm512_roundscale_ps(_mm512_div_ps(c[i], base), round) : c[i];
+        _mm_storeu_si128((__m128i *)(high + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(h)));
+        if (low)
+            _mm_storeu_si128((__m128i *)(low + 16 * i),
+                             _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_sub_ps(c[i], _mm512_mul_ps(base, h)))));
+    }
+    *d = top / largest;
+    *sum = _mm512_reduce_add_epi32(total);
 }
 
 /* A linear's input rows as blocks of int8 codes in `planes` planes (1: int8 rows; 2: int16 rows), each block by
-   quantize_block (or, for int8 rows, its AVX-512 twin). */
+   quantize_block (or its AVX-512 twin). */
 static rows_i8 quantize(int isa, int planes, const float *x, int64_t ldx, int rows, int in, void *scratch) {
     int nb = in / 32;
     int8_t *q = scratch;
@@ -98,12 +107,12 @@ static rows_i8 quantize(int isa, int planes, const float *x, int64_t ldx, int ro
             int at = m * nb + b;
             const float *xb = x + m * ldx + b * 32;
             int8_t *high = q + ((int64_t)m * planes) * in + b * 32;
-            if (planes == 2)
-                quantize_block(xb, 32258.0f, high, high + in, d + at, sum + at);
-            else if (isa == I8_AVX512_VNNI)
-                quantize_block_512(xb, high, d + at, sum + at);
+            float largest = planes == 2 ? 32258.0f : 127.0f;
+            int8_t *low = planes == 2 ? high + in : NULL;
+            if (isa == I8_AVX512_VNNI)
+                quantize_block_512(xb, largest, high, low, d + at, sum + at);
             else
-                quantize_block(xb, 127.0f, high, NULL, d + at, sum + at);
+                quantize_block(xb, largest, high, low, d + at, sum + at);
             ds[at] = d[at] * (float)sum[at];
         }
     return out;
