@@ -1,11 +1,13 @@
 """Every mode's rounds share forwards with whatever else runs, and sharing changes no run: N = 1, 4 and 16
 concurrent requests of every registered mode, with their default and other parameters, each give the tokens, NFE
 and rounds it gives alone; speculative rounds really share (`batch_requests` > 1 in their phases); no KV slot is
-left held. On the tiny model, and on SmolLM2 with its adapter (its shipped draft graph covers spiffy and
-specfold)."""
+left held. On both forward backends (`--forward fused`, the C step, and `--forward torch`, the batch-invariant
+torch forward a GPU runs), on the tiny model, and on SmolLM2 with its adapter (its shipped draft graph covers
+spiffy and specfold)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import pytest
 
@@ -13,6 +15,22 @@ from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.modes import get_mode, mode_names
 from specscope.backend.tracing import RecordingTracer
 from specscope.kernels.native import library
+
+FORWARDS = ("fused", "torch")
+
+
+@pytest.fixture(scope="module")
+def _torch_engine(loaded) -> Engine:
+    return Engine(loaded, num_slots=4096, check_invariants=True, forward="torch")
+
+
+@pytest.fixture(params=FORWARDS)
+def forward_engine(request, shared_engine, _torch_engine) -> Iterator[Engine]:
+    """The tiny model's engine on each forward backend (each module-wide; each test leaves it as it found it)."""
+    engine = shared_engine if request.param == "fused" else _torch_engine
+    assert engine.rt.backend_name == request.param
+    yield engine
+    assert engine.rt.pool.used == 0 and not engine.scheduler.has_work
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +84,8 @@ def check_sharing(engine: Engine, requests: list[tuple[str, str, dict]]) -> list
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 4, 16])
-def test_concurrent_mixed_modes_run_as_they_do_alone_and_share_forwards(shared_engine, heldout_prompts, n):
-    shared = check_sharing(shared_engine, mix(n, heldout_prompts, 20))
+def test_concurrent_mixed_modes_run_as_they_do_alone_and_share_forwards(forward_engine, heldout_prompts, n):
+    shared = check_sharing(forward_engine, mix(n, heldout_prompts, 20))
     if n == 1:
         assert shared == []
         return
@@ -97,11 +115,12 @@ def test_concurrent_mixed_modes_in_integer_matmuls_run_as_they_do_alone(integer_
     assert (n == 1) == (shared == [])
 
 
-def test_the_phases_of_one_forward_share_its_id_and_its_counts(shared_engine, heldout_prompts):
+def test_the_phases_of_one_forward_share_its_id_and_its_counts(forward_engine, heldout_prompts):
     """A forward that served several requests is one forward in every one of their traces."""
     requests = [(heldout_prompts[i], "isd", {"max_new_tokens": 8}) for i in range(3)]
     tracers = [RecordingTracer() for _ in requests]
-    shared_engine.run([shared_engine.new_request(p, m, q, t) for (p, m, q), t in zip(requests, tracers, strict=True)])
+    forward_engine.run([forward_engine.new_request(p, m, q, t)
+                        for (p, m, q), t in zip(requests, tracers, strict=True)])
     by_forward: dict[int, list[dict]] = {}
     for t in tracers:
         for e in t.events:
@@ -114,14 +133,14 @@ def test_the_phases_of_one_forward_share_its_id_and_its_counts(shared_engine, he
         assert phases[0]["batch_rows"] == sum(p["n_query"] for p in phases)
 
 
-def test_causal_rows_and_blocks_of_other_widths_share_one_forward(shared_engine, heldout_prompts):
+def test_causal_rows_and_blocks_of_other_widths_share_one_forward(forward_engine, heldout_prompts):
     """Attention switches inside a forward: ar's causal decode row and block_diffusion's bidirectional blocks of
     two widths run in one forward, and each run's tokens, NFE and rounds are those it gives alone."""
     requests = [(heldout_prompts[0], "ar", {"max_new_tokens": 12}),
                 (heldout_prompts[1], "block_diffusion", {"max_new_tokens": 12, "block_size": 4}),
                 (heldout_prompts[2], "block_diffusion", {"max_new_tokens": 12, "block_size": 8})]
     by_forward: dict[int, list[dict]] = {}
-    for p in check_sharing(shared_engine, requests):
+    for p in check_sharing(forward_engine, requests):
         by_forward.setdefault(p["forward_id"], []).append(p)
     mixed = [ps for ps in by_forward.values() if {p["attn"] for p in ps} == {"causal", "block"}]
     widths = [ps for ps in by_forward.values() if len({p["n_query"] for p in ps if p["attn"] == "block"}) == 2]

@@ -16,11 +16,12 @@ def test_identical_outputs_hold_and_a_difference_is_placed() -> None:
 
 
 def test_every_reason_to_withhold_a_verdict_is_named() -> None:
-    ref = Outcome("ar", [1, 2], GREEDY, weights="sha:a", matmul="float32", prompt_ids=[5])
+    ref = Outcome("ar", [1, 2], GREEDY, weights="sha:a", matmul="float32", prompt_ids=[5], forward="fused")
     cases = {
         "T=0.8": Outcome("isd", [1, 2], {**GREEDY, "temperature": 0.8}, weights="sha:a", prompt_ids=[5]),
         "different model": Outcome("isd", [1, 2], GREEDY, weights="sha:b"),
         "float32 matmuls, not bf16": Outcome("isd", [1, 2], GREEDY, matmul="bf16"),
+        "the fused forward, not torch": Outcome("isd", [1, 2], GREEDY, forward="torch"),
         "another prompt": Outcome("isd", [1, 2], GREEDY, prompt_ids=[6]),
         "another max_new_tokens": Outcome("isd", [1, 2], {"max_new_tokens": 8}),
         "the run cancelled": Outcome("isd", [1, 2], GREEDY, status="cancelled"),

@@ -397,7 +397,7 @@ def badge(css: str, text: str) -> str:
 def outcome(run: RunTrace) -> Outcome:
     """What the lossless verdict reads of a run (its weights: the hash where recorded, else the model's name)."""
     return Outcome(run.mode, run.output_ids, run.params, run.status, run.model_hash or run.model, run.matmul,
-                   run.prompt_ids)
+                   run.prompt_ids, run.forward or None)
 
 
 Verdict = tuple[str, str]

@@ -45,6 +45,7 @@ class RunTrace:
     tiers: list[list[int]] = field(default_factory=list)    # block_size_tiers in force: [max_running, size]
     model_hash: str = ""
     matmul: str = ""    # the precision of its forwards' matmuls ("" for runs that did not record it)
+    forward: str = ""   # the forward backend that ran it, fused or torch ("" for runs that did not record it)
     cost_curve: dict[str, Any] | None = None   # what a forward cost by its rows on the engine that ran it
     rounds: list[Event] = field(default_factory=list)
     end: Event | None = None
@@ -78,6 +79,7 @@ class RunTrace:
             self.tiers = list(event.get("block_size_tiers") or [])
             self.model_hash = event.get("model_hash") or ""
             self.matmul = event.get("matmul") or ""
+            self.forward = event.get("forward") or ""
             self.cost_curve = event.get("cost_curve")
         elif kind == "round":
             self.rounds.append(event)

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from specscope.backend.bench_cells import model_pick, same_as_reference
 from specscope.backend.cli.common import with_cost_curve
-from specscope.backend.cli.options import add_cost_curve_arg
+from specscope.backend.cli.options import add_cost_curve_arg, add_forward_arg
 from specscope.backend.engine.answer_fit import answer_fit, summed
 from specscope.backend.engine.draft_tiers import draft_tiers_of
 from specscope.backend.engine.engine import Engine, RunResult
@@ -102,6 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matmul", choices=MATMULS, default="float32",
                    help="the fused CPU step's matmuls: float32, or bf16 on AMX tiles (then `ar` also runs with "
                         "float32 matmuls, as the row 'ar (float32)')")
+    add_forward_arg(p)
     p.add_argument("--no-peer", action="store_true",
                    help="skip the peers (transformers generate; llama.cpp on the GGUF when installed)")
     p.add_argument("--variant", action="append", default=[], metavar="MODE:KEY=VALUE[,KEY=VALUE]",
@@ -519,7 +520,7 @@ def bench(args: argparse.Namespace, runs: list[tuple[str, str, dict[str, Any]]] 
         label: ModeBench(engine, mode, tasks, {**params, **extra}, clock, traced) for label, mode, extra in runs}
     if args.adapter_off and engine.rt.loaded.adapter_scope is not None:
         bare = with_cost_curve(Engine(load_checkpoint(source.folder, dtype, adapter=False, name=source.name),
-                                      num_slots=8192, matmul=args.matmul), args.cost_curve)
+                                      num_slots=8192, matmul=args.matmul, forward=args.forward), args.cost_curve)
         benches.update({f"{label} (adapter off)": ModeBench(bare, mode, tasks, {**params, **extra}, clock, traced)
                         for label, mode, extra in runs[:len(modes)] if get_mode(mode).needs_mask})
     if args.matmul != "float32" and baseline() in modes:
@@ -550,7 +551,8 @@ def bench(args: argparse.Namespace, runs: list[tuple[str, str, dict[str, Any]]] 
     meta = {**provenance(), "prompts": len(tasks), "prompt_kind": prompt_kind, "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats,
             "model": engine.model_name, "adapter_scope": engine.rt.loaded.adapter_scope,
-            "threads": torch.get_num_threads(), "clock": args.clock, "dtype": args.dtype, "matmul": args.matmul}
+            "threads": torch.get_num_threads(), "clock": args.clock, "dtype": args.dtype, "matmul": args.matmul,
+            "forward": engine.rt.backend_name}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps({"meta": meta, "modes": rows, "peer": peer, "llama_cpp": llama,
@@ -563,11 +565,12 @@ def bench(args: argparse.Namespace, runs: list[tuple[str, str, dict[str, Any]]] 
 
 def bench_engine(args: argparse.Namespace, source: ModelSource, slots: int) -> Engine:
     """The engine the bench options name: the model in --dtype, its adapter (or --adapter, or none), --matmul,
-    pricing rows with the curve --cost-curve names (this machine's, loaded or measured: `with_cost_curve`)."""
+    --forward, pricing rows with the curve --cost-curve names (this machine's, loaded or measured:
+    `with_cost_curve`)."""
     adapter = False if args.adapter == "none" else args.adapter or source.adapter
     return with_cost_curve(Engine(load_checkpoint(source.folder, DTYPES[args.dtype], adapter=adapter,
                                                   adapter_scope=args.adapter_scope, name=source.name),
-                                  num_slots=slots, matmul=args.matmul), args.cost_curve)
+                                  num_slots=slots, matmul=args.matmul, forward=args.forward), args.cost_curve)
 
 
 def load_modes() -> list[str]:
@@ -587,7 +590,7 @@ def bench_concurrency(args: argparse.Namespace) -> dict[str, Any]:
     levels = [int(n) for n in args.concurrency.split(",")]
     tasks, _ = bench_prompts(source.folder, args)
     table = load_table(engine, modes, levels, [t.prompt for t in tasks], args.max_new_tokens, args.repeats)
-    meta = {**provenance(), "model": engine.model_name, "matmul": engine.rt.matmul,
+    meta = {**provenance(), "model": engine.model_name, "matmul": engine.rt.matmul, "forward": engine.rt.backend_name,
             "draft_tiers": [list(tier) for tier in engine.scheduler.draft_tiers],
             "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "threads": torch.get_num_threads()}
     out = Path(args.out)

@@ -86,7 +86,8 @@ def build_engine(args: argparse.Namespace) -> Engine:
         torch.set_num_threads(args.threads)
     tiers = parse_tiers(args.block_size_tiers) if args.block_size_tiers else None
     loaded, slots = load_from_args(args, at_most_per_sequence=MAX_RUNNING)
-    engine = with_cost_curve(Engine(loaded, num_slots=slots, tiers=tiers, matmul=args.matmul),
+    engine = with_cost_curve(Engine(loaded, num_slots=slots, tiers=tiers, matmul=args.matmul,
+                                    forward=getattr(args, "forward", "auto")),
                              getattr(args, "cost_curve", "machine"))
     engine.scheduler.draft_tiers = draft_tiers_of(args.draft_tiers, engine.cost_curve)
     return engine
@@ -115,11 +116,12 @@ def with_cost_curve(engine: Engine, spec: str = "machine") -> Engine:
 
 def load_engine(args: argparse.Namespace) -> Engine:
     """build_engine, its errors as CLIError."""
+    from specscope.backend.forward.choice import ForwardUnavailable
     from specscope.backend.forward.fused_step import MatmulUnavailable
     from specscope.backend.model.config import CheckpointError
     try:
         return build_engine(args)
-    except (ParamError, CheckpointError, MatmulUnavailable) as e:
+    except (ParamError, CheckpointError, MatmulUnavailable, ForwardUnavailable) as e:
         raise CLIError(str(e)) from None
 
 

@@ -1,5 +1,5 @@
 """The options the commands share: the store (--db), the model (--model, --adapter, --device, --dtype, --slots,
---matmul, --threads, --block-size-tiers) and what they load, and a generation's prompt and parameters."""
+--matmul, --forward, --threads, --block-size-tiers) and what they load, and a generation's prompt and parameters."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +7,7 @@ import argparse
 import torch
 
 from specscope.backend.engine.kv_budget import auto_slots
+from specscope.backend.forward.choice import FORWARDS
 from specscope.backend.forward.fused_step import AUTO, MATMULS
 from specscope.backend.model.checkpoint import DTYPES, LoadedModel, load_checkpoint
 from specscope.backend.model.families import ADAPTER_SCOPES
@@ -35,6 +36,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "auto (the default): bf16 where the CPU has AMX tiles, else int16 on the CPU kinds where it "
                         "was measured faster with the model's answers kept (docs/performance.md), else float32. Runs "
                         "record which they used")
+    add_forward_arg(p)
+
+
+def add_forward_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--forward", choices=FORWARDS, default="auto",
+                   help="what runs the forwards: fused (the C step, float32 models on the CPU; --matmul is its "
+                        "precision) or torch (the batch-invariant torch forward, any device, in the weights' "
+                        "dtype). On either, requests share forwards and a run's tokens are those it gives alone; "
+                        "the two round differently, so runs record which ran them. auto (the default): fused where "
+                        "it takes the model, else torch")
 
 
 def load_from_args(args: argparse.Namespace, at_most_per_sequence: int = 64) -> tuple[LoadedModel, int]:

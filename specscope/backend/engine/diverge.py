@@ -54,18 +54,20 @@ class RunConfig:
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     rounds: tuple[Mapping[str, Any], ...] = ()
+    forward: str | None = None
 
     @classmethod
     def from_events(cls, run_id: str, start: Row, end: Row, rounds: Sequence[Row] = ()) -> RunConfig:
         """From the stored run_start and run_end events and round payloads (a run older than the matmul field
-        counts as float32)."""
+        counts as float32; one older than the forward field ran on an unknown backend)."""
         return cls(run_id, start["mode"], dict(start.get("params") or {}), start.get("model", ""),
                    start.get("model_hash"), start.get("matmul", REFERENCE), end.get("status", "done"),
-                   tuple(start.get("prompt_ids") or ()), tuple(end.get("output_ids") or ()), tuple(rounds))
+                   tuple(start.get("prompt_ids") or ()), tuple(end.get("output_ids") or ()), tuple(rounds),
+                   start.get("forward"))
 
     def outcome(self) -> Outcome:
         return Outcome(self.mode, self.output_ids, self.params, self.status, self.weights, self.matmul,
-                       self.prompt_ids)
+                       self.prompt_ids, self.forward)
 
     @property
     def context(self) -> tuple[int, ...]:

@@ -1,6 +1,7 @@
 """The one verdict on a lossless claim. A mode that declares `lossless_vs` claims that, greedy and at its
 `lossless_params`, its tokens equal its reference mode's. Given a run and a run of that reference, `verdict` says
-whether the claim may be checked at all (both done, the same weights in the same matmul precision, the same prompt
+whether the claim may be checked at all (both done, the same weights in the same matmul precision on the same
+forward backend, the same prompt
 and length limit, both greedy, the run at the claim's parameters) and where their tokens first differ. The bench,
 `specscope compare`, the GPU check, the UI and the tests all ask it."""
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Outcome:
     weights: str | None = None
     matmul: str | None = None
     prompt_ids: Sequence[int] | None = None
+    forward: str | None = None
+    """The forward backend that ran it (run_start's `forward`: fused or torch), whose roundings differ."""
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,14 @@ def temperature(params: Mapping[str, Any]) -> float:
 
 
 def model_difference(run: Outcome, reference: Outcome) -> str | None:
-    """Why two runs could not compute the same numbers (other weights or another matmul precision), or None."""
+    """Why two runs could not compute the same numbers (other weights, another matmul precision or another
+    forward backend), or None."""
     if run.weights and reference.weights and run.weights != reference.weights:
         return "different model"
     if run.matmul and reference.matmul and run.matmul != reference.matmul:
         return f"{reference.matmul} matmuls, not {run.matmul}"
+    if run.forward and reference.forward and run.forward != reference.forward:
+        return f"the {reference.forward} forward, not {run.forward}"
     return None
 
 

@@ -203,6 +203,11 @@ def api_router(store: Store, engine: EngineService, writer: StoreWriter, bench_d
             raise HTTPException(409, f"run {run_id} was made with {made_in} matmuls; this server's are "
                                      f"{served.matmul}, whose ratings of it would differ from its own numbers: "
                                      f"serve it with --matmul {made_in} to rate it")
+        ran_on = ends["run_start"].get("forward", served.forward)   # runs older than the field: as served
+        if ran_on != served.forward:
+            raise HTTPException(409, f"run {run_id} ran on the {ran_on} forward; this server's is {served.forward}, "
+                                     f"whose ratings of it would differ from its own numbers: serve it with "
+                                     f"--forward {ran_on} to rate it")
         try:
             rated = engine.rate(ends["run_start"]["prompt_ids"], ends["run_end"]["output_ids"])
         except ParamError as e:

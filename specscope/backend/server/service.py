@@ -39,6 +39,7 @@ class ServedModel:
     card: Path | None = None      # its model_card.json, if it ships one
     matmul: str = "float32"       # the precision of its forwards' matmuls (Runtime.matmul)
     cost_curve: dict[str, Any] | None = None   # what its forwards cost by their rows here (CostCurve.to_json)
+    forward: str = "fused"        # the forward backend that runs them (Runtime.backend_name: fused or torch)
 
 
 def vocab_pieces(engine: Engine) -> list[str]:
@@ -52,7 +53,7 @@ def served_model(engine: Engine) -> ServedModel:
     loaded = engine.rt.loaded
     return ServedModel(loaded.name, loaded.folder, loaded.family, loaded.weights_hash, vocab_pieces(engine),
                        loaded.mask_token_id is not None, loaded.shipped_file(CARD_FILE), engine.rt.matmul,
-                       engine.rt.cost.to_json())
+                       engine.rt.cost.to_json(), engine.rt.backend_name)
 
 
 @dataclass
