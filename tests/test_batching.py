@@ -90,6 +90,9 @@ def test_concurrent_mixed_modes_run_as_they_do_alone_and_share_forwards(forward_
         assert shared == []
         return
     assert {p["mode"] for p in shared} >= ({"ar", "isd"} if n == 4 else {"ar", "isd", "linear_spec", "quadratic"})
+    if n == 16 and forward_engine.rt.backend_name == "torch":
+        # branched verifies join others' rows too (on the fused step spiffy's 8 branches of 32 rows run alone)
+        assert "spiffy" in {p["mode"] for p in shared}
     for p in shared:
         assert p["batch_rows"] >= p["n_query"] + p["batch_requests"] - 1 and p["forward_id"] > 0
 
@@ -146,6 +149,19 @@ def test_causal_rows_and_blocks_of_other_widths_share_one_forward(forward_engine
     widths = [ps for ps in by_forward.values() if len({p["n_query"] for p in ps if p["attn"] == "block"}) == 2]
     assert mixed and widths, by_forward
     assert all(ps[0]["batch_rows"] == sum(p["n_query"] for p in ps) for ps in mixed + widths)
+
+
+def test_branched_verifies_share_forwards_with_other_rows(forward_engine, heldout_prompts):
+    """spiffy's branched verify (several states of a block over one prefix, a row group each) packs beside other
+    runs' rows and beside another spiffy run's states, on the fused step where its states fit the step (blocks of 8
+    here) as on the torch forward, and every run gives what it gives alone."""
+    requests = [(heldout_prompts[3], "spiffy", {"max_new_tokens": 12, "block_size": 8, "branches": 2}),
+                (heldout_prompts[4], "spiffy", {"max_new_tokens": 12, "block_size": 8, "branches": 1}),
+                (heldout_prompts[5], "isd", {"max_new_tokens": 12})]
+    shared = check_sharing(forward_engine, requests)
+    with_spiffy = {p["forward_id"] for p in shared if p["mode"] == "spiffy" and p["kind"] == "verify"}
+    assert with_spiffy
+    assert {p["mode"] for p in shared if p["forward_id"] in with_spiffy} == {"spiffy", "isd"}
 
 
 @pytest.mark.slow

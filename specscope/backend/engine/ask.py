@@ -53,15 +53,16 @@ class Ask:
 class BranchAsk:
     """A read-only `block` forward of several states of one request's open block (row 0 the main state) over its
     one committed prefix, folded along `fold`'s tree by the named folded backend when given (SpecFold). Answered
-    with each state's Scores (and the fold counts, when folded). Runs as a forward of its own."""
+    with each state's Scores (and the fold counts, when folded). Unfolded, its states pack flat beside other asks'
+    rows (RAGGED), one row group each; folded, it runs as a forward of its own (on the folded backend)."""
     req: Request
     states: Sequence[Sequence[int]]
     start: int
     fold: Fold | None = None
     backend: str | None = None
 
-    def key(self) -> None:
-        return None
+    def key(self) -> tuple[Any, ...] | None:
+        return RAGGED if self.fold is None else None
 
 
 @dataclass

@@ -156,17 +156,17 @@ class Runtime:
     def answer(self, asks: Sequence[Ask | BranchAsk]) -> list[Any]:
         """Run the asks as one forward (several only when they share a key), each answered with its rows."""
         first = asks[0]
-        if isinstance(first, BranchAsk):
+        if len(asks) == 1 and isinstance(first, BranchAsk):
             if first.fold is None:
                 return [self.branches(first.req, first.states, first.start)]
             return [self.folded_branches(first.req, first.states, first.start, first.fold, cast(str, first.backend))]
         if len(asks) == 1:
             return [self.score(first.req, first.ids, first.start, first.attn, kind=first.kind, write=first.write,
                                lora=first.lora, kv_op=first.kv_op, mask=first.mask, offsets=first.offsets)]
-        packed = self.score_ragged(cast(Sequence[Ask], asks))   # asks share a key only when it is RAGGED
+        packed = self.score_ragged(asks)   # asks share a key only when it is RAGGED
         return packed if packed is not None else [self.answer([a])[0] for a in asks]
 
-    def group_limit(self, ask: Ask) -> int:
+    def group_limit(self, ask: Ask | BranchAsk) -> int:
         """How many asks of this one's key may share a forward: on the torch forward any number (it takes every
         plan, and its rows never depend on the rows beside them); on the fused CPU step as many as keep the forward
         there (the same plan alone would run there too), or 1 where the ask's plan would fall back to the eager
@@ -176,11 +176,14 @@ class Runtime:
             return MAX_SHARED
         if not isinstance(fused, FusedDecode):
             return 1
-        adapter = self.adapter(torch.tensor([ask.ids]), ask.lora)
-        if fused.adapter_rows(adapter, len(ask.ids)) is False:
+        if isinstance(ask, BranchAsk):   # R read-only block states over one prefix
+            ids, lora, attn, writes = torch.tensor(ask.states), False, "block", False
+        else:
+            ids, lora, attn, writes = torch.tensor([ask.ids]), ask.lora, ask.attn, ask.write is not None
+        requests, q = ids.shape
+        if fused.adapter_rows(self.adapter(ids, lora), ids.numel()) is False:
             return 1
-        q, writes = len(ask.ids), ask.write is not None
-        if not fused.accepts(q, ask.attn, None, writes, 1, fused.max_chunk):
+        if not fused.accepts(q, attn, None, writes, requests, fused.max_chunk):
             return 1
         return MAX_SHARED
 
@@ -203,10 +206,14 @@ class Runtime:
                        backend: ForwardBackend) -> ForwardResult:
         """The forward under `branches` and `folded_branches`, on the given backend."""
         r = len(states)
+        return self.run([req], torch.tensor(states), [start] * r, "block", self._branch_context(req, r),
+                        kind="verify" if r > 1 else "denoise", fold=fold, backend=backend)
+
+    def _branch_context(self, req: Request, r: int) -> KVContext:
+        """R row groups that all read the request's one committed prefix (read once), read-only."""
         kv = self._context([req], None)
         kv.prefix_slots, kv.shared = kv.prefix_slots.expand(r, -1), True
-        return self.run([req], torch.tensor(states), [start] * r, "block", kv,
-                        kind="verify" if r > 1 else "denoise", fold=fold, backend=backend)
+        return kv
 
     def run(self, owners: list[Request], ids: Tensor, start: Sequence[int], attn: str, kv: KVContext, *,
             kind: str, write: list[list[int]] | None = None, lora: bool = False, kv_op: str = "write",
@@ -271,26 +278,35 @@ class Runtime:
                     if req.tracer.enabled:
                         req.tracer.kv(s.kv_op, slots, row, req.round)
 
-    def score_ragged(self, asks: Sequence[Ask]) -> list[Scores] | None:
+    def score_ragged(self, asks: Sequence[Ask | BranchAsk]) -> list[Scores | list[Scores]] | None:
         """One forward of several requests' row groups of any lengths, positions and attention (causal ones write
-        their K/V; bidirectional blocks may or may not), packed flat on the fused step or the torch forward; None
-        where the fused step cannot take them all."""
+        their K/V; bidirectional blocks may or may not; a branched verify's states, `branches`' rows), packed flat on
+        the fused step or the torch forward; None where the fused step cannot take them all."""
         if not isinstance(self.backend, (FusedDecode, InvariantForward)):
             return None
         t0 = time.perf_counter()
-        planned = [self.plan(torch.tensor([a.ids]), [a.start], a.attn,
-                             self._context([a.req], None if a.write is None else [a.write]), a.lora, a.mask, None,
-                             a.offsets)
-                   for a in asks]
+        served = [self._served(a) for a in asks]
         with torch.inference_mode():
-            raw = self.backend.run_ragged([plan for plan, _ in planned])
+            raw = self.backend.run_ragged([s.plan for s in served])
         if raw is None:
             return None
-        results = [self.aligned(r, a.attn) for r, a in zip(raw, asks, strict=True)]
-        self.account([Served([a.req], a.kind, plan, rows_at, None if a.write is None else [a.write], a.kv_op)
-                      for a, (plan, rows_at) in zip(asks, planned, strict=True)], results, t0)
-        return [Scores(r.logits[0], a.req, self.mask_id, None if r.hidden is None else r.hidden[0])
+        results = [self.aligned(r, s.plan.attn) for r, s in zip(raw, served, strict=True)]
+        self.account(served, results, t0)
+        return [[Scores(row, a.req, self.mask_id) for row in r.logits] if isinstance(a, BranchAsk) else
+                Scores(r.logits[0], a.req, self.mask_id, None if r.hidden is None else r.hidden[0])
                 for r, a in zip(results, asks, strict=True)]
+
+    def _served(self, ask: Ask | BranchAsk) -> Served:
+        """An ask's row group in a packed forward: its plan, as `score` (or `branches`) would run it alone."""
+        if isinstance(ask, BranchAsk):
+            r = len(ask.states)
+            plan, rows_at = self.plan(torch.tensor(ask.states), [ask.start] * r, "block",
+                                      self._branch_context(ask.req, r), False, None, None, None)
+            return Served([ask.req], "verify" if r > 1 else "denoise", plan, rows_at, None, "write")
+        writes = None if ask.write is None else [ask.write]
+        plan, rows_at = self.plan(torch.tensor([ask.ids]), [ask.start], ask.attn, self._context([ask.req], writes),
+                                  ask.lora, ask.mask, None, ask.offsets)
+        return Served([ask.req], ask.kind, plan, rows_at, writes, ask.kv_op)
 
     def score(self, req: Request, ids: list[int], start: int, attn: str, *, kind: str,
               write: list[int] | None = None, lora: bool = False, kv_op: str = "write", mask: Tensor | None = None,

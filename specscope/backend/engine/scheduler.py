@@ -2,11 +2,12 @@
 
 A round is a generator of the forwards it needs (`Ask`, `BranchAsk`). A step advances every running round in waves:
 each wave gathers the forward each round waits on and packs the asks that share a key (`Ask.key`: rows that write
-their K/V causally or under a mask, and bidirectional blocks) flat into one ragged forward, whatever their lengths
-and attention, one row group per request and at most `Runtime.group_limit` groups: as many as keep the forward on
-the fused CPU step, whose rows never depend on their neighbours, and one on any other backend. A `BranchAsk`, or an
-ask without a key, runs alone. Every round then gets its own rows. So requests of any mode and parameters share
-forwards, and none changes another's numbers.
+their K/V causally or under a mask, and bidirectional blocks; `BranchAsk.key`: a branched verify's states, unfolded)
+flat into one ragged forward, whatever their lengths and attention, one row group per request (per state) and at
+most `Runtime.group_limit` asks: any number on the batch-invariant torch forward, as many as keep the forward on the
+fused CPU step (whose rows never depend on their neighbours either), one where a plan would fall back to the eager
+backend. A folded `BranchAsk`, or an ask without a key, runs alone. Every round then gets its own rows. So requests
+of any mode and parameters share forwards, and none changes another's numbers.
 
 A request is admitted when the pool can hold its worst
 case (prompt + max_new_tokens + the mode's extra positions, sized for the largest block-size tier) on top of
@@ -205,7 +206,7 @@ class Scheduler:
         for waits in list(pending.values()):
             ask = waits.ask
             key = ask.key()
-            limit = self.rt.group_limit(ask) if key is not None and isinstance(ask, Ask) else 1
+            limit = self.rt.group_limit(ask) if key is not None else 1
             if limit == 1:
                 alone.append([ask])
             else:
