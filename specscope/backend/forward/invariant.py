@@ -83,6 +83,8 @@ class InvariantForward:
         self.model, self.tile = model, tile or row_tile(weight.device)
         self.head = weight if model.lm_head is None else model.lm_head.weight
         self.rope = PositionTable(model, weight.device)
+        self.has_adapter = model.has_lora
+        """Whether any projection has an adapter (as when built: build anew after attaching one)."""
 
     def run(self, plan: ForwardPlan) -> ForwardResult:
         return self.run_ragged([plan])[0]
@@ -118,7 +120,7 @@ class InvariantForward:
         flags = [torch.full((p.ids.numel(),), p.adapter, dtype=torch.bool, device=p.ids.device)
                  if isinstance(p.adapter, bool) else p.adapter.reshape(-1).to(torch.bool) for p in plans]
         on = torch.cat(flags)
-        if not self.model.has_lora or not bool(on.any()):
+        if not self.has_adapter or not bool(on.any()):
             return None
         return F.pad(on, (0, padded - on.numel()))
 
