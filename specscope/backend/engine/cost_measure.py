@@ -101,7 +101,7 @@ def measure(rt: Runtime, prompt_ids: list[int], repeats: int = 5, rows: tuple[in
 
 def machine_key(rt: Runtime) -> str:
     """What the curve depends on: the CPU (model name and flags), the threads, the device, the weights, the
-    matmul precision, this code's version and the way it is measured."""
+    matmul precision, the forward backend, this code's version and the way it is measured."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         lines = [line for line in open("/proc/cpuinfo").read().splitlines()
@@ -113,7 +113,7 @@ def machine_key(rt: Runtime) -> str:
     except PackageNotFoundError:
         ours = "source"
     parts = [*lines, str(torch.get_num_threads()), str(rt.device), rt.loaded.weights_hash, rt.matmul, ours,
-             f"method {METHOD}"]
+             f"method {METHOD}", rt.backend_name]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
