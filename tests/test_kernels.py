@@ -250,7 +250,7 @@ def test_every_kernel_compiles_for_an_h200_without_one(tmp_path):
     assert all("spill stores 0 B" in line for line in lines), out.stdout
 
 
-@pytest.mark.parametrize("op", ["torch", "torch-input-major", "triton"])
+@pytest.mark.parametrize("op", ["torch", "torch-input-major", pytest.param("triton", marks=pytest.mark.slow)])
 def test_a_batch_invariant_linear_gives_a_row_alone_what_it_gives_among_others(op):
     """kernels/invariant.py's linear: a row alone, and the same row at every position among 2 to 16 random rows
     (across the twin's tiles; the kernel's blocks), bitwise the same."""
