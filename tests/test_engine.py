@@ -9,7 +9,7 @@ from specscope.backend.engine.engine import Engine
 from specscope.backend.engine.modes import mode_names
 from specscope.backend.engine.params import ParamError
 from specscope.backend.engine.scheduler import parse_tiers
-from specscope.backend.tracing import RecordingTracer
+from specscope.backend.tracing import RecordingTracer, unfold
 
 MODES = mode_names()
 
@@ -23,7 +23,9 @@ def test_kv_lifecycle_in_trace_and_pool(shared_engine, heldout_prompts, mode):
         assert res.status == "done" and res.metrics["kv_leaked"] == 0
         held, committed = replay_kv(tracer.events)
         assert not held and not committed
-        assert [e["seq"] for e in tracer.events] == list(range(len(tracer.events)))
+        unfolded = unfold(tracer.events)   # a record's KV operations take the seqs before its own
+        assert [e["seq"] for e in unfolded] == list(range(len(unfolded)))
+        assert all(e["type"] != "kv" for e in tracer.events)   # one record per round: KV operations folded in
         assert tracer.events[0]["type"] == "run_start" and tracer.events[-1]["type"] == "run_end"
         rounds = [e for e in tracer.events if e["type"] == "round"]
         assert sum(len(r["committed"]) for r in rounds) >= len(res.output_ids)
@@ -66,7 +68,7 @@ def test_cancel_between_rounds_frees_the_pool(shared_engine, mode):
         if e["type"] == "round" and e["round"] == 2:
             cancel.set()
     assert events[-1]["type"] == "run_end" and events[-1]["status"] == "cancelled"
-    frees = [e for e in events if e["type"] == "kv" and e["op"] == "free"]
+    frees = [e for e in unfold(events) if e["type"] == "kv" and e["op"] == "free"]
     assert frees and frees[-1]["reason"] == "cancelled"
     assert replay_kv(events) == (set(), [])
     assert shared_engine.rt.pool.used == 0
@@ -87,16 +89,16 @@ def test_a_tracer_that_does_not_keep_hands_on_the_same_events(shared_engine, hel
     loose = RecordingTracer(sink=seen.append, keep=False)
     for tracer in (kept, loose):
         shared_engine.generate(heldout_prompts[0], "ar", {"max_new_tokens": 24}, tracer=tracer)
-    assert loose.events == [] and loose.ended and loose.seq == len(seen)
-    assert [e["seq"] for e in seen] == list(range(len(seen)))
+    assert loose.events == [] and loose.ended and loose.seq == len(unfold(seen))
+    assert [e["seq"] for e in unfold(seen)] == list(range(len(unfold(seen))))
     drop = ("run_id", "t_ms", "phases", "metrics", "slots")   # the pool hands the second run other slots
-    assert [{k: v for k, v in e.items() if k not in drop} for e in seen] == \
-        [{k: v for k, v in e.items() if k not in drop} for e in kept.events]
+    assert [{k: v for k, v in e.items() if k not in drop} for e in unfold(seen)] == \
+        [{k: v for k, v in e.items() if k not in drop} for e in unfold(kept.events)]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_events_held_for_a_whole_run_equal_events_made_at_once(loaded, heldout_prompts, mode):
-    """A recording tracer makes rounds and kv events in batches from what it took when they happened: what it
+    """A recording tracer makes rounds and KV operations in batches from what it took when they happened: what it
     took must not change in between (a mode reusing a list it handed over would show here)."""
     def events(hold_s: float) -> list[dict]:
         tracer = RecordingTracer(hold_s=hold_s)
@@ -104,7 +106,7 @@ def test_events_held_for_a_whole_run_equal_events_made_at_once(loaded, heldout_p
                                                  tracer=tracer)
         return [{k: v for k, v in e.items() if k not in ("run_id", "t_ms", "metrics", "engine")}
                 | {"phases": [{k: v for k, v in p.items() if k != "ms"} for p in e.get("phases", [])]}
-                for e in tracer.events]
+                for e in unfold(tracer.events)]
 
     at_once, held = events(0.0), events(float("inf"))
     assert sum(e["type"] == "round" for e in at_once) > 2

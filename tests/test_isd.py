@@ -5,7 +5,7 @@ import torch
 from specscope.backend.engine.modes.isd import pq_table
 from specscope.backend.engine.request import Request
 from specscope.backend.engine.scores import Scores, verify_specs
-from specscope.backend.tracing import RecordingTracer
+from specscope.backend.tracing import RecordingTracer, kv_events
 
 
 @pytest.mark.parametrize("n", [2, 4, 5])
@@ -15,7 +15,7 @@ def test_trim_counts_follow_the_case_table(engine, heldout_prompts, n):
     for prompt in heldout_prompts[::3]:
         tracer = RecordingTracer()
         engine.generate(prompt, "isd", {"max_new_tokens": 40, "n": n, "verify": "fixed"}, tracer=tracer)
-        kv = [e for e in tracer.events if e["type"] == "kv"]
+        kv = [op for e in tracer.events for op in kv_events(e)]
         for r in (e for e in tracer.events if e["type"] == "round" and e["case"]):
             frees = [e for e in kv if e["op"] == "free" and e["round"] == r["round"]]
             count = {reason: sum(len(e["slots"]) for e in frees if e["reason"] == reason)

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from specscope.app.trace import RunTrace
 from specscope.backend import tracing
 from specscope.backend.engine.cost_curve import FLAT, ROWS
 from specscope.backend.engine.cost_measure import COST_PROMPT, machine_curve
@@ -25,7 +26,7 @@ from specscope.backend.server.logs import redact_tokens
 from specscope.backend.server.outbox import Outbox, SlowClient
 from specscope.backend.server.protocol import MAX_MESSAGE_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from specscope.backend.store import Store, StoreWriter
-from specscope.backend.tracing import RecordingTracer
+from specscope.backend.tracing import RecordingTracer, unfold
 
 pytest_plugins = ["support.postgres"]  # the pg_cluster and store_url fixtures
 PROMPT = "What is 12 + 30?"
@@ -100,9 +101,10 @@ def generate(ws, mode: str = "ar", prompt: str = PROMPT, **params: Any) -> list[
 
 
 def assert_one_dense_run(events: list[Event]) -> None:
+    """One run's records, its KV operations folded in, numbered densely with them."""
     assert events[0]["type"] == "run_start" and events[-1]["type"] == "run_end"
     assert len({e["run_id"] for e in events}) == 1
-    assert [e["seq"] for e in events] == list(range(len(events)))
+    assert [e["seq"] for e in unfold(events)] == list(range(len(unfold(events))))
 
 
 def read_back(client: TestClient, run_id: str) -> Event:
@@ -128,14 +130,14 @@ def test_generate_streams_and_stores_the_same_events(client, store, engine, mode
         events = generate(ws, mode)
     assert_one_dense_run(events)
     types = {e["type"] for e in events}
-    assert {"round", "kv"} <= types
+    assert "round" in types and "kv" not in types and all(e.get("kv") for e in events if e["type"] == "round")
     assert events[-1]["status"] == "done" and events[-1]["metrics"]["kv_leaked"] == 0
     run_id = events[0]["run_id"]
     run = read_back(client, run_id)
     assert store.events(run_id) == events
     assert run["status"] == "done" and run["mode"] == mode and run["prompt"] == PROMPT
-    rounds = client.get(f"/api/runs/{run_id}/rounds").json()
-    assert rounds == [e for e in events if e["type"] == "round"]
+    rounds = client.get(f"/api/runs/{run_id}/rounds").json()   # the rounds less their KV operations
+    assert rounds == [e for e in unfold(events) if e["type"] == "round"]
     assert client.get(f"/api/runs/{run_id}/rounds", params={"start": 1, "stop": 2}).json() == rounds[1:2]
     assert client.get(f"/api/runs/{run_id}/kv").json()
     assert engine.rt.pool.used == 0
@@ -151,9 +153,9 @@ READS_OF_A_RUN = {   # each read of a stored run: what it shows, and what it sho
     "list": (lambda c, run_id: [r["status"] for r in c.get("/api/runs").json() if r["run_id"] == run_id],
              lambda events: ["done"]),
     "rounds": (lambda c, run_id: c.get(f"/api/runs/{run_id}/rounds").json(),
-               lambda events: [e for e in events if e["type"] == "round"]),
+               lambda events: [e for e in unfold(events) if e["type"] == "round"]),
     "kv": (lambda c, run_id: len(c.get(f"/api/runs/{run_id}/kv").json()),
-           lambda events: sum(len(e["slots"]) for e in events if e["type"] == "kv" and e["op"] == "alloc")),
+           lambda events: sum(len(e["slots"]) for e in unfold(events) if e["type"] == "kv" and e["op"] == "alloc")),
     "export": (lambda c, run_id: c.get(f"/api/runs/{run_id}/export").json()["events"], lambda events: events),
     "replay": (replayed, lambda events: events),
 }
@@ -170,6 +172,52 @@ def test_every_read_right_after_run_end_sees_the_whole_run(engine, store, monkey
         with c.websocket_connect("/ws/generate") as ws:
             events = generate(ws, "ar", max_new_tokens=8)
         assert shown(c, events[0]["run_id"]) == whole(events)
+
+
+def test_a_round_arrives_as_one_frame_and_is_stored_as_one_record(client, store, engine):
+    """One record per round, engine to socket to store: each round is one websocket frame holding its KV
+    operations (never a kv frame of its own), and one row of the store's events table, the frame as it was sent;
+    unfolded, the records are the run's events as runs stored before the folding have them."""
+    with client.websocket_connect("/ws/generate") as ws:
+        ws.send_json({"type": "generate", "prompt": PROMPT, "mode": "linear_spec", "params": {"max_new_tokens": 16}})
+        frames = [ws.receive_text()]
+        while '"type":"run_end"' not in frames[-1]:
+            frames.append(ws.receive_text())
+    events = [json.loads(f) for f in frames]
+    assert all(isinstance(e, dict) for e in events) and [e["type"] for e in events].count("kv") == 0
+    rounds = [e for e in events if e["type"] == "round"]
+    assert len(rounds) == len(events) - 2 and all(r["kv"] for r in rounds)
+    assert {op["op"] for r in rounds for op in r["kv"]} >= {"alloc", "commit"}
+    run_id = events[0]["run_id"]
+    run = read_back(client, run_id)
+    assert store.events(run_id) == events      # a row per frame, each the frame as sent
+    assert run["n_rounds"] == len(rounds)
+    kv = client.get(f"/api/runs/{run_id}/kv").json()
+    assert len(kv) == sum(len(op["slots"]) for r in events for op in r.get("kv") or () if op["op"] == "alloc")
+    assert all(iv["free_round"] is not None for iv in kv)       # the final frees came folded into run_end
+    assert [op["reason"] for op in events[-1]["kv"]] == ["finished"]
+
+
+def test_a_run_stored_before_the_folding_still_replays(client, store):
+    """A run stored as the server stored runs before KV operations were folded into records (a kv event of its
+    own per operation) replays exactly as stored, and reads back alike: rounds, KV intervals, the UI's trace."""
+    with client.websocket_connect("/ws/generate") as ws:
+        folded = generate(ws, "ar", max_new_tokens=8)
+    read_back(client, folded[0]["run_id"])
+    run_id = "r_" + "1" * 16
+    old = [{**e, "run_id": run_id} for e in unfold(folded)]
+    for e in old:
+        store.record(e)
+    assert [e["type"] for e in old].count("kv") > 0
+    assert replayed(client, run_id) == old
+    with client.websocket_connect(f"/ws/replay/{run_id}?speed=0&since_seq={old[4]['seq']}") as ws:
+        assert receive_run(ws) == old[4:]
+    rounds = client.get(f"/api/runs/{run_id}/rounds").json()
+    assert rounds == [{**e, "run_id": run_id} for e in client.get(f"/api/runs/{folded[0]['run_id']}/rounds").json()]
+    assert client.get(f"/api/runs/{run_id}/kv").json() == client.get(f"/api/runs/{folded[0]['run_id']}/kv").json()
+    new, before = RunTrace.from_events(folded), RunTrace.from_events(old)
+    assert (before.rounds, before.text, before.status, before.next_seq) == (
+        [{**r, "run_id": run_id} for r in new.rounds], new.text, new.status, new.next_seq)
 
 
 def test_batched_frames_carry_the_same_events_as_arrays(client, store):
@@ -191,7 +239,8 @@ def test_batched_frames_carry_the_same_events_as_arrays(client, store):
         single = generate(ws, max_new_tokens=24)
 
     def content(run: list[Event]) -> list[Event]:   # what two runs of one prompt share
-        return [{k: v for k, v in e.items() if k not in ("run_id", "t_ms", "phases", "metrics", "slots")} for e in run]
+        return [{k: v for k, v in e.items() if k not in ("run_id", "t_ms", "phases", "metrics", "slots")}
+                for e in unfold(run)]
     assert content(events) == content(single)
     with client.websocket_connect("/ws/generate?frames=lots") as ws:
         error = ws.receive_json()
@@ -217,7 +266,7 @@ def test_replay_streams_the_stored_events_in_order(client):
         with pytest.raises(WebSocketDisconnect):
             ws.receive_json()
     with client.websocket_connect(f"/ws/replay/{run_id}?speed=0&since_seq=5") as ws:
-        assert receive_run(ws) == events[5:]
+        assert receive_run(ws) == [e for e in events if e["seq"] >= 5]
 
 
 def test_replay_keeps_recorded_timing_scaled_by_speed(client):
@@ -268,7 +317,7 @@ def test_replay_follows_a_run_that_is_still_recording(client, gate, store):
         generated = receive_run(gen)
     assert followed == [e for e in store.events(run_id)] and followed[1:] == generated
     with client.websocket_connect(f"/ws/replay/{run_id}?speed=0&since_seq=3") as late:
-        assert receive_run(late) == followed[3:]
+        assert receive_run(late) == [e for e in followed if e["seq"] >= 3]
 
 
 def test_replay_of_a_run_that_stops_recording_without_run_end_closes(client, store, store_url):
@@ -472,6 +521,25 @@ def test_outbox_drops_only_round_events_for_a_slow_client():
     durable = [e for e in stream if e["type"] != "round"]
     assert [e for e in got if e["type"] != "round"] == durable
     assert got[-2] == stream[-2]  # the newest round survives
+
+
+def test_a_dropped_round_leaves_its_kv_operations_behind():
+    """A slow client misses rounds, never KV operations: a dropped round's come as kv events of their own."""
+    def record(seq: int, ops: int) -> Event:
+        return {"v": 1, "run_id": "r_x", "seq": seq, "t_ms": 0.0, "type": "round",
+                "kv": [{"seq": seq - ops + i, "t_ms": 0.0, "op": "alloc", "slots": [seq + i], "positions": [i],
+                        "round": seq, "reason": None} for i in range(ops)]}
+
+    async def drain() -> list[Event]:
+        box = Outbox(maxsize=2)
+        for seq in (2, 5, 8):
+            box.put(record(seq, 2))
+        return [await box.get() for _ in range(len(box))]
+
+    got = asyncio.run(drain())
+    assert [(e["type"], e["seq"]) for e in got] == [("kv", 0), ("kv", 1), ("round", 5), ("round", 8)]
+    assert got[0] == {"v": 1, "run_id": "r_x", "seq": 0, "t_ms": 0.0, "type": "kv", "op": "alloc", "slots": [2],
+                      "positions": [0], "round": 2, "reason": None}
 
 
 def test_outbox_gives_up_on_a_client_too_far_behind():

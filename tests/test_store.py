@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import func, select
@@ -32,7 +33,7 @@ from specscope.backend.store import (
     retry,
 )
 from specscope.backend.store.models import Base, ComparisonRun, Event, KVInterval, Round
-from specscope.backend.tracing import RecordingTracer
+from specscope.backend.tracing import RecordingTracer, unfold
 
 pytest_plugins = ["support.postgres"]  # the pg_cluster and store_url fixtures
 def url(path: Path) -> str:
@@ -94,9 +95,10 @@ def test_stored_events_equal_emitted(store: Store) -> None:
     tracer = record_run(store)
     stored = store.events(tracer.run_id)
     assert [json.dumps(e) for e in stored] == [json.dumps(e) for e in tracer.events]  # same keys, same order
-    assert [e["seq"] for e in stored] == list(range(len(tracer.events)))
-    assert store.events(tracer.run_id, since_seq=5) == tracer.events[5:]
-    assert stored[4]["conf"] == [0.9, None]  # NaN was sanitized by the tracer and stays valid JSON
+    assert [e["type"] for e in stored] == ["run_start", *["round"] * N_ROUNDS, "run_end"]   # one row a round
+    assert [e["seq"] for e in unfold(stored)] == list(range(len(unfold(tracer.events))))   # KV operations counted
+    assert store.events(tracer.run_id, since_seq=5) == [e for e in tracer.events if e["seq"] >= 5]
+    assert stored[1]["conf"] == [0.9, None]  # NaN was sanitized by the tracer and stays valid JSON
 
 
 def test_derived_rounds_and_summary(store: Store) -> None:
@@ -106,7 +108,7 @@ def test_derived_rounds_and_summary(store: Store) -> None:
     assert (run["status"], run["mode"], run["model"], run["prompt"]) == ("done", "isd", "tiny", PROMPT)
     assert (run["n_rounds"], run["n_tokens"], run["output"]) == (N_ROUNDS, 3, "t0t1t2")
     assert run["metrics"]["kv_leaked"] == 0 and run["params"] == {"n": 2, "alpha": 0.5}
-    round_events = [e for e in tracer.events if e["type"] == "round"]
+    round_events = [e for e in unfold(tracer.events) if e["type"] == "round"]   # less their KV operations
     assert store.rounds(tracer.run_id) == round_events
     assert store.rounds(tracer.run_id, 1, 2) == round_events[1:2]
     assert store.rounds(tracer.run_id, start=2) == round_events[2:]
@@ -158,8 +160,7 @@ def test_reopen_keeps_runs_and_marks_interrupted(store_url: str) -> None:
     crashed = start(first.record)
     play_round(crashed, 0)
     first.flush()
-    crashed.kv("alloc", [5], [5], 1)
-    crashed.flush()  # handed to the store, still buffered there when the process "dies": never written
+    play_round(crashed, 1)  # handed to the store, still buffered there when the process "dies": never written
     first.engine.dispose()
 
     with Store(db) as second:
@@ -297,33 +298,41 @@ def test_comparisons_round_trip(store: Store) -> None:
 
 
 def test_gap_or_duplicate_seq_raises(store: Store) -> None:
+    """Records must take the seqs from the next one on: their folded KV operations in turn, then their own."""
     tracer = start(lambda e: None)
-    store.begin_run(tracer.events[0])
-    store.add_events(tracer.events[1:3])
+    for r in range(N_ROUNDS):
+        play_round(tracer, r)
+    first, r0, r1, r2 = tracer.events
+    store.begin_run(first)
+    store.add_events([r0])
     with pytest.raises(DuplicateSeqError):
-        store.add_events([tracer.events[2]])
-    play_round(tracer, 0)
+        store.add_events([r0])
     with pytest.raises(SeqGapError):
-        store.add_events([tracer.events[4]])
+        store.add_events([r2])
+    with pytest.raises(SeqGapError):
+        store.add_events([{**r1, "kv": r1["kv"][1:]}])          # an operation missing
+    with pytest.raises(DuplicateSeqError):
+        store.add_events([{**r1, "kv": [r0["kv"][-1], *r1["kv"]]}])
+    with pytest.raises(TraceError, match="KV operations"):
+        store.add_events([{**r1, "kv": [{"op": "alloc"}]}])
     with pytest.raises(UnknownRunError):
-        store.add_events([{**tracer.events[3], "run_id": "r_unknown"}])
+        store.add_events([{**r1, "run_id": "r_unknown"}])
     with pytest.raises(TraceError):
-        store.add_events([{**tracer.events[3], "type": "bogus"}])
+        store.add_events([{**r1, "type": "bogus"}])
     with pytest.raises(TraceError, match="strict JSON"):
-        store.add_events([{**tracer.events[3], "slots": [float("nan")]}])
+        store.add_events([{**r1, "tokens": [float("nan")]}])
     with pytest.raises(SeqGapError):
-        store.begin_run({**tracer.events[0], "run_id": "r_late", "seq": 1})
+        store.begin_run({**first, "run_id": "r_late", "seq": 1})
     with pytest.raises(RunExistsError):
-        store.begin_run(tracer.events[0])
-    store.add_events(tracer.events[3:])
+        store.begin_run(first)
+    store.add_events([r1, r2])
     finish(tracer)
-    store.add_events(tracer.events[-2:-1])
     with pytest.raises(TraceError):
         store.add_events(tracer.events[-1:])  # run_end goes to end_run
     store.end_run(tracer.events[-1])
     assert store.events(tracer.run_id) == tracer.events
     with pytest.raises(UnknownRunError):
-        store.add_events([{**tracer.events[-2], "seq": len(tracer.events)}])
+        store.add_events([{**r2, "seq": tracer.seq}])
 
 
 def test_runs_record_their_server_and_model_hash(store_url: str) -> None:
@@ -383,3 +392,51 @@ def test_writer_stores_every_event_and_isolates_a_failing_run(store: Store) -> N
     assert store.events(good.run_id) == good.events and store.get_run(good.run_id)["status"] == "done"
     assert store.events(taken.run_id) == taken.events
     assert writer.flush(timeout=0.2) is False  # closed
+
+
+def test_a_run_stored_before_the_folding_reads_as_one_stored_after(store: Store) -> None:
+    """A run stored before KV operations were folded into records (kv events of their own) is stored, derived,
+    exported and read back as it was, and gives the same rounds, KV intervals and Perfetto trace as the same run
+    stored as records."""
+    folded = record_run(store)
+    old = unfold(folded.events)
+    assert "kv" in {e["type"] for e in old} and not any("kv" in e for e in old if e["type"] != "kv")
+    assert [e["seq"] for e in old] == list(range(len(old)))
+    run_id = "r_" + "0" * 16
+    renamed = [{**e, "run_id": run_id} for e in old]
+    store.begin_run(renamed[0])   # the live path as the old tracers fed it, one event at a time
+    for e in renamed[1:-1]:
+        store.add_events([e])
+    store.end_run(renamed[-1])
+    assert store.events(run_id) == renamed
+    assert store.rounds(run_id) == [{**e, "run_id": run_id} for e in store.rounds(folded.run_id)]
+    assert store.kv_intervals(run_id) == store.kv_intervals(folded.run_id)
+    run = store.get_run(run_id)
+    assert (run["n_rounds"], run["n_tokens"], run["status"]) == (N_ROUNDS, 3, "done")
+    assert export_perfetto(store, run_id)["traceEvents"][1:] == export_perfetto(store, folded.run_id)["traceEvents"][1:]
+    data = export_json(store, run_id)
+    store.delete_run(run_id)
+    assert import_json(store, data) == run_id and store.events(run_id) == renamed
+
+
+def test_a_writer_batch_stores_its_rounds_of_every_run_in_one_insert(tmp_path: Path) -> None:
+    """One row a round, its KV operations in the payload, and one INSERT (executemany) for the batch's rounds of
+    every run: the writer's batches are the store's waves."""
+    inserts: list[int] = []
+    with Store(url(tmp_path / "wave.db"), batch_size=2) as store:
+        sqlalchemy.event.listen(store.engine, "before_cursor_execute",
+                                lambda conn, cursor, statement, params, context, many:
+                                inserts.append(len(params) if many else 1) if "INSERT INTO events" in statement
+                                else None)
+        writer = StoreWriter(store)
+        runs = [start(writer.put) for _ in range(3)]   # queued before the writer starts: one batch
+        for r in range(N_ROUNDS):
+            for tracer in runs:
+                play_round(tracer, r)
+        with writer:
+            assert writer.flush(timeout=30)
+        assert inserts == [1, 1, 1, 3 * N_ROUNDS]     # each run_start at once, then every round together
+        for tracer in runs:
+            stored = store.events(tracer.run_id)
+            assert stored == tracer.events and [e["type"] for e in stored] == ["run_start", *["round"] * N_ROUNDS]
+            assert all(e["kv"] for e in stored[1:])

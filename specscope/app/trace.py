@@ -67,7 +67,8 @@ class RunTrace:
         return trace
 
     def add(self, event: Event) -> None:
-        """Take one more event of this run (as streamed)."""
+        """Take one more event of this run (as streamed or stored: a round with its KV operations folded in, or a
+        run stored before the folding, with kv events of their own; the KV figures read the stored intervals)."""
         self.next_seq = max(self.next_seq, int(event.get("seq", -1)) + 1)
         kind = event.get("type")
         if kind == "run_start":
@@ -81,8 +82,8 @@ class RunTrace:
             self.matmul = event.get("matmul") or ""
             self.forward = event.get("forward") or ""
             self.cost_curve = event.get("cost_curve")
-        elif kind == "round":
-            self.rounds.append(event)
+        elif kind == "round":   # less the KV operations folded in (a run stored before the folding has none)
+            self.rounds.append({k: v for k, v in event.items() if k != "kv"} if "kv" in event else event)
         elif kind == "run_end":
             self.end = event
         elif kind == "error":

@@ -1,7 +1,12 @@
 """Trace schema v1: typed events, a null tracer (free when off) and a recording tracer.
 
-Every event is one JSON object {"v": 1, "run_id", "seq", "t_ms", "type", ...payload}; `seq` is dense per run.
-Event types: run_start, round, kv, run_end, error. JSON never holds NaN or Infinity.
+Every event is one JSON object {"v": 1, "run_id", "seq", "t_ms", "type", ...payload}. Event types: run_start, round,
+kv, run_end, error. A run is one record per round: the KV operations since the previous record are folded into the
+next round, run_end or error as its `kv` list, each operation {"seq", "t_ms", "op", "slots", "positions", "round",
+"reason"}, a kv event less its envelope. The operations are numbered with the records, before the record that holds
+them, so `seq` is dense per run over records and their operations, and `unfold` gives the stream as runs stored
+before the folding hold it: every operation a kv event of its own, just before its record. JSON never holds NaN or
+Infinity.
 """
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +132,39 @@ def to_json(event: dict[str, Any] | list[dict[str, Any]]) -> str:
         return STRICT_JSON.encode(sanitize(event))
 
 
+def kv_ops(events: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+    """Every KV operation of a run's events, in order, each with its seq, t_ms, op, slots, positions, round and
+    reason: the operations folded into records, and the kv events of a run stored before the folding (as they
+    are, no copies)."""
+    for event in events:
+        if event["type"] == "kv":
+            yield event
+        elif "kv" in event:
+            yield from event["kv"]
+
+
+def kv_events(event: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The KV operations a record holds (its `kv`), each as the kv event of its own that a run stored before the
+    folding holds; a kv event is its own."""
+    if event["type"] == "kv":
+        return [dict(event)]
+    return [{"v": event["v"], "run_id": event["run_id"], "seq": op["seq"], "t_ms": op["t_ms"], "type": "kv",
+             **{k: v for k, v in op.items() if k not in ("seq", "t_ms")}} for op in event.get("kv") or ()]
+
+
+def unfold(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A run's events as they were before the KV operations were folded into records: each operation a kv event
+    just before its record, and the record without `kv`. A run stored before the folding comes back as it is."""
+    out: list[dict[str, Any]] = []
+    for event in events:
+        if event.get("kv") and event["type"] != "kv":
+            out += kv_events(event)
+            out.append({k: v for k, v in event.items() if k != "kv"})
+        else:
+            out.append(dict(event))
+    return out
+
+
 def new_run_id() -> str:
     """64 random bits (os.urandom: a few times cheaper than a uuid4 right after a decode step)."""
     return "r_" + os.urandom(8).hex()
@@ -151,25 +189,29 @@ NULL_TRACER = NullTracer()
 
 
 HOLD_S = 0.05
-"""How long a recording tracer holds rounds and kv events before making them (a round past it makes them all);
+"""How long a recording tracer holds rounds and KV operations before making them (a round past it makes them all);
 read when a tracer is made. A live viewer sees a batch at most every 50 ms (20 a second): every batch costs a
 cold start and, in the engine process, a pipe message (20 ms batches cost 128-token runs through the engine
 process ~1 % more)."""
 
 
 class RecordingTracer:
-    """Numbers events densely per run and hands each to an optional sink. It keeps them in `events` unless `keep` is
-    False: a tracer whose sink is their only reader (the store's, a socket's, the engine process's pipe) need not
-    hold a run's events a second time, nor touch that memory on every token.
+    """Numbers events (and the KV operations folded into them) densely per run and hands each to an optional sink.
+    It keeps them in `events` unless `keep` is False: a tracer whose sink is their only reader (the store's, a
+    socket's, the engine process's pipe) need not hold a run's events a second time, nor touch that memory on every
+    token.
 
-    Rounds and kv events are taken as they happen (their time now) and made into event dicts in batches: at the
+    Rounds and KV operations are taken as they happen (their time now) and made into event dicts in batches: at the
     first round `hold_s` after the last batch (or the tracer's start), before any other event, and on `flush()` or
-    a read of `events`. Made one at a time between two decode steps, an event ran from caches the step's weights
-    had just evicted; made in a batch it costs about a third less (measured by pairing traced and untraced ar runs
-    with HOLD_S = 0 against the default; docs/performance.md). Sinks see events in order, a batch at most every
-    hold_s (a run's first round too: its t_ms still says when it was made); a round made within hold_s of the
-    last batch waits for the next round (as the engine process's messages do). What a round or kv event holds is
-    the caller's own: nothing changes it once handed over (tests/test_engine.py checks every mode)."""
+    a read of `events`. A made round holds the operations taken before it (`kv`); operations taken after the last
+    round wait for the next round, or go with the next event emitted (run_end, error), so the sink gets one record
+    per round and never a kv event of its own. Made one at a time between two decode steps, an event ran from
+    caches the step's weights had just evicted; made in a batch it costs about a third less (measured by pairing
+    traced and untraced ar runs with HOLD_S = 0 against the default; docs/performance.md). Sinks see events in
+    order, a batch at most every hold_s (a run's first round too: its t_ms still says when it was made); a round
+    made within hold_s of the last batch waits for the next round (as the engine process's messages do). What a
+    round or KV operation holds is the caller's own: nothing changes it once handed over (tests/test_engine.py
+    checks every mode)."""
     enabled = True
 
     def __init__(self, run_id: str | None = None, sink: Callable[[dict[str, Any]], None] | None = None,
@@ -185,30 +227,36 @@ class RecordingTracer:
         self.keep = keep
         self.hold_s = HOLD_S if hold_s is None else hold_s
         self.seq = 0
-        """The next event's seq: how many events this run has made so far (held ones not counted)."""
+        """The next seq: how many events and KV operations this run has made so far (held ones not counted)."""
         self.ended = False
         """Whether run_end has been made."""
         self._events: list[dict[str, Any]] = []
         self._held: list[tuple[Any, ...]] = []
-        """Rounds as (t, event, complete, args), kv events as (t, op, slots, positions, round, reason)."""
+        """Rounds as (t, event, complete, args), KV operations as (t, op, slots, positions, round, reason)."""
         self._t0 = self._made = time.perf_counter()
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        """The events kept so far, held ones made first (mid-run, only on the thread that runs the engine)."""
+        """The events kept so far, held rounds made first (mid-run, only on the thread that runs the engine)."""
         self._make_held()
         return self._events
 
     def emit(self, type: str, payload: dict[str, Any]) -> None:
-        """Make the held events, then this one: together one batch for the sink."""
+        """Make the held rounds, then this event with the KV operations taken since the last round: together one
+        batch for the sink."""
         if type not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type!r}")
         self._make_held()
+        ops = [self._kv(*item) for item in self._held]
+        self._held = []
         self.ended = self.ended or type == "run_end"
         if type == "run_start" and self.tags:
             payload = {**payload, **self.tags}
-        self._keep({"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(time.perf_counter()),
-                    "type": type, **sanitize(payload)})
+        event = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(time.perf_counter()),
+                 "type": type, **sanitize(payload)}
+        if ops:
+            event["kv"] = ops
+        self._keep(event)
 
     def round(self, event: RoundEvent, complete: Callable[..., None] | None = None, *args: Any) -> None:
         """Hold the round; `complete(*args, event)`, when given, fills in the rest of it when the event is made (in
@@ -220,28 +268,33 @@ class RecordingTracer:
             self.flush()
 
     def kv(self, op: str, slots: list[int], positions: Sequence[int], round: int, reason: str | None = None) -> None:
-        """Hold a kv event: op alloc | write | commit | free | refresh, reason (free only) mask | rejected | trim |
-        finished | cancelled | error. As with a round, nothing may change its lists until it is made."""
+        """Hold a KV operation: op alloc | write | commit | free | refresh, reason (free only) mask | rejected |
+        trim | finished | cancelled | error; the next record made holds it. As with a round, nothing may change its
+        lists until it is made."""
         self._held.append((time.perf_counter(), op, slots, positions, round, reason))
 
     def flush(self) -> None:
-        """Make the held events, in order, hand them on and end the batch."""
+        """Make the held rounds, in order, hand them on and end the batch."""
         if self._make_held() and self.batch_end is not None:
             self.batch_end()
 
     def _make_held(self) -> bool:
-        """Make the held events and hand them on; whether there were any."""
-        if not self._held:
+        """Make the held rounds, each with the KV operations held before it, and hand them on; operations held
+        after the last round stay held. Whether any round was made."""
+        rounds = [i for i, item in enumerate(self._held) if len(item) != 6]
+        if not rounds:
             return False
-        held, self._held = self._held, []
+        held, self._held = self._held[:rounds[-1] + 1], self._held[rounds[-1] + 1:]
+        ops: list[dict[str, Any]] = []
         for item in held:
             if len(item) == 6:
-                self._keep(self._kv(*item))
+                ops.append(self._kv(*item))
             else:
                 t, event, complete, args = item
                 if complete is not None:
                     complete(*args, event)
-                self._keep(self._round(t, event))
+                self._keep(self._round(t, event, ops))
+                ops = []
         self._made = time.perf_counter()
         return True
 
@@ -252,9 +305,9 @@ class RecordingTracer:
         self.ended = self.ended or event["type"] == "run_end"
         self._keep(event)
 
-    def _round(self, t: float, e: RoundEvent) -> dict[str, Any]:
-        """The round's event: its lists (the round's own) as they are, only the fields that may hold floats
-        sanitized."""
+    def _round(self, t: float, e: RoundEvent, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        """The round's event, with the KV operations `ops` folded in: its lists (the round's own) as they are, only
+        the fields that may hold floats sanitized."""
         out = {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(t), "type": "round",
                "block_start": e.block_start, "tokens": e.tokens, "states": e.states,
                "conf": None if e.conf is None else sanitize(e.conf), "case": e.case,
@@ -272,20 +325,24 @@ class RecordingTracer:
             out["extra"] = sanitize(e.extra)
         if e.topk is not None:
             out["topk"] = sanitize(e.topk)
+        if ops:
+            out["kv"] = ops
         return out
 
     def _kv(self, t: float, op: str, slots: list[int], positions: Sequence[int], round: int,
             reason: str | None) -> dict[str, Any]:
-        """Ints and strings only: nothing to sanitize; the lists copied (positions may be a range)."""
-        return {"v": SCHEMA_VERSION, "run_id": self.run_id, "seq": self.seq, "t_ms": self._ms(t), "type": "kv",
-                "op": op, "slots": list(slots), "positions": list(positions), "round": round, "reason": reason}
+        """A KV operation as a record holds it, numbered next: ints and strings only, nothing to sanitize; the lists
+        copied (positions may be a range)."""
+        self.seq += 1
+        return {"seq": self.seq - 1, "t_ms": self._ms(t), "op": op, "slots": list(slots),
+                "positions": list(positions), "round": round, "reason": reason}
 
     def _ms(self, t: float) -> float:
         """Milliseconds since the tracer's start, to the microsecond (truncated: a third of round()'s time)."""
         return int((t - self._t0) * 1e6) / 1000
 
     def _keep(self, event: dict[str, Any]) -> None:
-        self.seq += 1
+        self.seq = event["seq"] + 1
         if self.keep:
             self._events.append(event)
         if self.sink is not None:

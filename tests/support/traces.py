@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from specscope.backend.tracing import kv_events
+
 
 def replay_kv(events: list[dict[str, Any]]) -> tuple[set[int], list[int]]:
-    """Rebuild slot ownership from a run's kv events; returns (held slots, committed slots) at the end."""
+    """Rebuild slot ownership from a run's KV operations (folded into its records, or kv events of their own);
+    returns (held slots, committed slots) at the end."""
     held: set[int] = set()
     committed: list[int] = []
-    for e in events:
-        if e["type"] != "kv":
-            continue
+    for e in (op for event in events for op in kv_events(event)):
         if e["op"] == "alloc":
             assert not held & set(e["slots"]), "slot allocated twice"
             held |= set(e["slots"])

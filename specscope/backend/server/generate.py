@@ -27,10 +27,10 @@ WS_TRY_AGAIN_LATER = 1013
 
 
 class LoopHandoff:
-    """A listener that hands a run's events to `deliver` on the event loop, in order, waking the loop once per
-    round: kv events wait for the round event that closes them (or any other event), and an event that finds a
-    hand-off already scheduled just joins it. It is called on the thread that receives the engine's events (the
-    engine process's link thread, or the in-process worker, whose GIL per-event wake-ups taxed)."""
+    """A listener that hands a run's events to `deliver` on the event loop, in order, waking the loop at most once
+    per record (a round with its KV operations folded in): an event that finds a hand-off already scheduled just
+    joins it. It is called on the thread that receives the engine's events (the engine process's link thread, or
+    the in-process worker, whose GIL per-event wake-ups taxed)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Listener):
         self.loop = loop
@@ -40,7 +40,7 @@ class LoopHandoff:
 
     def __call__(self, event: Event) -> None:
         self._events.append(event)
-        if self._scheduled or event["type"] == "kv":
+        if self._scheduled:
             return
         self._scheduled = True
         try:

@@ -5,6 +5,8 @@ import asyncio
 from collections import deque
 from typing import Any
 
+from specscope.backend.tracing import kv_events
+
 Event = dict[str, Any]
 LOSSY = frozenset({"round"})
 
@@ -18,8 +20,9 @@ class Outbox:
 
     Past `maxsize` queued events, the oldest queued `round` makes room (a later round supersedes it; the client
     sees the gap in seq and can fetch the round from /api/runs/{id}/rounds); with no round queued, an incoming
-    round is dropped. run_start, kv, run_end and error are always queued; past `hard_limit` of them `get` raises
-    SlowClient and the connection is closed.
+    round is dropped. A dropped round's KV operations stay, as kv events of their own in its place (the form runs
+    stored before the folding have): run_start, KV operations, run_end and error are always delivered; past
+    `hard_limit` queued `get` raises SlowClient and the connection is closed.
     """
 
     def __init__(self, maxsize: int = 256, hard_limit: int = 8192):
@@ -36,6 +39,8 @@ class Outbox:
         if len(self._items) >= self.maxsize and not self._drop_oldest_round():
             if event["type"] in LOSSY:
                 self.dropped += 1
+                self._items.extend(kv_events(event))
+                self._ready.set()
                 return
         self._items.append(event)
         self._ready.set()
@@ -60,9 +65,12 @@ class Outbox:
             raise SlowClient(f"client is {len(self._items)} events behind")
 
     def _drop_oldest_round(self) -> bool:
+        """Drop the oldest queued round, its KV operations taking its place as kv events; whether there was one."""
         for i, queued in enumerate(self._items):
             if queued["type"] in LOSSY:
                 del self._items[i]
+                for op in reversed(kv_events(queued)):
+                    self._items.insert(i, op)
                 self.dropped += 1
                 return True
         return False

@@ -34,10 +34,10 @@ def error_event(code: str, message: str) -> dict[str, Any]:
 
 
 FRAMES = ("event", "batch")
-"""/ws/generate?frames=: `event` (the default) sends one trace event per message; `batch` sends every message as a
-JSON array of the events ready at that moment, in order. An ar run makes ~4 events a token, several thousand a
-second on the CPU: batched, the server and a client each handle ~50 messages a second instead (the UI's client
-asks for it)."""
+"""/ws/generate?frames=: `event` (the default) sends one trace event per message, a round with its KV operations
+folded in (one frame a round); `batch` sends every message as a JSON array of the events ready at that moment, in
+order. An ar run makes one round a token, hundreds a second on the CPU: batched, the server and a client each handle
+~50 messages a second instead (the UI's client asks for it)."""
 
 
 def parse_frames(query: dict[str, str]) -> bool:

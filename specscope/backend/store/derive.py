@@ -1,16 +1,20 @@
-"""Pure functions from a run's event stream to its derived rows: rounds, KV intervals and the run summary."""
+"""Pure functions from a run's event stream to its derived rows: rounds, KV intervals and the run summary. A stream
+is read in either form: records with their KV operations folded in, or (runs stored before the folding) kv events of
+their own."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specscope.backend.store.errors import TraceError
+from specscope.backend.tracing import kv_ops
 
 Event = dict[str, Any]
 
 
 def round_rows(run_id: str, events: Sequence[Event]) -> list[dict[str, Any]]:
-    """One row per round event; a round number seen twice is a TraceError."""
+    """One row per round event, its payload the round less its folded KV operations (the KV intervals hold them);
+    a round number seen twice is a TraceError."""
     rows: dict[int, dict[str, Any]] = {}
     for e in events:
         if e["type"] != "round":
@@ -18,7 +22,8 @@ def round_rows(run_id: str, events: Sequence[Event]) -> list[dict[str, Any]]:
         if e["round"] in rows:
             raise TraceError(f"run {run_id}: round {e['round']} appears twice")
         rows[e["round"]] = {"run_id": run_id, "round": e["round"], "seq": e["seq"], "block_start": e["block_start"],
-                            "accepted_len": e["accepted_len"], "nfe": e["nfe"], "case": e.get("case"), "payload": e}
+                            "accepted_len": e["accepted_len"], "nfe": e["nfe"], "case": e.get("case"),
+                            "payload": {k: v for k, v in e.items() if k != "kv"} if "kv" in e else e}
     return list(rows.values())
 
 
@@ -31,11 +36,11 @@ def kv_interval_rows(run_id: str, events: Sequence[Event]) -> list[dict[str, Any
     rows: list[dict[str, Any]] = []
     open_: dict[int, dict[str, Any]] = {}
 
-    def close(slot: int, e: Event, reason: str | None) -> None:
+    def close(slot: int, e: Mapping[str, Any], reason: str | None) -> None:
         open_.pop(slot).update(free_seq=e["seq"], free_round=e["round"], end_reason=reason)
 
-    for e in events:
-        if e["type"] != "kv" or e["op"] not in ("alloc", "free"):
+    for e in kv_ops(events):
+        if e["op"] not in ("alloc", "free"):
             continue
         positions = e.get("positions") or []
         for i, slot in enumerate(e["slots"]):

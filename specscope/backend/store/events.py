@@ -1,4 +1,5 @@
-"""Trace events as rows: envelope checks, the dense-seq rule, and the event <-> row mapping."""
+"""Trace events as rows: envelope checks, the dense-seq rule (over records and the KV operations folded into them),
+and the event <-> row mapping: one row per record, its operations in its payload."""
 from __future__ import annotations
 
 import math
@@ -27,6 +28,11 @@ def check_envelope(event: Any) -> None:
         raise TraceError(f"event {event['seq']}: t_ms {t_ms!r} is not a finite number")
     if event.get("type") not in EVENT_TYPES:
         raise TraceError(f"event {event['seq']}: unknown type {event.get('type')!r}")
+    ops = event.get("kv")
+    if ops is not None and (event["type"] in ("kv", "run_start") or type(ops) is not list
+                            or not all(type(op) is dict and type(op.get("seq")) is int for op in ops)):
+        raise TraceError(f"event {event['seq']}: kv must be a list of KV operations, each with an integer seq "
+                         f"(none in a {event['type']} event)")
 
 
 def check_seq(run_id: str, expected: int, seq: int) -> None:
@@ -37,14 +43,25 @@ def check_seq(run_id: str, expected: int, seq: int) -> None:
         raise SeqGapError(f"run {run_id}: seq gap, got {seq} but expected {expected}")
 
 
+def check_record(run_id: str, expected: int, event: dict[str, Any]) -> int:
+    """A record (with a checked envelope) must take the seqs from `expected` on: its folded KV operations in turn,
+    then its own. Returns the next seq expected."""
+    ops = event.get("kv") or ()
+    for i, op in enumerate(ops):
+        check_seq(run_id, expected + i, op["seq"])
+    check_seq(run_id, expected + len(ops), event["seq"])
+    return int(event["seq"]) + 1
+
+
 def check_stream(run_id: str, events: Sequence[Any]) -> None:
     """A complete stored stream: valid envelopes of one run, dense seq from 0, opened by run_start (to_row checks
     the rest)."""
-    for expected, event in enumerate(events):
+    expected = 0
+    for event in events:
         check_envelope(event)
         if event["run_id"] != run_id:
             raise TraceError(f"event {event['seq']} belongs to run {event['run_id']}, not {run_id}")
-        check_seq(run_id, expected, event["seq"])
+        expected = check_record(run_id, expected, event)
     if not events or events[0]["type"] != "run_start":
         raise TraceError(f"run {run_id}: the first event must be run_start")
 

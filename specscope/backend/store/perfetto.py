@@ -3,7 +3,9 @@
 Track layout (pid 1): tid 1 "rounds" holds a slice per round (from the previous round's end to this round's event)
 with its phases nested inside, and an instant for each round that rejected drafts; tid 100+s holds KV slot s, one
 slice per occupancy. Counters: accepted_len per round, kv_slots_in_use after each alloc/free. Times are integer
-microseconds from t_ms, made non-decreasing in seq order so that slices on one track nest or are disjoint.
+microseconds from t_ms, made non-decreasing in seq order so that slices on one track nest or are disjoint. The events
+are read unfolded (`tracing.unfold`): a KV operation at its own seq and time, as runs stored before the folding hold
+them.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from itertools import accumulate
 from typing import Any
 
 from specscope.backend.store.derive import kv_interval_rows
+from specscope.backend.tracing import unfold
 
 PID = 1
 ROUNDS_TID = 1
@@ -20,7 +23,8 @@ KV_TID = 100
 Event = dict[str, Any]
 
 
-def perfetto_trace(run: dict[str, Any], events: Sequence[Event]) -> dict[str, Any]:
+def perfetto_trace(run: dict[str, Any], records: Sequence[Event]) -> dict[str, Any]:
+    events = unfold(records)
     clock = dict(zip((e["seq"] for e in events), accumulate((round(e["t_ms"] * 1000) for e in events), max),
                      strict=True))
     trace = [metadata("process_name", f"{run['mode']} {run['run_id']}"),

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from specscope.backend.store.db import DEFAULT_URL, make_engine
 from specscope.backend.store.derive import kv_interval_rows, round_rows, run_summary
 from specscope.backend.store.errors import RunExistsError, StoreError, StoreUnavailable, TraceError, UnknownRunError
-from specscope.backend.store.events import check_envelope, check_seq, check_stream, from_row, to_row
+from specscope.backend.store.events import check_envelope, check_record, check_seq, check_stream, from_row, to_row
 from specscope.backend.store.forwards import shared_forwards
 from specscope.backend.store.migrate import upgrade
 from specscope.backend.store.models import Base, Comparison, ComparisonRun, Event, KVInterval, Lease, Round, Run, utc
@@ -48,9 +49,11 @@ def insert_rows(session: Session, model: type[Base], rows: Sequence[Row]) -> Non
 class Store:
     """Opens (creating or upgrading) a database and records runs into it.
 
-    A live run is `begin_run`, `add_events`..., `end_run`; events are buffered and written `batch_size` at a time,
-    each write one transaction, retried while another writer holds the database. `record` does the routing
-    when the store is a RecordingTracer's sink.
+    A live run is `begin_run`, `add_events`..., `end_run`; events are buffered and written `batch_size` at a time
+    (or, in a `wave`, all at the flush after it), each write one transaction and one multi-row insert, retried
+    while another writer holds the database. `record` does the routing when the store is a RecordingTracer's sink.
+    A round is one row: the KV operations folded into it ride in its payload (tracing.py), and the seq rule counts
+    them.
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, batch_size: int = 64, busy_timeout_ms: int = 5000,
@@ -65,6 +68,7 @@ class Store:
         self._recorded: dict[str, list[Row]] = {}  # runs being recorded -> their events so far: the next seq
         #                                            expected, and what end_run derives from (no read-back)
         self._lock = threading.RLock()
+        self._waves = 0  # waves open (`wave`): the buffer waits for a flush, not batch_size at a time
 
     def close(self) -> None:
         self.flush()
@@ -116,8 +120,19 @@ class Store:
         with self._lock:
             for event in events:
                 self._accept(event, ("round", "kv", "error"))
-            if len(self._buffer) >= self.batch_size:
+            if len(self._buffer) >= self.batch_size and not self._waves:
                 self.flush()
+
+    @contextmanager
+    def wave(self) -> Iterator[None]:
+        """Events recorded inside are buffered however many they are, for one `flush` after it to write together:
+        one insert for a wave's records of every run (a run_start or run_end inside writes what is buffered with
+        it). The store writer's batches are waves."""
+        self._waves += 1
+        try:
+            yield
+        finally:
+            self._waves -= 1
 
     def flush(self) -> None:
         """Write the buffered events now, in one transaction."""
@@ -361,7 +376,7 @@ class Store:
         run_id = event["run_id"]
         if run_id not in self._recorded:
             raise UnknownRunError(f"run {run_id} is not being recorded (begin_run first)")
-        check_seq(run_id, len(self._recorded[run_id]), event["seq"])
+        check_record(run_id, self._recorded[run_id][-1]["seq"] + 1, event)
         self._buffer.append(to_row(event))
         self._recorded[run_id].append(event)
 

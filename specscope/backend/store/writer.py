@@ -20,7 +20,8 @@ SETTLE_TIMEOUT_S = 30.0       # how long a read waits for the events taken befor
 
 class StoreWriter:
     """Queues events (bounded: `put` blocks once the database is `max_queued` events behind) and writes them in
-    batches: the thread takes everything queued, records it, and commits, at most once per `interval_s`.
+    batches: the thread takes everything queued, records it, and commits, at most once per `interval_s`; a batch's
+    rounds go in one insert (a wave), one row a round with its KV operations folded in.
 
     Latency bound: an event is in the database at most `interval_s` plus one batch write after it was put, so a
     process killed at time t has stored every event emitted before about t - interval_s - one write.
@@ -123,13 +124,15 @@ class StoreWriter:
             self._wake.clear()
 
     def _write(self, events: list[Event]) -> None:
-        for event in events:
-            if event["run_id"] in self.failed:
-                continue
-            try:
-                self._record(event)
-            except Exception:
-                self._fail(self.store.abandon({event["run_id"]}))
+        """Record a batch as one wave (Store.wave): its rounds, whatever the runs, in one insert."""
+        with self.store.wave():
+            for event in events:
+                if event["run_id"] in self.failed:
+                    continue
+                try:
+                    self._record(event)
+                except Exception:
+                    self._fail(self.store.abandon({event["run_id"]}))
         try:
             self._until_answered(self.store.flush)
         except Exception:
