@@ -34,13 +34,26 @@ def forward_engine(request, shared_engine, _torch_engine) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="module")
-def smollm_engine() -> Engine:
+def smollm_loaded():
     """The default model with its shipped adapter (and draft graph), as `specscope serve` loads it."""
     from specscope.backend.model.checkpoint import load_checkpoint
     from specscope.backend.model.source import resolve
     source = resolve(None)
-    return Engine(load_checkpoint(source.folder, adapter=source.adapter, name=source.name), num_slots=16384,
-                  check_invariants=True)
+    return load_checkpoint(source.folder, adapter=source.adapter, name=source.name)
+
+
+@pytest.fixture(scope="module")
+def smollm_engines() -> dict[str, Engine]:
+    """An engine of the default model per forward backend, made when first asked for."""
+    return {}
+
+
+@pytest.fixture
+def smollm_engine(smollm_engines, smollm_loaded, request) -> Engine:
+    forward = getattr(request, "param", "fused")
+    if forward not in smollm_engines:
+        smollm_engines[forward] = Engine(smollm_loaded, num_slots=16384, check_invariants=True, forward=forward)
+    return smollm_engines[forward]
 
 
 def other_params(mode: str) -> dict:
@@ -166,9 +179,12 @@ def test_branched_verifies_share_forwards_with_other_rows(forward_engine, heldou
 
 @pytest.mark.slow
 @pytest.mark.real_model
-@pytest.mark.parametrize("n", [1, 4, pytest.param(16, marks=pytest.mark.extended)])
+@pytest.mark.parametrize(("smollm_engine", "n"), [
+    ("fused", 1), ("fused", 4), pytest.param("fused", 16, marks=pytest.mark.extended),
+    *(pytest.param("torch", n, marks=pytest.mark.extended) for n in (1, 4, 16))], indirect=["smollm_engine"])
 def test_concurrent_mixed_modes_on_the_default_model(smollm_engine, n):
-    """16 requests on SmolLM2 take minutes on two cores: an extended test (`make test-all`)."""
+    """16 requests on SmolLM2 take minutes on two cores, and the torch forward pays for whole tiles of rows: those
+    are extended tests (`make test-all`)."""
     prompts = ["What is the capital of France?", "Write a haiku about rivers.", "List three fruits.",
                "Explain what a CPU does in one sentence."]
     shared = check_sharing(smollm_engine, mix(n, prompts, 12))
