@@ -156,11 +156,12 @@ class Runtime:
     def answer(self, asks: Sequence[Ask | BranchAsk]) -> list[Any]:
         """Run the asks as one forward (several only when they share a key), each answered with its rows."""
         first = asks[0]
-        if len(asks) == 1 and isinstance(first, BranchAsk):
-            if first.fold is None:
-                return [self.branches(first.req, first.states, first.start)]
-            return [self.folded_branches(first.req, first.states, first.start, first.fold, cast(str, first.backend))]
         if len(asks) == 1:
+            if isinstance(first, BranchAsk) and first.fold is None:
+                return [self.branches(first.req, first.states, first.start)]
+            if isinstance(first, BranchAsk):
+                return [self.folded_branches(first.req, first.states, first.start, cast(Fold, first.fold),
+                                             cast(str, first.backend))]
             return [self.score(first.req, first.ids, first.start, first.attn, kind=first.kind, write=first.write,
                                lora=first.lora, kv_op=first.kv_op, mask=first.mask, offsets=first.offsets)]
         packed = self.score_ragged(asks)   # asks share a key only when it is RAGGED
