@@ -96,3 +96,67 @@ def test_nothing_streamed_yet_and_hostile_numbers(page) -> None:
     hostile["context"] = [["<img src=x>", 1, "<b>prompt</b>"]]
     shown = draw(page, json.dumps(hostile))
     assert shown["scripts"] == 0 and page.evaluate("() => window.__xss") is None
+
+
+@pytest.fixture(scope="module")
+def viz_page(browser) -> Iterator[Any]:
+    """A page at an http origin (the visualizer writes its round into the URL) with viz.js and an empty root."""
+    page = new_page(browser)
+    script = (STATIC / "viz.js").read_text()
+    html = f"<html><body><div id='viz' class='ssv'></div><script>{script}</script></body></html>"
+    page.route("http://viz.test/**", lambda route: route.fulfill(body=html, content_type="text/html"))
+    page.goto("http://viz.test/")
+    yield page
+    page.close()
+
+
+def drawn_tree(page, k: int) -> dict[str, list[list[Any]]]:
+    """The visualizer's round k of the mounted run: [lane, branch (-1: none), position, token] of the grid's cells
+    and of the confidence chart's bars."""
+    page.evaluate("k => document.querySelector('#viz').ssViz.go(k)", k)
+    page.wait_for_function("k => document.querySelector('#viz-label').innerText.startsWith(`round ${k} of`)", arg=k)
+    return page.evaluate("""() => Object.fromEntries([['grid', '#viz-grid .ss-block .ss-tok'],
+                                                      ['conf', '#viz-conf rect.ssv-bar']].map(([name, sel]) =>
+        [name, [...document.querySelectorAll(sel)].map(e => [Number(e.dataset.lane), Number(e.dataset.branch ?? -1),
+                                                             Number(e.dataset.pos), Number(e.dataset.token)])]))""")
+
+
+def test_a_tree_round_draws_each_branch_at_its_positions_in_the_grid_and_the_chart(viz_page) -> None:
+    """A tree round (support.events.tree_run_events) draws as a tree: the seed, the accepted path and the bonus on
+    one row, each branch's rejected drafts on a row of their own at their true positions (the losing branch at 36-39,
+    not past the bonus at 40), the same in the grid and the confidence chart, one token of a branch a position."""
+    from support.events import TREE_START, tree_run_events
+
+    from specscope.app.vizdoc import document_json, viz_document
+
+    doc = viz_document(RunTrace.from_events(tree_run_events()), piece)
+    viz_page.evaluate("v => window.specscopeViz.mount(document.querySelector('#viz'), v)", document_json(doc))
+    for k, r in ((1, doc["rounds"][1]), (2, doc["rounds"][2])):
+        shown = drawn_tree(viz_page, k)
+        grid, conf = shown["grid"], shown["conf"]
+        positions = [r["block_start"] + o for o in r["extra"]["offsets"]]
+        branches = [-1, *r["extra"]["tree"]["branches"], -1]     # the seed's, each node's, the bonus's
+        assert sorted(grid) == sorted([lane, branch, pos, token] for lane, branch, pos, token in
+                                      zip(r["lanes"], branches, positions, r["tokens"], strict=True))  # where it lies
+        drafts = [cell for cell in grid if cell[1] >= 0]
+        assert sorted(conf) == sorted(drafts)   # each draft's bar at the same lane and position as its cell
+        by_branch = [(branch, pos) for _, branch, pos, _ in drafts]
+        assert len(set(by_branch)) == len(by_branch), "a position holds two tokens of one branch"
+        assert len({(lane, pos) for lane, _, pos, _ in grid}) == len(grid), "two cells of a row at one position"
+    losing = sorted(pos for _, branch, pos, _ in drawn_tree(viz_page, 1)["conf"] if branch == 1)
+    assert losing == [TREE_START + d for d in range(1, 5)]
+    assert viz_page.locator("#viz-grid .ss-block.ss-tree .ss-lane").all_inner_texts() == ["b1"]
+
+
+def test_the_chats_latest_round_draws_a_tree_as_the_visualizer_does(page) -> None:
+    """The chat's live panel draws a tree round with the visualizer's rows: every cell on its lane at its position."""
+    from support.events import tree_run_events
+
+    from specscope.app.figures import tree_lanes
+
+    trace = RunTrace.from_events(tree_run_events())
+    r = trace.rounds[2]
+    draw(page, live_round(r, piece, trace.context(2)))
+    shown = page.eval_on_selector_all("#grid .ss-block.ss-tree .ss-tok",
+                                      "cs => cs.map(c => [Number(c.dataset.lane), Number(c.dataset.pos)])")
+    assert shown == [[lane, r["block_start"] + o] for lane, o in zip(tree_lanes(r), r["extra"]["offsets"], strict=True)]

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support.browser import ARTIFACTS, CODE_PROMPT, NEEDS_BROWSER, PROMPT, TIMEOUT_MS, new_page, shot
+from support.browser import ARTIFACTS, CODE_PROMPT, NEEDS_BROWSER, PROMPT, TIMEOUT_MS, new_page, painted, shot
 from support.live_server import free_port, serving
 
 pytest_plugins = ["support.browser"]  # the browser and errors fixtures
@@ -26,13 +26,14 @@ NAVIGATION_NOISE = ("AbortError", "Connection errored out")
 @pytest.fixture(scope="module")
 def server(loaded, tmp_path_factory) -> Iterator[dict]:
     from specscope.app.ui import mount_ui
+    from specscope.backend.engine.cost_curve import FLAT
     from specscope.backend.engine.engine import Engine
     from specscope.backend.engine.modes import get_mode
     from specscope.backend.server import create_app
     from specscope.backend.store import Store
     from specscope.backend.tracing import RecordingTracer
 
-    engine = Engine(loaded, num_slots=4096)
+    engine = Engine(loaded, num_slots=4096, cost_curve=FLAT)   # the rounds drawn: the same on every machine
     store = Store(f"sqlite:///{tmp_path_factory.mktemp('viz') / 'runs.db'}")
     runs = {}
     for mode, params in MODES.items():    # each at its drafter's parameters: every round drafts, to be drawn
@@ -45,6 +46,10 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
     engine.generate(CODE_PROMPT, "linear_spec", {"max_new_tokens": 12, "raw": True, "trace_topk": 3, **fixed},
                     tracer=tracer)
     runs["topk"] = tracer.run_id
+    tracer = RecordingTracer(sink=store.record)   # a tree of three branches a round
+    engine.generate(CODE_PROMPT, "linear_spec", {"max_new_tokens": 12, "raw": True, "branches": 3, "block_size": 6,
+                                                 **fixed}, tracer=tracer)
+    runs["tree"] = tracer.run_id
     tracer = RecordingTracer(sink=store.record)   # its last round accepts more than max_new_tokens leaves room for
     engine.generate(PROMPT, "linear_spec", {"max_new_tokens": 5, **fixed}, tracer=tracer)
     runs["cut"] = tracer.run_id
@@ -325,6 +330,24 @@ def test_branches_show_masks_matches_and_cache_hits(page, server, mode) -> None:
         shot(page, "viz-specfold")
 
 
+def test_a_tree_round_draws_its_branches_at_the_same_positions_in_the_grid_and_the_chart(page, server) -> None:
+    """A linear_spec round of three branches: each branch's drafts lie at their own positions, the same in the grid
+    and the confidence chart, one token of a branch a position (the figures: tests/test_browser_grid.py)."""
+    open_run(page, server, "tree")
+    branched = page.evaluate("() => document.querySelector('.ssv').ssViz.doc.rounds.map(r => "
+                             "(r.lanes || []).some(lane => lane > 0))")   # a tree round with drafts off its path
+    k = branched.index(True)
+    page.evaluate("k => document.querySelector('.ssv').ssViz.go(k)", k)
+    page.wait_for_selector("#viz-grid .ss-block.ss-tree .ss-lane")
+    grid, conf = (sorted(page.eval_on_selector_all(sel, "es => es.map(e => [Number(e.dataset.branch), "
+                                                   "Number(e.dataset.pos), Number(e.dataset.token)])"))
+                  for sel in ("#viz-grid .ss-block .ss-tok[data-branch]", "#viz-conf rect.ssv-bar[data-branch]"))
+    assert grid and grid == conf    # each draft's cell and bar: one branch, one position, one token
+    assert len({(b, pos) for b, pos, _ in grid}) == len(grid), "a position holds two tokens of one branch"
+    assert len({b for b, _, _ in grid}) == 3
+    page.locator("#viz-grid").screenshot(path=str(ARTIFACTS / "viz-tree.png"))
+
+
 def test_autoplay_reaches_the_end(page, server) -> None:
     open_run(page, server, "ar", 0)
     page.select_option("#viz-speed", "20")
@@ -385,7 +408,7 @@ def test_phone_layout_keeps_every_value_reachable(browser, server) -> None:
     assert phone.locator("#viz-accepted .modebar").count() == 0
     legend, grid = phone.locator("#viz-legend").bounding_box(), phone.locator("#viz-grid").bounding_box()
     assert legend and grid and legend["y"] < grid["y"]
-    phone.wait_for_timeout(300)
+    painted(phone)
     phone.screenshot(path=str(ARTIFACTS / "viz-phone.png"), full_page=True)
     phone.close()
 

@@ -82,7 +82,9 @@ def live_round(round_ev: Event, piece: Piece, context: Sequence[Cell] = (), max_
     named: list[int] = [cell[1] for cell in context[hidden:]] + list(round_ev.get("tokens") or []) \
         + list(round_ev.get("committed") or []) + list(extra.get("guess") or []) + replaced
     pieces = {str(t): piece(int(t)) for t in dict.fromkeys(named)}
-    return json.dumps({"round": {**round_ev, "accepted": accepted_count(round_ev)}, "context": shown,
+    lanes = tree_lanes(round_ev)
+    shaped = {**round_ev, "accepted": accepted_count(round_ev), **({"lanes": lanes} if lanes is not None else {})}
+    return json.dumps({"round": shaped, "context": shown,
                        "hidden": hidden, "missing": max(0, missing), "pieces": pieces, "shown": shown_pieces(pieces),
                        "vocab": vocabulary()})
 
@@ -96,6 +98,35 @@ def accepted_count(round_ev: Event) -> int:
     """A round's accepted count: its `accepted`, or its accepted cells where a stored run has no such field."""
     accepted = round_ev.get("accepted")
     return int(accepted) if accepted is not None else list(round_ev.get("states") or []).count("accepted")
+
+
+def tree_lanes(round_ev: Event) -> list[int] | None:
+    """The row of each cell of a tree round (`extra.layout` "tree": the seed, the tree's nodes in verify-row order,
+    the bonus), as the token grid and the confidence chart both draw it (app/static/viz.js), every cell at its true
+    position, block_start + extra.offsets[i]: row 0 the line the round committed (the seed, the accepted path, the
+    bonus), then each branch's nodes off that path on a row of their own (a branch with two nodes at one depth
+    takes a further row), so that no row holds two cells at one position. None for a round that is no tree. (A
+    round cut after an end token keeps its first cells, and the offsets of all.)"""
+    extra = round_ev.get("extra") or {}
+    tree = extra.get("tree")
+    tokens = list(round_ev.get("tokens") or [])
+    offsets = list(extra.get("offsets") or [])[:len(tokens)]
+    if not isinstance(tree, Mapping) or len(offsets) != len(tokens):
+        return None
+    branches = list(tree.get("branches") or [])
+    path = set(tree.get("path") or [])
+    rows: list[tuple[int | None, set[int]]] = [(None, set())]    # (branch, offsets taken) per row; row 0: the line
+    lanes = []
+    for i, offset in enumerate(offsets):
+        node = i - 1
+        branch = None if node < 0 or node >= len(branches) or node in path else branches[node]
+        lane = next((k for k, (b, taken) in enumerate(rows) if b == branch and offset not in taken), None)
+        if lane is None:
+            rows.append((branch, set()))
+            lane = len(rows) - 1
+        rows[lane][1].add(offset)
+        lanes.append(lane)
+    return lanes
 
 
 # -- charts ---------------------------------------------------------------------------------------------------------

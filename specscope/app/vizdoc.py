@@ -16,6 +16,7 @@ from specscope.app.figures import (
     kv_time_figure,
     phase_timeline_figure,
     shown_pieces,
+    tree_lanes,
 )
 from specscope.app.live import running_figures
 from specscope.app.modebook import ModeBook
@@ -31,6 +32,9 @@ def compact_round(r: Event, piece: Piece, pieces: dict[int, str]) -> dict[str, A
     states for a run stored before rounds recorded it); records every token's text in `pieces`."""
     out = {k: v for k, v in r.items() if k not in ("v", "run_id", "seq", "type") and v is not None}
     out["accepted"] = accepted_count(r)
+    lanes = tree_lanes(r)
+    if lanes is not None:
+        out["lanes"] = lanes
     qkv, ffn = fold_ratios(r)
     if qkv is not None:
         out["fold_qkv"] = qkv
@@ -71,11 +75,11 @@ def viz_document(trace: RunTrace, piece: Piece, start_round: int = 0, book: Mode
     rounds record a p/q table or a round case (the p/q panel); `fit`: the served model's rating of the answer
     (GET /api/runs/{id}/fit: its own pick and the NLL at each output token), when it has one; `elsewhere`: other
     machines' cost curves, on which the run's speedup is projected."""
+    modes = book or ModeBook()
     pieces: dict[int, str] = {t: piece(t) for t in trace.prompt_ids}
     rounds = [compact_round(r, piece, pieces) for r in trace.rounds]
     for token in [*trace.output_ids, *(fit or {}).get("picks", [])]:
         pieces.setdefault(token, piece(token))
-    modes = book or ModeBook()
     mask_ids = sorted({t for r in trace.rounds for t, s in zip(r.get("tokens") or [], r.get("states") or [],
                                                                strict=False) if s == "mask"})
     n_rounds = len(trace.rounds)

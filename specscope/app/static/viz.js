@@ -102,13 +102,30 @@ window.specscopeViz = (() => {
   };
   const entropyColour = (h) => `hsl(${Math.round(120 * (1 - Math.min(h / ENTROPY_TOP, 1)))}, 70%, 78%)`;
 
-  function cell(ctx, pos, token, st, details = [], entropy = null) {
+  // `place`: a tree round's cell, {lane, column, branch} (its row and column in the block's grid, its branch).
+  function cell(ctx, pos, token, st, details = [], entropy = null, place = null) {
     const text = ctx.piece(token);
     const title = [`pos ${pos} · ${st}`, `token ${JSON.stringify(text)} (id ${token})`, ...details].join("\n");
     const shown = ctx.masked.has(st) ? "[M]" : clip(ctx.shown(token));
-    const tint = entropy === null ? "" : ` style="background:${entropyColour(entropy)}"`;
-    return `<span class="ss-tok ss-s-${ctx.state(st)}"${tint} title="${esc(title)}" data-pos="${pos}">` +
+    const style = [entropy === null ? "" : `background:${entropyColour(entropy)}`,
+                   place ? `grid-row:${place.lane + 1};grid-column:${place.column + 1}` : ""].filter(Boolean);
+    const placed = place ? ` data-lane="${place.lane}"` + (place.branch === null ? "" : ` data-branch="${place.branch}"`)
+      : "";
+    return `<span class="ss-tok ss-s-${ctx.state(st)}"${style.length ? ` style="${style.join(";")}"` : ""} ` +
+      `title="${esc(title)}" data-pos="${pos}" data-token="${esc(token)}"${placed}>` +
       `<span class="ss-txt">${esc(shown)}</span><span class="ss-pos">${pos}</span></span>`;
+  }
+
+  // A tree round's layout (app/figures.py:tree_lanes): each cell's row (lane; 0: the seed, the accepted path and
+  // the bonus; then each branch's rejected nodes), its column (position - block_start) and its branch (null: the
+  // seed and the bonus); null for a round that is no tree. The grid and the confidence chart both place by it.
+  function treeLayout(r) {
+    const lanes = r.lanes;
+    const x = r.extra || {};
+    if (!Array.isArray(lanes) || !x.tree || !Array.isArray(x.offsets)) return null;
+    const branches = x.tree.branches || [];
+    return lanes.map((lane, i) => ({ lane: Number(lane), column: Number(x.offsets[i]),
+                                     branch: i >= 1 && i <= branches.length ? Number(branches[i - 1]) : null }));
   }
 
   // A cell's position - block_start: its index, or extra.offsets[i] where a round lays several cells on one
@@ -136,7 +153,12 @@ window.specscopeViz = (() => {
     const conf = r.conf || [];
     const guess = (r.extra || {}).guess || [];
     const pq = new Map((r.pq || []).map((e, i) => [(e.i ?? i) + 1, e]));
-    return (r.tokens || []).map((token, i) => {
+    const tree = treeLayout(r);
+    const labels = new Map();  // a tree's lane -> its branch, labelled in the seed's column
+    if (tree) tree.forEach((p) => { if (p.lane > 0 && !labels.has(p.lane)) labels.set(p.lane, p.branch); });
+    const laneLabels = [...labels].map(([lane, b]) => `<span class="ss-lane" style="grid-row:${lane + 1};` +
+      `grid-column:1" title="branch ${esc(b)}: its drafts the verify rejected">b${esc(b)}</span>`).join("");
+    return laneLabels + (r.tokens || []).map((token, i) => {
       const st = (r.states || [])[i];
       const details = [`round ${r.round}`, `confidence ${fmt(conf[i])}`];
       if (ctx.masked.has(st) && i > 0 && i <= guess.length) details.push(`guess ${JSON.stringify(ctx.piece(guess[i - 1]))}`);
@@ -144,7 +166,9 @@ window.specscopeViz = (() => {
       if (e) details.push(`p ${prob(e.p)} · q ${prob(e.q)} · ${e.accepted ? "accepted" : "rejected"}`);
       const h = entropyOf(r, i);
       if (h !== null) details.push(`entropy ${fmt(h, 2)} nats`);
-      return cell(ctx, start + cellOffset(r, i), token, st, details, byEntropy ? h : null);
+      const place = tree ? tree[i] : null;
+      if (place && place.branch !== null) details.push(`branch ${place.branch}`);
+      return cell(ctx, start + cellOffset(r, i), token, st, details, byEntropy ? h : null, place);
     }).join("");
   }
 
@@ -221,7 +245,8 @@ window.specscopeViz = (() => {
   // block, then `after` (hints). The visualizer's and the chat's latest round (liveHtml) alike.
   function roundGrid(ctx, r, context, byEntropy = false, after = "") {
     return `<div class="ss-round">${roundFacts(ctx, r)}<div class="ss-grid">${context}` +
-      `<span class="ss-block">${blockCells(ctx, r, byEntropy)}</span></div>${after}</div>`;
+      `<span class="ss-block${treeLayout(r) ? " ss-tree" : ""}">${blockCells(ctx, r, byEntropy)}</span></div>` +
+      `${after}</div>`;
   }
 
   const earlier = (n) => (n > 0 ? `<span class="ss-more">… ${n} earlier</span>` : "");
@@ -458,27 +483,41 @@ window.specscopeViz = (() => {
   // -- charts --------------------------------------------------------------------------------------------------------
 
   // confidence per block position as inline SVG (redrawn every step: far cheaper than a Plotly redraw)
+  // A tree round (treeLayout) has a slot a position, split among its lanes as the grid's rows are: each bar at its
+  // token's position, beside the other branches' drafts there.
   function confSvg(doc, ctx, r, byEntropy = false) {
     const start = r.block_start || 0;
-    const n = Math.max((r.tokens || []).length, 1);
+    const tree = treeLayout(r);
+    const cells = (r.tokens || []).length;
+    const n = Math.max(tree ? Math.max(...tree.map((p) => p.column)) + 1 : cells, 1);
+    const lanes = tree ? Math.max(...tree.map((p) => p.lane)) + 1 : 1;
     const conf = r.conf || [];
     const tau = (r.extra || {}).threshold ?? doc.params.threshold;
     const W = 800, H = 200, L = 44, B = 34, T = 14;
     const bw = (W - L - 8) / n;
+    const lw = bw / lanes;
     const y = (v) => T + (H - T - B) * (1 - v);
     let bars = "";
     let ticks = "";
     const every = Math.ceil(n / 16);
-    for (let i = 0; i < n; i++) {
-      const x = L + i * bw;
-      if (i % every === 0) ticks += `<text x="${x + bw / 2}" y="${H - B + 14}" class="ssv-tick">${start + i}</text>`;
+    for (let i = 0; i < n; i += every) {
+      ticks += `<text x="${L + i * bw + bw / 2}" y="${H - B + 14}" class="ssv-tick">${start + i}</text>`;
+    }
+    for (let i = 0; i < cells; i++) {
+      const place = tree ? tree[i] : null;
+      const column = place ? place.column : i;
+      const x = L + column * bw + (place ? place.lane * lw : 0);
       const c = conf[i];
       if (c === null || c === undefined) continue;
       const st = ctx.state((r.states || [])[i]);
       const h = entropyOf(r, i);
       const fill = byEntropy && h !== null ? entropyColour(h) : ctx.colour(st);
-      bars += `<rect x="${x + bw * 0.1}" y="${y(c)}" width="${bw * 0.8}" height="${y(0) - y(c)}" ` +
-        `class="ssv-bar" style="fill:${fill}" data-pos="${start + i}"><title>pos ${start + i} · ${esc(st)}\n` +
+      const branch = place && place.branch !== null ? `\nbranch ${place.branch}` : "";
+      const placed = place ? ` data-lane="${place.lane}"` + (place.branch === null ? "" : ` data-branch="${place.branch}"`)
+        : "";
+      bars += `<rect x="${x + lw * 0.1}" y="${y(c)}" width="${lw * 0.8}" height="${y(0) - y(c)}" ` +
+        `class="ssv-bar" style="fill:${fill}" data-pos="${start + column}" data-token="${esc(r.tokens[i])}"${placed}>` +
+        `<title>pos ${start + column} · ${esc(st)}${branch}\n` +
         `token ${esc(JSON.stringify(ctx.piece(r.tokens[i])))}\nconf ${esc(fmt(c))}` +
         `${h === null ? "" : `\nentropy ${esc(fmt(h, 2))} nats`}</title></rect>`;
     }
