@@ -1,6 +1,9 @@
 """The UI in a real browser (Playwright + the system Chromium): chat, visualizer, compare, runs, XSS, outages.
 
-Screenshots of every view land in tests/artifacts/ (git-ignored).
+Every test takes a fresh page and makes what it needs itself (its runs, its opened panel, its ticked modes) or takes
+it from a fixture, so that each passes alone and in any order; the engine prices rows with a fixed curve (FLAT), so
+that what cost-aware rounds draft is the same on every machine. Screenshots of every view land in tests/artifacts/
+(git-ignored).
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ from support.browser import (
     choose,
     new_page,
     open_params,
+    painted,
+    set_checked,
     set_number,
     shot,
     start_long_raw_run,
@@ -77,8 +82,9 @@ def store_long_run(store, n_rounds: int = 2000) -> str:
 
 @pytest.fixture(scope="module")
 def loaded_engine(loaded):
+    from specscope.backend.engine.cost_curve import FLAT
     from specscope.backend.engine.engine import Engine
-    return Engine(loaded, num_slots=4096)
+    return Engine(loaded, num_slots=4096, cost_curve=FLAT)
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +102,50 @@ def server(loaded_engine, tmp_path_factory) -> Iterator[dict]:
         yield {"url": f"http://127.0.0.1:{port}/", "xss_run": xss_run, "long_run": long_run}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def page(browser, server, errors) -> Iterator:
-    """One page for the whole flow."""
+    """A fresh page for each test, its console errors into the module's `errors`: nothing a test needs is left on it
+    by another."""
     page = new_page(browser, errors)
     page.goto(server["url"])
     page.wait_for_selector("#ss-up")
     yield page
     page.close()
+
+
+@pytest.fixture
+def saved_comparison(server) -> dict:
+    """A saved comparison ("stored three modes") of runs of ar, block_diffusion and linear_spec made through the
+    OpenAI API: the comparison as stored, its runs' ids first ar's."""
+    import openai
+
+    client = openai.OpenAI(base_url=server["url"] + "v1", api_key="none", max_retries=0)
+    run_ids = [client.chat.completions.create(model=f"tiny:{mode}", max_tokens=6,
+                                              messages=[{"role": "user", "content": PROMPT}])
+               .model_extra["specscope"]["run_id"] for mode in ("ar", "block_diffusion", "linear_spec")]
+    made = httpx.post(server["url"] + "api/comparisons",
+                      json={"label": "stored three modes", "prompt": PROMPT, "run_ids": run_ids})
+    made.raise_for_status()
+    return {**made.json(), "run_ids": run_ids}
+
+
+def tick_only(page, modes: list[str]) -> None:
+    """Tick exactly `modes` among the Compare tab's default modes."""
+    page.wait_for_function("() => document.querySelectorAll('#cmp-modes input[type=checkbox]').length > 0")
+    for label in page.locator("#cmp-modes label").all():
+        if label.locator("input").is_checked() != (label.inner_text().strip() in modes):
+            label.click()
+    page.wait_for_function("ms => [...document.querySelectorAll('#cmp-modes input:checked')].map(e => "
+                           "e.parentElement.innerText.trim()).sort().join() === ms", arg=",".join(sorted(modes)))
+
+
+def run_comparison(page, max_new: int) -> None:
+    """Run the Compare tab's ticked modes and variants at `max_new` tokens; until every row shows and none runs."""
+    set_number(page, "#cmp-max-new", max_new)
+    page.click("#cmp-run")
+    page.wait_for_selector("#cmp-table .ss-table", timeout=120_000)
+    page.wait_for_function("() => !/running|queued/.test(document.querySelector('#cmp-status').innerText)",
+                           timeout=120_000)
 
 
 def round_label(page) -> str:
@@ -128,15 +170,14 @@ def send(page, text: str) -> str:
     return page.input_value("#chat-run textarea")
 
 
-def stored_run(page, run_id: str) -> dict:
+def stored_run(page, run_id: str, timeout: float = 60) -> dict:
     """A run as the backend stored it, once its end is stored (the answer may show a moment before)."""
     url = f"{page.url.split('?')[0].rstrip('/')}/api/runs/{run_id}"
-    for _ in range(100):
-        run = httpx.get(url).json()
-        if run["status"] != "running":
-            return run
-        page.wait_for_timeout(100)
-    raise AssertionError(f"run {run_id} did not end")
+    deadline = time.monotonic() + timeout
+    while (run := httpx.get(url).json())["status"] == "running":
+        assert time.monotonic() < deadline, f"run {run_id} did not end in {timeout} s"
+        time.sleep(0.1)
+    return run
 
 
 def last_answer(page) -> str:
@@ -168,8 +209,6 @@ def test_model_card_and_one_click_examples(page) -> None:
     page.get_by_role("tab", name="Compare").click()
     page.wait_for_selector("#cmp-examples tbody tr")
     assert page.locator("#cmp-examples tbody tr").count() == rows
-    page.get_by_role("tab", name="Chat").click()
-    page.fill("#chat-input textarea", "")
 
 
 def test_param_widgets_show_the_values_the_run_uses(page) -> None:
@@ -205,8 +244,9 @@ def test_switching_modes_with_the_parameters_open_warns_of_nothing(page) -> None
         for mode in ("quadratic", "block_diffusion", "linear_spec", "block_diffusion", "isd", "ar"):
             choose(page, "#chat-mode", mode)
             page.wait_for_selector(f"text={mode}:")
-            page.locator("#param-max_new_tokens").wait_for()
-            page.wait_for_timeout(300)
+            page.wait_for_function("() => document.querySelector('#param-max_new_tokens input[type=number]')"
+                                   "?.value > 0")   # the new widgets hold their values
+            painted(page)
     finally:
         page.remove_listener("console", note)
     assert warnings == []
@@ -238,7 +278,7 @@ def test_raw_answers_are_text_conversation_answers_markdown(page) -> None:
     page.wait_for_selector("text=ar:")
     open_params(page)
     set_number(page, "#param-max_new_tokens", 24)
-    page.check("#param-raw input[type=checkbox]")
+    set_checked(page, "#param-raw")
     message = 'def f():\n    """**bold** doc"""\n    return'
     run = stored_run(page, send(page, message))
     user = page.locator("#chat-bot .user").last
@@ -246,7 +286,7 @@ def test_raw_answers_are_text_conversation_answers_markdown(page) -> None:
     assert user.locator("pre").inner_text() == message
     assert run["mode"] == "ar" and run["prompt"] == message
     assert page.locator("#chat-bot .bot").last.locator("pre.ss-answer").inner_text() == run["output"]
-    page.uncheck("#param-raw input[type=checkbox]")
+    set_checked(page, "#param-raw", False)
     run = stored_run(page, send(page, "Say **hi**"))
     assert page.locator("#chat-bot .user").last.locator("strong, b").count() == 0
     assert page.locator("#chat-bot .bot").last.locator(".ss-md").count() == 1 and run["status"] == "done"
@@ -261,7 +301,6 @@ def test_stop_ends_the_run_and_shows_it(page) -> None:
     run_id = page.input_value("#chat-run textarea")
     run = stored_run(page, run_id)
     assert run["status"] == "cancelled" and run["n_tokens"] < 256
-    page.uncheck("#param-raw input[type=checkbox]")
 
 
 def test_visualizer_steps_and_moves_cursor(page) -> None:
@@ -327,9 +366,6 @@ def test_visualizer_follows_a_chat_run_live(page) -> None:
     assert round_label(page) == f"round {last} of {last}"  # it followed to the end
     assert stored_run(page, run_id)["n_rounds"] == int(last) + 1
     assert "live: following" not in page.locator("#viz-summary").inner_text()
-    page.get_by_role("tab", name="Chat").click()
-    page.uncheck("#param-raw input[type=checkbox]")
-    set_number(page, "#param-max_new_tokens", 12)
 
 
 def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
@@ -375,6 +411,9 @@ def test_compare_three_modes_saves_and_reopens_its_settings(page) -> None:
 def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
     """N for isd swept beside ar; the last comparison's rows vanish at once; stable mode colours,
     a distinct dash per run of a mode; the chart's token counts equal the table's; CSV export; SVG figures."""
+    page.get_by_role("tab", name="Compare").click()
+    tick_only(page, ["ar"])
+    run_comparison(page, 2)     # the last comparison, whose rows must go as the new one starts
     page.evaluate("""() => { window.__whileRunning = [];  // each frame: while progress shows, are the old rows gone?
         const old = document.querySelector('#cmp-table').innerText.match(/r_[0-9a-f]{16}/g) || [];
         const tick = () => {   // (the new runs' rows appear as each ends)
@@ -383,8 +422,6 @@ def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
           if (!window.__stopWatching) requestAnimationFrame(tick);
         };
         tick(); }""")
-    for name in ("block_diffusion", "linear_spec"):
-        page.locator("#cmp-modes label", has_text=name).click()
     page.fill("#cmp-variants textarea", "isd n=2,3")
     set_number(page, "#cmp-max-new", 0)  # out of range: runs with 1 … and shows it
     page.click("#cmp-run")
@@ -417,10 +454,14 @@ def test_compare_sweeps_parameters_as_an_experiment_bench(page) -> None:
 
 def test_phone_compare_table_scrolls_in_its_box(page) -> None:
     """At 390×844 the wide metrics table scrolls sideways in its own box; the page does not."""
+    page.get_by_role("tab", name="Compare").click()
+    tick_only(page, ["ar"])
+    run_comparison(page, 2)
     page.set_viewport_size({"width": 390, "height": 844})
     try:
-        page.wait_for_timeout(300)
         box = page.locator("#cmp-table .ss-scroll")
+        page.wait_for_function("() => { const e = document.querySelector('#cmp-table .ss-scroll'); "
+                               "return e.clientWidth <= 390 && e.scrollWidth > e.clientWidth; }")  # laid out anew
         assert box.evaluate("e => getComputedStyle(e).overflowX") == "auto"
         assert box.evaluate("e => e.scrollWidth > e.clientWidth"), "the table is wider than the phone"
         box.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
@@ -434,8 +475,8 @@ def test_phone_compare_table_scrolls_in_its_box(page) -> None:
 def test_compare_gives_no_verdict_to_failed_runs_or_unclaimed_settings(page) -> None:
     """A variant the server refuses shows its error and no "same output" or lossless verdict; a run at
     T>0 reads "not claimed (T=…)" with its measured agreement, never a red "≠ ar"."""
-    if not page.locator("#cmp-variants textarea").is_visible():   # run alone: open the tab (the suite is there)
-        page.get_by_role("tab", name="Compare").click()
+    page.get_by_role("tab", name="Compare").click()
+    tick_only(page, [])     # the variants alone
     page.fill("#cmp-variants textarea", "ar\nspecfold delta=2\nisd temperature=0.8")
     page.click("#cmp-run")
     page.wait_for_function("() => document.querySelector('#cmp-table').innerText.includes('not claimed (T=0.8)')",
@@ -445,7 +486,6 @@ def test_compare_gives_no_verdict_to_failed_runs_or_unclaimed_settings(page) -> 
     assert failed and all("same output" not in r and "== " not in r and "no verdict" in r for r in failed)
     hot = next(r for r in rows if "not claimed (T=0.8)" in r)
     assert "≠" not in hot and "tokens as ar" in hot
-    page.fill("#cmp-variants textarea", "")
 
 
 def test_race_streams_two_modes_side_by_side(page) -> None:
@@ -471,7 +511,7 @@ def test_race_streams_two_modes_side_by_side(page) -> None:
     shot(page, "race")
 
 
-def test_runs_filter_export_delete(page) -> None:
+def test_runs_filter_export_delete(saved_comparison, page) -> None:
     page.get_by_role("tab", name="Runs").click()
     page.wait_for_function("() => document.querySelector('#runs-table').innerText.includes('block_diffusion')")
     choose(page, "#runs-mode", "ar")
@@ -482,12 +522,11 @@ def test_runs_filter_export_delete(page) -> None:
     page.wait_for_selector("#runs-message >> text=Exported")
     page.wait_for_selector("#runs-file a")
     shot(page, "runs")
-    saved = httpx.get(f"{page.url.split('?')[0].rstrip('/')}/api/comparisons").json()
-    doomed = next(c for c in saved if c["label"] == "three modes")["run_ids"][0]  # its ar run
+    doomed = saved_comparison["run_ids"][0]  # its ar run
     page.fill("#runs-selected textarea", doomed)
     page.click("#runs-delete")  # a delete asks first, naming the comparison it leaves
     page.wait_for_selector("#runs-confirm-text >> text=for good?")
-    assert "three modes" in page.locator("#runs-confirm-text").inner_text()
+    assert "stored three modes" in page.locator("#runs-confirm-text").inner_text()
     assert doomed in page.locator("#runs-table").inner_text()
     page.click("#runs-confirm")
     page.wait_for_selector("#runs-message >> text=Deleted")
@@ -497,13 +536,11 @@ def test_runs_filter_export_delete(page) -> None:
 def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -> None:
     """A second and third Enter during a stream are answered in turn, not dropped; Stop ends the
     running answer and drops what waits behind it."""
-    page.get_by_role("tab", name="Chat").click()
-    page.click("#chat-clear")
     choose(page, "#chat-mode", "specfold")
     page.wait_for_selector("text=specfold:")
     open_params(page)
     set_number(page, "#param-max_new_tokens", 40)   # specfold streams 40 tokens for seconds: the Enters land mid-stream
-    page.check("#param-raw input[type=checkbox]")
+    set_checked(page, "#param-raw")
     for text in (CODE_PROMPT, "first queued",
                  "second queued"):   # sent at once: without the queue the second and third Enter were dropped
         page.fill("#chat-input textarea", text)
@@ -527,11 +564,14 @@ def test_messages_sent_while_an_answer_streams_queue_and_stop_drops_them(page) -
     finally:  # stopped also when the check fails: a 900-token stream would go on under the next test
         page.locator("#chat-stop").dispatch_event("click")  # as a user clicks: no wait for a still layout
     wait_last_answer(page, "stopped", timeout=90_000)
-    page.wait_for_timeout(1500)
-    assert page.locator("#chat-bot .user").count() == 1 and page.locator("#chat-queued").count() == 0
-    page.uncheck("#param-raw input[type=checkbox]")
-    set_number(page, "#param-max_new_tokens", 12)
-    page.click("#chat-clear")
+    assert page.locator("#chat-queued").count() == 0
+    set_number(page, "#param-max_new_tokens", 4)    # a message after the stop is answered next: nothing dropped
+    page.fill("#chat-input textarea", "after the stop")       # is answered before it
+    page.press("#chat-input textarea", "Enter")
+    page.wait_for_function("() => { const bots = [...document.querySelectorAll('#chat-bot .bot')]; return "
+                           "bots.length >= 2 && /\\(done\\)/.test(bots.at(-1).innerText); }", timeout=60_000)
+    users = page.eval_on_selector_all("#chat-bot .user", "us => us.map(u => u.innerText.trim())")
+    assert users[1:] == ["after the stop"] and page.locator("#chat-queued").count() == 0, users
 
 
 def test_runs_show_their_parameters_and_filter_by_them(page) -> None:
@@ -541,11 +581,9 @@ def test_runs_show_their_parameters_and_filter_by_them(page) -> None:
     choose(page, "#runs-mode", "all")
     page.fill("#runs-filter textarea", "max_new_tokens=12 mode=ar Reverse")
     page.press("#runs-filter textarea", "Enter")
-    page.wait_for_selector("#runs-message >> text=/\\d+ runs of \\d+/")
+    page.wait_for_selector("#runs-message >> text=/\\d+ runs? of \\d+/")   # "1 run of 3" where it runs alone
     rows = page.eval_on_selector_all("#runs-table [role=row]", "rs => rs.map(r => r.innerText)")[1:]  # no header
     assert rows and all("max_new_tokens=12" in r and "Reverse" in r and "linear_spec" not in r for r in rows)
-    page.fill("#runs-filter textarea", "")
-    page.press("#runs-filter textarea", "Enter")
 
 
 def test_analysis_groups_stored_runs_and_exports_csv(page) -> None:
@@ -669,6 +707,7 @@ def test_choice_parameter_is_a_dropdown_and_reaches_the_run(page) -> None:
     page.get_by_role("tab", name="Chat").click()
     choose(page, "#chat-mode", "specfold")
     page.wait_for_selector("text=specfold:")
+    open_params(page)
     assert page.input_value("#param-backend input") == "torch"
     choose(page, "#param-backend", "triton")
     before = page.input_value("#chat-run textarea")

@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.real_model, pytest.mark.slow, pyt
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("chat")
-    served = Served(f"sqlite:///{root / 'runs.db'}", root / "serve.log", options=("--slots", "8192"))
+    served = Served(f"sqlite:///{root / 'runs.db'}", root / "serve.log",
+                    options=("--slots", "8192", "--cost-curve", "flat"))
     try:
         yield served.http
     finally:
@@ -47,6 +48,7 @@ def test_multi_turn_chat_on_the_default_model(browser, server) -> None:
     first = say(page, "What is the capital of France?", 1)
     page.fill("#chat-input textarea", "And of Japan?")
     page.press("#chat-input textarea", "Enter")
+    page.wait_for_function("() => document.querySelector('#chat-input textarea').value === ''")   # sent
     page.fill("#chat-input textarea", "typed while it streams")   # kept: redraws never clear the box
     page.wait_for_function("() => document.querySelectorAll('#chat-bot .bot').length >= 2")
     second = page.locator("#chat-bot .bot").nth(1)

@@ -50,12 +50,13 @@ def server(loaded, tmp_path_factory) -> Iterator[dict]:
     """The UI over an engine of the tiny model, its store holding an ar run, a linear_spec run and a copy of that
     run whose forwards took SLOWER times as long (as under another client's load)."""
     from specscope.app.ui import mount_ui
+    from specscope.backend.engine.cost_curve import FLAT
     from specscope.backend.engine.engine import Engine
     from specscope.backend.server import create_app
     from specscope.backend.store import Store
     from specscope.backend.tracing import RecordingTracer
 
-    engine = Engine(loaded, num_slots=4096)
+    engine = Engine(loaded, num_slots=4096, cost_curve=FLAT)   # what linear_spec drafts: the same on every machine
     store = Store(f"sqlite:///{tmp_path_factory.mktemp('compare') / 'runs.db'}")
     made = {}
     for mode in ("ar", "linear_spec"):

@@ -38,7 +38,7 @@ def server(tmp_path_factory) -> Iterator[str]:
     random_qwen3(models / "rand-a", seed=1)
     random_qwen3(models / "rand-b", seed=2)
     served = Served(f"sqlite:///{root / 'runs.db'}", root / "serve.log",
-                    options=("--models", str(models), "--slots", "1024", "--threads", "1"))
+                    options=("--models", str(models), "--slots", "1024", "--threads", "1", "--cost-curve", "flat"))
     try:
         yield served.http
     finally:

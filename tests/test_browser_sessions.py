@@ -16,9 +16,13 @@ from support.browser import (
     NEEDS_BROWSER,
     choose,
     doc_shot,
+    event_mark,
     new_page,
     open_params,
+    painted,
+    set_checked,
     set_number,
+    settled,
     start_long_raw_run,
     wait_last_answer,
 )
@@ -34,6 +38,7 @@ LONG = "Write a Python function that reverses a string."   # the tiny model answ
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[str]:
     from specscope.app.ui import mount_ui
+    from specscope.backend.engine.cost_curve import FLAT
     from specscope.backend.engine.engine import Engine
     from specscope.backend.model.checkpoint import DEFAULT_CHECKPOINT, load_checkpoint
     from specscope.backend.server import create_app
@@ -45,10 +50,10 @@ def server(tmp_path_factory) -> Iterator[str]:
 
     def slow_build(folder: str | Path) -> Engine:
         time.sleep(SWITCH_S)
-        return Engine(load_checkpoint(folder), num_slots=4096)
+        return Engine(load_checkpoint(folder), num_slots=4096, cost_curve=FLAT)
 
     port = free_port()
-    app = create_app(Engine(load_checkpoint(root / "models" / "a"), num_slots=4096),
+    app = create_app(Engine(load_checkpoint(root / "models" / "a"), num_slots=4096, cost_curve=FLAT),
                      Store(f"sqlite:///{root / 'runs.db'}"), backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui,
                      models_dir=root / "models", build=slow_build)
     with serving(app, port):
@@ -94,7 +99,7 @@ def test_two_sessions_stream_at_once(browser, server, errors) -> None:
     assert "TPF" not in a.locator("#chat-bot .bot").last.inner_text(), "A's answer is still streaming"
     a.click("#chat-stop")
     wait_last_answer(a, "stopped", timeout=30_000)
-    a.uncheck("#param-raw input[type=checkbox]")
+    set_checked(a, "#param-raw", False)
     for page in (a, b):
         page.close()
 
@@ -148,10 +153,10 @@ def test_the_live_panel_names_its_run_with_running_figures_and_no_overlay(browse
     doc_shot(page, "chat-1400x900")
     page.click("#chat-stop")
     wait_last_answer(page, "stopped", timeout=30_000)
-    page.uncheck("#param-raw input[type=checkbox]")
+    set_checked(page, "#param-raw", False)
     page.set_viewport_size({"width": 390, "height": 844})
     page.evaluate("() => window.scrollTo(0, 0)")
-    page.wait_for_timeout(300)
+    painted(page)
     doc_shot(page, "chat-phone")
     page.close()
 
@@ -196,9 +201,10 @@ def test_a_message_over_the_limit_is_refused_in_words(browser, server, errors) -
     page = open_chat(browser, server, errors)
     assert "at most 16,000 characters" in page.locator("#chat-input").inner_text()
     page.fill("#chat-input textarea", "x" * 20_000)
+    mark = event_mark(page)
     page.press("#chat-input textarea", "Enter")
     page.wait_for_selector("#chat-refused >> text=at most 16,000 characters")
-    page.wait_for_timeout(1_500)   # the queue's answering has come and gone: the refusal stays
+    settled(page, mark)   # the queue's answering has come and gone: the refusal stays
     assert page.locator("#chat-refused").is_visible()
     assert answers(page) == 0 and len(page.input_value("#chat-input textarea")) == 20_000
     page.fill("#chat-input textarea", "Reverse: c b a")
@@ -220,7 +226,7 @@ def test_a_model_switch_holds_sending_and_answers_name_their_model(browser, serv
     page.wait_for_selector("#chat-send[disabled]")
     page.fill("#chat-input textarea", "Reverse: z y x")
     page.press("#chat-input textarea", "Enter")
-    page.wait_for_timeout(1_500)   # a health tick or more: the picker stays on b
+    page.wait_for_selector("#ss-switching >> text=switching to b")   # a health tick since: the picker stays on b
     assert page.input_value("#model-pick input") == "b"
     assert answers(page) == 0 and page.input_value("#chat-input textarea") == "Reverse: z y x"
     page.wait_for_selector("#model-current >> text=serving b", timeout=30_000)

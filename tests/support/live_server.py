@@ -40,13 +40,15 @@ def serving(app: FastAPI, port: int | None = None) -> Iterator[int]:
 @contextmanager
 def ui_server(loaded, folder: Path) -> Iterator[dict]:
     """The UI and backend over one engine of `loaded`, its store in `folder`: the page's URL, the websocket's and the
-    engine."""
+    engine. The engine prices rows with FLAT, not this machine's measured curve: what cost-aware rounds draft (and
+    so which rounds a test sees) is the same on every machine."""
     from specscope.app.ui import mount_ui
+    from specscope.backend.engine.cost_curve import FLAT
     from specscope.backend.engine.engine import Engine
     from specscope.backend.server import create_app
     from specscope.backend.store import Store
 
-    engine = Engine(loaded, num_slots=4096)
+    engine = Engine(loaded, num_slots=4096, cost_curve=FLAT)
     store = Store(f"sqlite:///{folder / 'runs.db'}")
     port = free_port()
     app = create_app(engine, store, backend_url=f"ws://127.0.0.1:{port}", ui=mount_ui)
