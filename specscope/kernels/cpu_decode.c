@@ -58,6 +58,7 @@ enum { LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, FORMAT, HEAD_FOR
    split a linear's outputs, so every output is summed as on one thread and the numbers do not depend on their
    count. */
 #define PARALLEL_MIN 32768
+#define LORA_OUTS 64   /* an adapter's B outputs a thread takes at a time (a multiple of every VW) */
 
 /* Query rows that share each weight load on the streaming pass: their accumulators (ROW_BLOCK x 4 vectors, one
    vector step at a time) and the 4 weight vectors stay in registers (16 on AVX2, where the x loads are the FMAs'
@@ -358,10 +359,30 @@ static void attend_head(const int64_t *dims, int h, const float *q, const float 
     }
 }
 
+/* y[o .. end) += scale * (B u)[o .. end) for one row's u = A x (bt: B transposed, [rank, out]): a lane per output
+   summing its r products in order. */
+static inline void lora_out(const float *bt, int64_t out, int rank, float scale, int o, int end, const float *u,
+                            float *y) {
+    for (; o + VW <= end; o += VW) {
+        vec acc = vzero();
+        for (int r = 0; r < rank; r++) acc = vfma(vload(bt + r * out + o), vset1(u[r]), acc);
+        vstore(y + o, vfma(acc, vset1(scale), vload(y + o)));
+    }
+    for (; o < end; o++) {
+        float s = 0.0f;
+        for (int r = 0; r < rank; r++) s += bt[r * out + o] * u[r];
+        y[o] += scale * s;
+    }
+}
+
 /* y[m] += scale * B (A x[m]) for the rows m with on[m]: a rank-r LoRA, float32 A [r, in] and B transposed,
    bt [r, out]. t = A x[m] is r dot products; B t runs over `out` in vectors, each lane one output summing its r
    products. (As dot products of B's r-long rows, every output paid a lane sum: 3 adapted rows of the default
-   model cost ~2 ms more a forward.) tmp: room for rows * (in + r) values. */
+   model cost ~2 ms more a forward.) Both halves split over the threads by outputs, A's 4 rows a task (as
+   linear_f32 groups them), B's LORA_OUTS outputs a task for every adapted row, so each sum is the one a lone
+   thread makes. (On one thread the adapter of 2 of the default model's MASK rows costs ~1.4 ms of a 3-row int16
+   verify of 6 ms: the short runs of A's and B's rows wait on memory.)
+   tmp: room for rows * (in + r) values. */
 static void add_lora(const float *a, const float *bt, int rank, float scale, int out, int in, const float *x,
                      int64_t ldx, float *y, int64_t ldy, int rows, const uint8_t *on, float *tmp) {
     int n = 0;
@@ -369,21 +390,16 @@ static void add_lora(const float *a, const float *bt, int rank, float scale, int
         if (on[m]) memcpy(tmp + (int64_t)n++ * in, x + m * ldx, sizeof(float) * in);
     if (!n) return;
     float *t = tmp + (int64_t)n * in;
-    linear_f32(a, rank, in, tmp, in, t, rank, n, NULL);   /* float32: no tiles */
-    for (int m = 0, i = 0; m < rows; m++) {
-        if (!on[m]) continue;
-        float *ym = y + m * ldy, *u = t + (int64_t)i++ * rank;
-        int o = 0;
-        for (; o + VW <= out; o += VW) {
-            vec acc = vzero();
-            for (int r = 0; r < rank; r++) acc = vfma(vload(bt + (int64_t)r * out + o), vset1(u[r]), acc);
-            vstore(ym + o, vfma(acc, vset1(scale), vload(ym + o)));
-        }
-        for (; o < out; o++) {
-            float s = 0.0f;
-            for (int r = 0; r < rank; r++) s += bt[(int64_t)r * out + o] * u[r];
-            ym[o] += scale * s;
-        }
+    _Pragma("omp parallel if ((int64_t)(out + in) * rank * n >= PARALLEL_MIN / 4)")
+    {
+        _Pragma("omp for schedule(static)")
+        for (int r = 0; r < rank; r += 4)
+            linear_f32(a + (int64_t)r * in, rank - r < 4 ? rank - r : 4, in, tmp, in, t + r, rank, n, NULL);
+        _Pragma("omp for schedule(static)")
+        for (int o = 0; o < out; o += LORA_OUTS)
+            for (int m = 0, i = 0; m < rows; m++)
+                if (on[m]) lora_out(bt, out, rank, scale, o, o + LORA_OUTS < out ? o + LORA_OUTS : out,
+                                    t + (int64_t)i++ * rank, y + m * ldy);
     }
 }
 
