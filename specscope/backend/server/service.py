@@ -53,7 +53,7 @@ def served_model(engine: Engine) -> ServedModel:
     loaded = engine.rt.loaded
     return ServedModel(loaded.name, loaded.folder, loaded.family, loaded.weights_hash, vocab_pieces(engine),
                        loaded.mask_token_id is not None, loaded.shipped_file(CARD_FILE), engine.rt.matmul,
-                       engine.rt.cost.to_json(), engine.rt.backend_name)
+                       engine.cost_curve.to_json(), engine.rt.backend_name)
 
 
 @dataclass
