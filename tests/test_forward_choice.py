@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from test_server import PROMPT, at_once, strict_json
+from test_server import PROMPT, at_once, refit
 
 from specscope.backend.cli import main
 from specscope.backend.engine.engine import Engine
@@ -63,10 +63,6 @@ def test_a_torch_server_packs_two_clients_rounds_into_one_forward(torch_engine, 
 
         run_id = runs["isd"][0]["run_id"]
         assert c.get(f"/api/runs/{run_id}/fit").status_code == 200
-        doc = strict_json(c.get(f"/api/runs/{run_id}/export").text)
-        assert c.delete(f"/api/runs/{run_id}").status_code == 204
-        doc["events"][0]["forward"] = "fused"
-        assert c.post("/api/import", json=doc).status_code == 201
-        refused = c.get(f"/api/runs/{run_id}/fit")
+        refused, _ = refit(c, run_id, lambda start: start.update(forward="fused"))
         assert refused.status_code == 409 and "serve it with --forward fused" in refused.json()["detail"]
     assert engine.rt.pool.used == 0

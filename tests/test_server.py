@@ -8,7 +8,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -676,21 +676,23 @@ def test_fit_rates_a_runs_answer_by_the_served_model(client, store, engine):
     assert blocky["nll"] == pytest.approx(want.nll)
     assert engine.rt.pool.used == 0
 
-    doc = strict_json(client.get(f"/api/runs/{ar[0]['run_id']}/export").text)
-    assert client.delete(f"/api/runs/{ar[0]['run_id']}").status_code == 204
-    doc["events"][0]["model_hash"] = "0ther"
-    assert client.post("/api/import", json=doc).status_code == 201
-    refused = client.get(f"/api/runs/{ar[0]['run_id']}/fit")
+    refused, _ = refit(client, ar[0]["run_id"], lambda start: start.update(model_hash="0ther"))
     assert refused.status_code == 409 and "switch to the run's model" in refused.json()["detail"]
     assert client.get("/api/runs/r_nope/fit").status_code == 404
 
-    doc = strict_json(client.get(f"/api/runs/{block[0]['run_id']}/export").text)   # its matmuls in another precision
-    assert client.delete(f"/api/runs/{block[0]['run_id']}").status_code == 204
-    served = doc["events"][0]["matmul"]
-    doc["events"][0]["matmul"] = other = "bf16" if served == "float32" else "float32"
+    refused, start = refit(client, block[0]["run_id"],   # its matmuls in another precision
+                           lambda start: start.update(matmul="bf16" if start["matmul"] == "float32" else "float32"))
+    assert refused.status_code == 409 and f"serve it with --matmul {start['matmul']}" in refused.json()["detail"]
+
+
+def refit(client: Any, run_id: str, change: Callable[[dict], Any]) -> tuple[Any, dict]:
+    """The run's /fit once it is stored again with its run_start changed by `change` (exported, deleted and
+    imported), and that run_start."""
+    doc = strict_json(client.get(f"/api/runs/{run_id}/export").text)
+    assert client.delete(f"/api/runs/{run_id}").status_code == 204
+    change(doc["events"][0])
     assert client.post("/api/import", json=doc).status_code == 201
-    refused = client.get(f"/api/runs/{block[0]['run_id']}/fit")
-    assert refused.status_code == 409 and f"serve it with --matmul {other}" in refused.json()["detail"]
+    return client.get(f"/api/runs/{run_id}/fit"), doc["events"][0]
 
 
 def strict_json(text: str) -> Any:
