@@ -139,7 +139,9 @@ def build_ui(backend: Backend) -> gr.Blocks:
             return *open_run(request.query_params.get("run", "").strip()), gr.skip()
 
         def begin_switch(name: str) -> tuple[str, Any]:
-            """At once: say the switch is under way and hold sending until the model is served."""
+            """At once: say the switch is under way (so no health tick resets the picker before `switch_model`
+            starts) and hold sending until the model is served."""
+            backend.switching = name
             return switching_html(name), gr.Button(interactive=False, value="switching model…")
 
         def switch_model(name: str, chosen: str | None, request: gr.Request) -> list[Any]:

@@ -57,7 +57,9 @@ class ModelPicker:
             served = self.backend.client(request).health().get("model")
         except (BackendUnavailable, BackendError):
             return gr.skip(), gr.skip()
-        return self.show(request) if served != shown else (gr.skip(), gr.skip())
+        if served == shown or self.backend.switching:   # a switch began while health was read
+            return gr.skip(), gr.skip()
+        return self.show(request)
 
     def switch(self, name: str, request: gr.Request) -> tuple[Any, str]:
         """Serve `name` (the backend cancels running runs first), then show what is served."""
